@@ -1,0 +1,46 @@
+"""PNG plots for reports (matplotlib, Agg backend: no display needed)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from data_pipeline.formats import LEVELS, Chunk  # noqa: E402
+
+
+def plot_level_stats(chunks_by_corpus: Mapping[str, Sequence[Chunk]], path: str | Path) -> Path:
+    """Two panels per corpus-level grid: chunk counts per level (log scale) and the token-length
+    distribution per level (box plot), one colour per corpus."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, (ax_count, ax_tokens) = plt.subplots(1, 2, figsize=(12, 4.5))
+    names = list(chunks_by_corpus)
+    width = 0.8 / max(len(names), 1)
+    for i, name in enumerate(names):
+        by_level = {level: [c.n_tokens for c in chunks_by_corpus[name] if c.level == level] for level in LEVELS}
+        xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(LEVELS))]
+        ax_count.bar(xs, [len(by_level[lv]) for lv in LEVELS], width=width, label=name)
+        box = ax_tokens.boxplot([by_level[lv] or [0] for lv in LEVELS], positions=xs, widths=width * 0.9,
+                                patch_artist=True, showfliers=False)
+        colour = f"C{i}"
+        for patch in box["boxes"]:
+            patch.set_facecolor(colour)
+            patch.set_alpha(0.6)
+    for ax in (ax_count, ax_tokens):
+        ax.set_xticks(range(len(LEVELS)))
+        ax.set_xticklabels(LEVELS)
+        ax.set_yscale("log")
+    ax_count.set_title("chunks per level")
+    ax_count.set_ylabel("count")
+    ax_count.legend()
+    ax_tokens.set_title("tokens per chunk (box: quartiles, whiskers: 1.5 IQR)")
+    ax_tokens.set_ylabel("tokens")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,150 @@
+"""The main job on the embedded CPU stack: data -> hierarchies -> indexes -> served models -> RAG.
+
+    overstory quickstart --out runs/quickstart
+
+Stages write into one ``report.json`` under ``stages``; later issues add their own stages to the
+same command and report. This stage set:
+
+- ``hierarchy``: per-level chunk counts and token statistics for both shipped corpora (and a PNG);
+- ``retrieval``: recall@5 of BM25, dense and hybrid indexes over paragraphs, for both corpora;
+- ``rag_baseline``: plain retrieve-then-generate through the served stack on one corpus.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from data_pipeline.corpora import CorpusConfig, load_corpus
+from data_pipeline.hierarchy import HierarchyConfig, build_hierarchies, save_hierarchies
+from data_pipeline.hierarchy_job import level_stats
+from evaluation.metrics import mean, recall_at_k
+from evaluation.plots import plot_level_stats
+from evaluation.rag import GenerationConfig, RetrievalConfig, evaluate_rag, select_questions
+from overstory.config import ConfigError
+from overstory.tracking import TrackingConfig, start_run
+from retrieval.index import BM25Index, DenseIndex, HybridIndex, select_levels
+from serving.client import Client
+from serving.config import ServeConfig
+from serving.launch import serve_in_background
+
+console = Console()
+
+
+@dataclass(frozen=True)
+class QuickstartConfig:
+    out: str = "runs/quickstart"
+    corpora: dict[str, CorpusConfig] = field(default_factory=lambda: {
+        "hotpotqa": CorpusConfig(kind="hotpotqa", path="data/hotpotqa"),
+        "squad": CorpusConfig(kind="squad", path="data/squad/dev-v2.0-articles.json"),
+    })
+    hierarchy: HierarchyConfig = field(default_factory=HierarchyConfig)
+    # the corpus whose questions the RAG baseline answers with the generator
+    rag_corpus: str = "hotpotqa"
+    rag_questions: int = 0
+    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    serve: ServeConfig = field(default_factory=lambda: ServeConfig.local())
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    def __post_init__(self) -> None:
+        if self.rag_corpus not in self.corpora:
+            raise ConfigError(f"rag_corpus {self.rag_corpus!r} is not one of corpora: {', '.join(self.corpora)}")
+
+
+def _update_report(path: Path, stages: dict) -> dict:
+    """Merge ``stages`` into report.json, keeping stages that other runs (later issues) wrote."""
+    report = json.loads(path.read_text()) if path.exists() else {}
+    report.setdefault("stages", {}).update(stages)
+    report["updated"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(report, indent=2))
+    tmp.replace(path)
+    return report
+
+
+def run(config: QuickstartConfig) -> dict:
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report_path = out / "report.json"
+    started = time.perf_counter()
+
+    with start_run(config.tracking, "quickstart", config) as tracker:
+        console.rule("[bold]hierarchy")
+        loaded, chunks = {}, {}
+        for name, corpus in config.corpora.items():
+            t0 = time.perf_counter()
+            loaded[name] = load_corpus(corpus)
+            chunks[name] = build_hierarchies(loaded[name][0], config.hierarchy)
+            save_hierarchies(out / "hierarchies" / f"{name}.jsonl", chunks[name])
+            console.print(f"{name}: {len(loaded[name][0])} documents, {len(loaded[name][1])} questions, "
+                          f"{len(chunks[name])} chunks in {time.perf_counter() - t0:.1f}s")
+        plot = plot_level_stats(chunks, out / "level_stats.png")
+        hierarchy_stage = {name: level_stats(c) for name, c in chunks.items()}
+        hierarchy_stage["plot"] = str(plot)
+        _update_report(report_path, {"hierarchy": hierarchy_stage})
+
+        console.rule("[bold]serving")
+        with serve_in_background(config.serve) as url:
+            client = Client.from_url(url)
+            console.print(f"embedded stack at {url}: roles {', '.join(client.models())}")
+
+            console.rule("[bold]retrieval")
+            retrieval_stage, indexes = _retrieval_stage(loaded, chunks, client, config.retrieval)
+            _update_report(report_path, {"retrieval": retrieval_stage})
+
+            console.rule(f"[bold]rag_baseline ({config.rag_corpus})")
+            questions = select_questions(loaded[config.rag_corpus][1], config.rag_questions, True)
+            with Progress(console=console) as progress:
+                index = indexes[config.rag_corpus][config.retrieval.index]
+                metrics, records = evaluate_rag(questions, index, client, config.retrieval, config.generation,
+                                                progress)
+            rag_stage = {"dataset": config.rag_corpus, **metrics, "usage": client.stats.summary()}
+        (out / "rag_predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        report = _update_report(report_path, {"rag_baseline": rag_stage})
+        tracker.summary({f"rag_baseline/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
+
+    _print_summary(report, time.perf_counter() - started, report_path)
+    return report
+
+
+def _retrieval_stage(loaded: dict, chunks: dict, client: Client,
+                     retrieval: RetrievalConfig) -> tuple[dict, dict[str, dict]]:
+    """recall@k of every index kind over the configured levels, for every corpus with questions;
+    returns the stage and the indexes (corpus -> kind -> index) for the RAG stage to reuse."""
+    stage: dict[str, dict] = {}
+    indexes: dict[str, dict] = {}
+    for name, (_, questions) in loaded.items():
+        indexed = select_levels(chunks[name], retrieval.levels)
+        dense = DenseIndex.build(indexed, lambda texts: client.embed("embedder", texts))
+        bm25 = BM25Index.build(indexed)
+        indexes[name] = {"bm25": bm25, "dense": dense, "hybrid": HybridIndex(dense, bm25)}
+        answerable = [q for q in questions if q.evidence]
+        if not answerable:
+            continue
+        stage[name] = {"n_questions": len(answerable), "levels": list(retrieval.levels)}
+        for kind, index in indexes[name].items():
+            hits = index.search([q.question for q in answerable], retrieval.k)
+            recall = mean([recall_at_k([h.chunk for h in row], q.evidence, retrieval.k)
+                           for q, row in zip(answerable, hits)])
+            stage[name][f"{kind}_recall@{retrieval.k}"] = recall
+        console.print(f"{name}: " + ", ".join(f"{k}={v:.3f}" for k, v in stage[name].items() if "recall" in k))
+    return stage, indexes
+
+
+def _print_summary(report: dict, seconds: float, path: Path) -> None:
+    rag = report["stages"]["rag_baseline"]
+    table = Table(title=f"rag_baseline on {rag['dataset']}")
+    for column in ("questions", "recall@k", "exact match", "token F1", "seconds"):
+        table.add_column(column)
+    recall_key = next(k for k in rag if k.startswith("recall@"))
+    table.add_row(str(rag["n_questions"]), f"{rag[recall_key]:.3f}", f"{rag['exact_match']:.3f}",
+                  f"{rag['token_f1']:.3f}", f"{rag['seconds']:.1f}")
+    console.print(table)
+    console.print(f"report: {path} (quickstart took {seconds:.0f}s)")

@@ -1,0 +1,105 @@
+"""Typed configs: YAML + dotted overrides, unknown keys and wrong types fail naming the key."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import pytest
+
+from overstory.cli import JOBS, job_config_class
+from overstory.config import ConfigError, load_config, to_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Optim:
+    lr: float = 1e-4
+    schedule: Literal["cosine", "linear"] = "cosine"
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str = "job"
+    steps: int = 10
+    train: Optim = field(default_factory=Optim)
+    levels: list[str] = field(default_factory=lambda: ["paragraph"])
+    roles: dict[str, Optim] = field(default_factory=dict)
+    seed: int | None = None
+
+
+def test_yaml_and_overrides(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text("steps: 3\ntrain:\n  lr: 0.5\nroles:\n  planner: {lr: 2.0}\n")
+    cfg = load_config(Job, path, ["train.lr=1e-5", "levels=[sentence, document]", "roles.planner.schedule=linear"])
+    assert cfg.steps == 3
+    assert cfg.train.lr == pytest.approx(1e-5)
+    assert cfg.levels == ["sentence", "document"]
+    assert cfg.roles["planner"] == Optim(lr=2.0, schedule="linear")
+    assert to_dict(cfg)["train"] == {"lr": 1e-5, "schedule": "cosine"}
+
+
+def test_config_is_frozen() -> None:
+    cfg = load_config(Job)
+    with pytest.raises(AttributeError):
+        cfg.steps = 5  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["train.lrr=1"], "unknown config key 'train.lrr'; did you mean 'train.lr'"),
+        (["stepz=1"], "did you mean 'steps'"),
+        (["steps=ten"], "steps: expected an integer"),
+        (["steps=1.5"], "steps: expected an integer"),
+        (["train.lr=fast"], "train.lr: expected a number"),
+        (["train.schedule=cosin"], "did you mean 'cosine'"),
+        (["levels=paragraph"], "levels: expected a list"),
+        (["train=3"], "train: expected a mapping"),
+        (["no_equals_sign"], "must look like key.sub=value"),
+    ],
+)
+def test_bad_overrides_name_the_key(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(Job, None, overrides)
+
+
+def test_bad_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(Job, tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("steps: [1,\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(Job, bad)
+    bad.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="mapping at the top level"):
+        load_config(Job, bad)
+
+
+def _command_of(path: Path) -> tuple[str, str]:
+    """The job a config belongs to, read from its first line: '# overstory GROUP [NAME] --config PATH'."""
+    first = path.read_text().splitlines()[0]
+    match = re.fullmatch(r"# overstory (\w+)(?: ([\w-]+))? --config (\S+)", first.strip())
+    assert match, f"{path}: first line must give the command that runs it, got {first!r}"
+    group, name, config_path = match.groups()
+    assert config_path == str(path.relative_to(ROOT)), f"{path}: command names another file ({config_path})"
+    return group, name or ""
+
+
+OVERSTORY_CONFIGS = sorted(p for p in (ROOT / "configs").rglob("*.yaml")
+                           if p.parent.name not in {"accelerate", "deepspeed", "verl"})
+
+
+@pytest.mark.parametrize("path", OVERSTORY_CONFIGS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_config_loads(path: Path) -> None:
+    group, name = _command_of(path)
+    assert (group, name) in JOBS, f"{path} names an unknown job {group} {name}"
+    load_config(job_config_class(group, name), path)
+
+
+def test_every_job_has_a_config_file() -> None:
+    covered = {_command_of(p) for p in OVERSTORY_CONFIGS}
+    assert set(JOBS) <= covered, f"jobs without a config under configs/: {set(JOBS) - covered}"
