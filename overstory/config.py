@@ -82,8 +82,8 @@ def build(cls: type[T], raw: Any, prefix: str) -> T:
     if unknown:
         key = unknown[0]
         close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.5)
-        hint = f"; did you mean {prefix}{close[0]!r}?" if close else f"; valid keys: {', '.join(sorted(fields))}"
-        raise ConfigError(f"unknown config key {prefix}{key!r}{hint}")
+        hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; valid keys: {', '.join(sorted(fields))}"
+        raise ConfigError(f"unknown config key '{prefix}{key}'{hint}")
     hints = typing.get_type_hints(cls)
     kwargs = {name: _coerce(hints[name], value, f"{prefix}{name}") for name, value in raw.items()}
     try:
@@ -135,6 +135,11 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
             raise ConfigError(f"{key}: expected an integer, got {value!r}")
         return value
     if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads "1e-5" (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key}: expected a number, got {value!r}")
         return float(value)
