@@ -1,0 +1,87 @@
+"""`overstory data hierarchy`: build the chunk hierarchies of a corpus and report per-level statistics.
+
+    overstory data hierarchy --config configs/data/hierarchy.yaml
+
+Writes one JSONL of chunks. The job appends document by document and skips documents already in
+the file, so a killed run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import track
+from rich.table import Table
+
+from data_pipeline.corpora import CorpusConfig, load_corpus
+from data_pipeline.formats import LEVEL_RANK, LEVELS, Chunk, JsonlAppender, read_jsonl, write_jsonl
+from data_pipeline.hierarchy import HierarchyConfig, build_hierarchy, cached_tokenizer, load_hierarchies
+from overstory.tracking import TrackingConfig, start_run
+
+
+@dataclass(frozen=True)
+class HierarchyJobConfig:
+    corpus: CorpusConfig
+    out: str
+    hierarchy: HierarchyConfig = field(default_factory=HierarchyConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+
+def level_stats(chunks: Sequence[Chunk]) -> dict[str, dict[str, float]]:
+    """Per level: chunk count and token statistics (mean, median, max)."""
+    stats = {}
+    for level in LEVELS:
+        tokens = [c.n_tokens for c in chunks if c.level == level]
+        if tokens:
+            stats[level] = {"count": len(tokens), "mean_tokens": round(statistics.fmean(tokens), 1),
+                            "median_tokens": statistics.median(tokens), "max_tokens": max(tokens)}
+    return stats
+
+
+def print_level_stats(stats: dict[str, dict[str, float]], title: str) -> None:
+    table = Table(title=title)
+    for column in ("level", "chunks", "mean tokens", "median tokens", "max tokens"):
+        table.add_column(column, justify="right" if column != "level" else "left")
+    for level, row in stats.items():
+        table.add_row(level, str(row["count"]), f"{row['mean_tokens']:.1f}", f"{row['median_tokens']:g}",
+                      str(row["max_tokens"]))
+    Console().print(table)
+
+
+def _complete_documents(path: Path) -> set[str]:
+    """Ids of documents fully written to ``path``; the chunks of a document cut off by a killed run
+    are removed so that it is rebuilt whole."""
+    if not path.exists():
+        return set()
+    records = list(read_jsonl(path))
+    complete = {r["doc_id"] for r in records if r["level"] == "document"}
+    if any(r["doc_id"] not in complete for r in records):
+        write_jsonl(path, [r for r in records if r["doc_id"] in complete])
+    return complete
+
+
+def run(config: HierarchyJobConfig) -> dict:
+    documents, _ = load_corpus(config.corpus)
+    tokenizer = cached_tokenizer(config.hierarchy.tokenizer)
+    out = Path(config.out)
+    with start_run(config.tracking, "data hierarchy", config) as tracker:
+        done = _complete_documents(out)
+        todo = [d for d in documents if d.id not in done]
+        if len(todo) < len(documents):
+            print(f"resuming: {len(documents) - len(todo)} of {len(documents)} documents already in {out}")
+        with JsonlAppender(out) as writer:
+            for doc in track(todo, description="building hierarchies"):
+                # smallest level first, the document node last: its presence marks the document complete
+                for chunk in sorted(build_hierarchy(doc, tokenizer, config.hierarchy),
+                                    key=lambda c: LEVEL_RANK[c.level]):
+                    writer.write(chunk)
+        wanted = {d.id for d in documents}
+        chunks = [c for c in load_hierarchies(out) if c.doc_id in wanted]
+        stats = level_stats(chunks)
+        print_level_stats(stats, f"{config.corpus.kind}: {len(documents)} documents -> {out}")
+        tracker.summary({f"{level}/{key}": value for level, row in stats.items() for key, value in row.items()})
+    return stats
