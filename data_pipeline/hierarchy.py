@@ -19,7 +19,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from data_pipeline.corpora import markdown_headings
 from data_pipeline.formats import LEVEL_RANK, LEVELS, Chunk, Document, check_level, read_jsonl, write_jsonl
 from models.registry import SMOLLM2, load_tokenizer
 from overstory.config import ConfigError
