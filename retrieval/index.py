@@ -238,7 +238,8 @@ def build_index(kind: IndexKind, chunks: Sequence[Chunk], embed: EmbedFn | None 
 
 def load_index(folder: str | Path, embed: EmbedFn | None = None):
     """Load any saved index, dispatching on the kind recorded in ``index.json``."""
-    kind = json.loads((Path(folder) / "index.json").read_text())["kind"] if (Path(folder) / "index.json").exists() else None
+    meta = Path(folder) / "index.json"
+    kind = json.loads(meta.read_text()).get("kind") if meta.exists() else None
     if kind == "bm25":
         return BM25Index.load(folder)
     if kind in ("dense", "hybrid"):
