@@ -1,0 +1,55 @@
+"""Which model serves which role, and where: the serving config every engine and client reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from models.registry import MINILM, SMOLLM2
+from overstory.config import ConfigError
+
+ROLES = ("generator", "planner", "scorer", "embedder", "compressor")
+CHAT_ROLES = ("generator", "planner", "scorer")
+
+
+@dataclass(frozen=True)
+class RoleConfig:
+    model: str
+    # chat: a causal LM behind /v1/chat/completions and /v1/completions; embedding: /v1/embeddings
+    kind: Literal["chat", "embedding"] = "chat"
+    max_new_tokens: int = 128  # default when a request names no max_tokens
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    max_model_len: int = 0  # 0: the model's own context length
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be positive, got {self.max_new_tokens}")
+        if self.max_model_len < 0:
+            raise ConfigError(f"max_model_len must be >= 0, got {self.max_model_len}")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000  # 0 picks a free port (tests, background stacks)
+    engine: Literal["embedded"] = "embedded"
+    roles: dict[str, RoleConfig] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.roles:
+            raise ConfigError("roles: at least one role must be served")
+        for name, role in self.roles.items():
+            if name not in ROLES:
+                raise ConfigError(f"roles.{name}: unknown role; roles are {', '.join(ROLES)}")
+            expected = "embedding" if name == "embedder" else "chat"
+            if name != "compressor" and role.kind != expected:
+                raise ConfigError(f"roles.{name}.kind must be {expected!r}, got {role.kind!r}")
+        if not 0 <= self.port < 65536:
+            raise ConfigError(f"port must be in 0..65535, got {self.port}")
+
+    @classmethod
+    def local(cls, port: int = 8000) -> ServeConfig:
+        """The CPU default: SmolLM2-135M-Instruct for the chat roles (one copy in memory), MiniLM embeddings."""
+        chat = RoleConfig(model=SMOLLM2)
+        return cls(port=port, roles={"generator": chat, "planner": chat, "scorer": chat,
+                                     "embedder": RoleConfig(model=MINILM, kind="embedding")})

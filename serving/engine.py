@@ -1,0 +1,159 @@
+"""The embedded engine: transformers models behind the served roles, on CPU by default.
+
+Generation is transformers' own ``model.generate`` with a ``GenerationConfig`` built from the
+request (greedy at temperature 0, sampling otherwise, ``stop_strings`` for stop sequences); chat
+prompts go through the model's own chat template. Roles naming the same model share one copy in
+memory; a lock per model serialises generation on it (uvicorn runs handlers in a thread pool).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from transformers import GenerationConfig
+
+from models.registry import load_causal_lm, load_sentence_encoder
+from serving.config import RoleConfig, ServeConfig
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class UnknownModel(LookupError):
+    """The request names a model (role) this engine does not serve."""
+
+
+class RequestTooLarge(ValueError):
+    """Prompt plus requested completion exceed the model's context."""
+
+
+class BadRequest(ValueError):
+    """A request the model cannot run (wrong endpoint for the role, bad message roles, ...)."""
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    finish_reason: str  # "stop" (end of sequence or a stop string) or "length" (max_tokens reached)
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    choices: list[Completion]
+    prompt_tokens: int
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(c.completion_tokens for c in self.choices)
+
+
+@dataclass(frozen=True)
+class EmbeddingResult:
+    embeddings: np.ndarray
+    prompt_tokens: int
+
+
+class _ChatModel:
+    def __init__(self, name: str, role: RoleConfig):
+        self.model, self.tokenizer = load_causal_lm(name, dtype=DTYPES[role.dtype])
+        self.context = role.max_model_len or int(getattr(self.model.config, "max_position_embeddings", 2048))
+        self.lock = threading.Lock()
+
+
+class _EmbeddingModel:
+    def __init__(self, name: str):
+        self.encoder = load_sentence_encoder(name)
+        self.lock = threading.Lock()
+
+
+class EmbeddedEngine:
+    """Loads every role of a ``ServeConfig`` and answers chat, completion and embedding calls."""
+
+    def __init__(self, config: ServeConfig):
+        self.config = config
+        loaded: dict[tuple[str, str, str], _ChatModel | _EmbeddingModel] = {}
+        self._models: dict[str, _ChatModel | _EmbeddingModel] = {}
+        for role_name, role in config.roles.items():
+            key = (role.model, role.kind, role.dtype)
+            if key not in loaded:
+                loaded[key] = _ChatModel(role.model, role) if role.kind == "chat" else _EmbeddingModel(role.model)
+            self._models[role_name] = loaded[key]
+
+    @property
+    def roles(self) -> list[str]:
+        return list(self._models)
+
+    def _get(self, role: str, kind: type):
+        if role not in self._models:
+            raise UnknownModel(f"model {role!r} is not served here; served models: {', '.join(self._models)}")
+        model = self._models[role]
+        if not isinstance(model, kind):
+            wanted = "an embedding" if kind is _EmbeddingModel else "a chat"
+            raise BadRequest(f"model {role!r} is not {wanted} model")
+        return model
+
+    def chat(self, role: str, messages: list[dict[str, str]], **sampling) -> GenerationResult:
+        """Generate a reply to chat ``messages`` with the role model's chat template."""
+        lm = self._get(role, _ChatModel)
+        for i, message in enumerate(messages):
+            if message.get("role") not in ("system", "user", "assistant"):
+                raise BadRequest(f"messages[{i}].role must be system, user or assistant")
+        prompt = lm.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return self._generate(role, lm, prompt, **sampling)
+
+    def complete(self, role: str, prompt: str, **sampling) -> GenerationResult:
+        """Continue a raw text ``prompt`` (no chat template)."""
+        return self._generate(role, self._get(role, _ChatModel), prompt, **sampling)
+
+    def count_tokens(self, role: str, text: str) -> int:
+        return len(self._get(role, _ChatModel).tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _generate(self, role: str, lm: _ChatModel, prompt: str, max_tokens: int | None = None,
+                  temperature: float = 1.0, top_p: float = 1.0, n: int = 1, stop: list[str] | None = None,
+                  seed: int | None = None) -> GenerationResult:
+        max_tokens = max_tokens or self.config.roles[role].max_new_tokens
+        inputs = lm.tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
+        n_prompt = int(inputs["input_ids"].shape[1])
+        if n_prompt + max_tokens > lm.context:
+            raise RequestTooLarge(f"this request needs {n_prompt} prompt tokens + {max_tokens} completion tokens "
+                                  f"= {n_prompt + max_tokens}, more than the model's context of {lm.context} "
+                                  f"tokens; shorten the prompt or lower max_tokens")
+        if n < 1 or temperature < 0 or not 0 < top_p <= 1:
+            raise BadRequest("need n >= 1, temperature >= 0 and 0 < top_p <= 1")
+        greedy = temperature == 0
+        config = GenerationConfig(
+            max_new_tokens=max_tokens, do_sample=not greedy, num_return_sequences=n,
+            temperature=None if greedy else temperature, top_p=None if greedy else top_p, top_k=None,
+            stop_strings=list(stop) if stop else None,
+            eos_token_id=lm.tokenizer.eos_token_id, pad_token_id=lm.tokenizer.pad_token_id,
+        )
+        with lm.lock, torch.inference_mode():
+            if seed is not None:
+                torch.manual_seed(seed)
+            output = lm.model.generate(**inputs, generation_config=config, tokenizer=lm.tokenizer)
+        return GenerationResult([self._decode(lm, row[n_prompt:], max_tokens, stop) for row in output], n_prompt)
+
+    @staticmethod
+    def _decode(lm: _ChatModel, tokens: torch.Tensor, max_tokens: int, stop: list[str] | None) -> Completion:
+        ids = tokens.tolist()
+        eos = lm.tokenizer.eos_token_id
+        ended = eos in ids
+        if ended:
+            ids = ids[: ids.index(eos) + 1]  # the end-of-sequence token counts as generated
+        text = lm.tokenizer.decode(ids, skip_special_tokens=True)
+        cut = min((i for s in stop or [] if (i := text.find(s)) >= 0), default=-1)
+        if cut >= 0:
+            return Completion(text[:cut], "stop", len(ids))  # OpenAI leaves the stop string out
+        return Completion(text, "stop" if ended or len(ids) < max_tokens else "length", len(ids))
+
+    def embed(self, role: str, texts: list[str]) -> EmbeddingResult:
+        """L2-normalised embeddings (as OpenAI's); texts longer than the encoder's max_seq_length are
+        truncated by sentence-transformers, exactly as when the encoder is used directly."""
+        model = self._get(role, _EmbeddingModel)
+        with model.lock, torch.inference_mode():
+            vectors = model.encoder.encode(list(texts), normalize_embeddings=True, convert_to_numpy=True)
+            n_tokens = sum(len(ids) for ids in model.encoder.tokenizer(list(texts))["input_ids"]) if texts else 0
+        return EmbeddingResult(np.asarray(vectors, dtype=np.float32), n_tokens)
