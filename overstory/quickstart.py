@@ -141,10 +141,10 @@ def _retrieval_stage(loaded: dict, chunks: dict, client: Client,
 def _print_summary(report: dict, seconds: float, path: Path) -> None:
     rag = report["stages"]["rag_baseline"]
     table = Table(title=f"rag_baseline on {rag['dataset']}")
-    for column in ("questions", "recall@k", "exact match", "token F1", "seconds"):
+    for column in ("questions", "recall@k", "exact match", "token F1", "contains match", "seconds"):
         table.add_column(column)
     recall_key = next(k for k in rag if k.startswith("recall@"))
     table.add_row(str(rag["n_questions"]), f"{rag[recall_key]:.3f}", f"{rag['exact_match']:.3f}",
-                  f"{rag['token_f1']:.3f}", f"{rag['seconds']:.1f}")
+                  f"{rag['token_f1']:.3f}", f"{rag['contains_match']:.3f}", f"{rag['seconds']:.1f}")
     console.print(table)
     console.print(f"report: {path} (quickstart took {seconds:.0f}s)")
