@@ -1,0 +1,59 @@
+"""`overstory serve` as users start it, and a clear error when the port is taken."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from overstory.config import ConfigError
+from serving.config import RoleConfig, ServeConfig
+from serving.launch import PortInUse, _claim_port, run
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_port_in_use_fails_before_loading_models() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        started = time.perf_counter()
+        with pytest.raises(PortInUse, match=f"127.0.0.1:{port}"):
+            run(ServeConfig.local(port=port))
+        assert time.perf_counter() - started < 2  # no model was loaded
+
+
+def test_bad_serve_configs_name_the_key() -> None:
+    with pytest.raises(ConfigError, match="roles.writer: unknown role"):
+        ServeConfig(roles={"writer": RoleConfig(model="x")})
+    with pytest.raises(ConfigError, match="roles.embedder.kind must be 'embedding'"):
+        ServeConfig(roles={"embedder": RoleConfig(model="x")})
+
+
+@pytest.mark.slow
+def test_overstory_serve_command(tmp_path: Path) -> None:
+    port = _claim_port("127.0.0.1", 0)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "overstory.cli", "serve", "--config", str(ROOT / "configs/serve/local.yaml"),
+         f"port={port}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.5)
+        reply = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=60, json={
+            "model": "generator", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}).json()
+        assert reply["usage"]["completion_tokens"] > 0
+    finally:
+        process.terminate()
+        output = process.communicate(timeout=30)[0]
+    assert f"on http://127.0.0.1:{port}/v1" in output
