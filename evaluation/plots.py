@@ -44,3 +44,25 @@ def plot_level_stats(chunks_by_corpus: Mapping[str, Sequence[Chunk]], path: str 
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def plot_serve_bench(rows: Sequence[Mapping], path: str | Path) -> Path:
+    """Requests/s and p50/p95 latency against concurrency, in-process next to HTTP."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    levels = [r["concurrency"] for r in rows]
+    fig, (ax_rps, ax_lat) = plt.subplots(1, 2, figsize=(11, 4))
+    for key, label, style in (("in_process", "in-process", "o-"), ("http", "HTTP (embedded server)", "s--")):
+        ax_rps.plot(levels, [r[key]["requests_per_s"] for r in rows], style, label=label)
+        ax_lat.plot(levels, [r[key]["p50_s"] for r in rows], style, label=f"{label} p50")
+        ax_lat.plot(levels, [r[key]["p95_s"] for r in rows], style, alpha=0.5, label=f"{label} p95")
+    for ax, title, unit in ((ax_rps, "throughput", "requests / s"), (ax_lat, "latency", "seconds")):
+        ax.set_xticks(levels)
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel(unit)
+        ax.set_title(title)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
