@@ -19,9 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.progress import Progress
-from serving.client import Client
-from serving.config import ServeConfig
-from serving.launch import serve_in_background
 
 from data_pipeline.corpora import CorpusConfig, load_corpus
 from data_pipeline.formats import Chunk, QAExample, write_jsonl
@@ -30,6 +27,9 @@ from evaluation.metrics import contains_match, exact_match, mean, recall_at_k, t
 from overstory.config import ConfigError, to_dict
 from overstory.tracking import TrackingConfig, start_run
 from retrieval.index import IndexKind, build_index, select_levels
+from serving.client import Client
+from serving.config import ServeConfig
+from serving.launch import serve_in_background
 
 ANSWER_SYSTEM_PROMPT = (
     "You answer questions from the given context. Reply with the answer only: a few words, "

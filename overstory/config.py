@@ -72,8 +72,13 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
     node[parts[-1]] = value
 
 
-def build(cls: type[T], raw: Any, prefix: str) -> T:
-    """Recursively build dataclass ``cls`` from ``raw``, naming the dotted key on every error."""
+def build(cls: type[T], raw: Any, prefix: str, base: Any = None) -> T:
+    """Recursively build dataclass ``cls`` from ``raw``, naming the dotted key on every error.
+
+    Keys missing from ``raw`` keep their value in ``base`` (the default of the enclosing field), so
+    ``serve.port=0`` changes the port of the default ``serve`` section instead of replacing the
+    whole section. Mappings typed ``dict[str, X]`` are replaced, not merged.
+    """
     where = prefix.rstrip(".") or "<top level>"
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: expected a mapping for {cls.__name__}, got {type(raw).__name__}")
@@ -85,14 +90,26 @@ def build(cls: type[T], raw: Any, prefix: str) -> T:
         hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; valid keys: {', '.join(sorted(fields))}"
         raise ConfigError(f"unknown config key '{prefix}{key}'{hint}")
     hints = typing.get_type_hints(cls)
-    kwargs = {name: _coerce(hints[name], value, f"{prefix}{name}") for name, value in raw.items()}
+    kwargs = {name: _coerce(hints[name], value, f"{prefix}{name}",
+                            getattr(base, name) if base is not None else _field_default(fields[name]))
+              for name, value in raw.items()}
+    if base is not None:
+        kwargs.update({name: getattr(base, name) for name in fields if name not in kwargs})
     try:
         return cls(**kwargs)
     except TypeError as exc:  # a required field is missing
         raise ConfigError(f"{where}: {exc}") from exc
 
 
-def _coerce(tp: Any, value: Any, key: str) -> Any:
+def _field_default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None
+
+
+def _coerce(tp: Any, value: Any, key: str, base: Any = None) -> Any:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if tp is Any:
@@ -103,7 +120,7 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
         errors = []
         for arg in (a for a in args if a is not type(None)):
             try:
-                return _coerce(arg, value, key)
+                return _coerce(arg, value, key, base)
             except ConfigError as exc:
                 errors.append(str(exc))
         raise ConfigError(errors[0] if len(errors) == 1 else f"{key}: {value!r} matches none of {args}")
@@ -114,7 +131,7 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
             raise ConfigError(f"{key}: {value!r} is not one of {list(args)}{hint}")
         return value
     if dataclasses.is_dataclass(tp):
-        return build(tp, value if value is not None else {}, prefix=f"{key}.")
+        return build(tp, value if value is not None else {}, f"{key}.", base if isinstance(base, tp) else None)
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key}: expected a list, got {value!r}")

@@ -20,9 +20,6 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
-from serving.client import Client
-from serving.config import ServeConfig
-from serving.launch import serve_in_background
 
 from data_pipeline.corpora import CorpusConfig, load_corpus
 from data_pipeline.hierarchy import HierarchyConfig, build_hierarchies, save_hierarchies
@@ -33,6 +30,9 @@ from evaluation.rag import GenerationConfig, RetrievalConfig, evaluate_rag, sele
 from overstory.config import ConfigError
 from overstory.tracking import TrackingConfig, start_run
 from retrieval.index import BM25Index, DenseIndex, HybridIndex, select_levels
+from serving.client import Client
+from serving.config import ServeConfig
+from serving.launch import serve_in_background
 
 console = Console()
 

@@ -62,7 +62,8 @@ def measure(client: Client, role: str, prompts: list[list[dict]], concurrency: i
     latencies = [r[0] for r in results]
     return {"requests": len(results), "wall_s": round(wall, 3), "requests_per_s": round(len(results) / wall, 3),
             "completion_tokens_per_s": round(sum(r[1] for r in results) / wall, 1),
-            "p50_s": round(float(np.percentile(latencies, 50)), 4), "p95_s": round(float(np.percentile(latencies, 95)), 4)}
+            "p50_s": round(float(np.percentile(latencies, 50)), 4),
+            "p95_s": round(float(np.percentile(latencies, 95)), 4)}
 
 
 def run(config: ServeBenchConfig) -> dict:

@@ -42,6 +42,19 @@ def test_yaml_and_overrides(tmp_path: Path) -> None:
     assert to_dict(cfg)["train"] == {"lr": 1e-5, "schedule": "cosine"}
 
 
+@dataclass(frozen=True)
+class Outer:
+    job: Job = field(default_factory=lambda: Job(name="preset", steps=99, roles={"a": Optim(), "b": Optim()}))
+
+
+def test_partial_section_override_keeps_the_section_default() -> None:
+    cfg = load_config(Outer, None, ["job.train.lr=0.5"])
+    assert (cfg.job.name, cfg.job.steps, cfg.job.train.lr) == ("preset", 99, 0.5)
+    assert set(cfg.job.roles) == {"a", "b"}
+    replaced = load_config(Outer, None, ["job.roles={c: {lr: 1.0}}"])
+    assert set(replaced.job.roles) == {"c"}  # mappings are replaced, not merged
+
+
 def test_config_is_frozen() -> None:
     cfg = load_config(Job)
     with pytest.raises(AttributeError):
