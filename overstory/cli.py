@@ -96,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(name)s: %(message)s"
     )
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request drowns progress bars
+    for chatty in ("httpx", "bm25s"):  # an INFO line per request / index build drowns the progress bars
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     if args.group is None:
         parser.print_help()
         return 0

@@ -154,6 +154,7 @@ class EmbeddedEngine:
         truncated by sentence-transformers, exactly as when the encoder is used directly."""
         model = self._get(role, _EmbeddingModel)
         with model.lock, torch.inference_mode():
-            vectors = model.encoder.encode(list(texts), normalize_embeddings=True, convert_to_numpy=True)
+            vectors = model.encoder.encode(list(texts), normalize_embeddings=True, convert_to_numpy=True,
+                                           show_progress_bar=False)
             n_tokens = sum(len(ids) for ids in model.encoder.tokenizer(list(texts))["input_ids"]) if texts else 0
         return EmbeddingResult(np.asarray(vectors, dtype=np.float32), n_tokens)
