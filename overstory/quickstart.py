@@ -22,6 +22,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from data_pipeline.corpora import CorpusConfig, load_corpus
+from data_pipeline.formats import write_jsonl
 from data_pipeline.hierarchy import HierarchyConfig, build_hierarchies, save_hierarchies
 from data_pipeline.hierarchy_job import level_stats
 from evaluation.metrics import mean, recall_at_k
@@ -106,7 +107,7 @@ def run(config: QuickstartConfig) -> dict:
                 metrics, records = evaluate_rag(questions, index, client, config.retrieval, config.generation,
                                                 progress)
             rag_stage = {"dataset": config.rag_corpus, **metrics, "usage": client.stats.summary()}
-        (out / "rag_predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        write_jsonl(out / "rag_predictions.jsonl", records)
         report = _update_report(report_path, {"rag_baseline": rag_stage})
         tracker.summary({f"rag_baseline/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
 

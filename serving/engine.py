@@ -153,8 +153,11 @@ class EmbeddedEngine:
         """L2-normalised embeddings (as OpenAI's); texts longer than the encoder's max_seq_length are
         truncated by sentence-transformers, exactly as when the encoder is used directly."""
         model = self._get(role, _EmbeddingModel)
+        if not texts:
+            return EmbeddingResult(np.zeros((0, model.encoder.get_sentence_embedding_dimension()), np.float32), 0)
         with model.lock, torch.inference_mode():
             vectors = model.encoder.encode(list(texts), normalize_embeddings=True, convert_to_numpy=True,
                                            show_progress_bar=False)
-            n_tokens = sum(len(ids) for ids in model.encoder.tokenizer(list(texts))["input_ids"]) if texts else 0
+            encoded = model.encoder.tokenizer(list(texts), truncation=True, max_length=model.encoder.max_seq_length)
+        n_tokens = sum(len(ids) for ids in encoded["input_ids"])  # the tokens actually embedded
         return EmbeddingResult(np.asarray(vectors, dtype=np.float32), n_tokens)
