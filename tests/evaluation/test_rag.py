@@ -18,7 +18,8 @@ def test_answer_prompt_and_cleanup() -> None:
     chunk = Chunk("c", "d", "paragraph", "Paris is the capital of France.", None, [], 0, 31, 8, "Paris")
     messages = answer_messages("What is the capital of France?", [chunk], max_chunk_chars=10)
     assert messages[0]["role"] == "system"
-    assert "[1] Paris: Paris is t" in messages[1]["content"] and "capital of France." not in messages[1]["content"]
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
+    assert "[1] Paris: Paris is t" in messages[-1]["content"] and "capital of France." not in messages[-1]["content"]
     assert clean_answer("Answer: Barnaby Joyce.\nBecause ...") == "Barnaby Joyce"
     assert clean_answer("   ") == ""
 
