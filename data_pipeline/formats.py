@@ -75,6 +75,37 @@ class QAExample:
         return sorted({span.doc_id for span in self.evidence})
 
 
+@dataclass(frozen=True)
+class SummaryRecord:
+    """An upper-level chunk's LLM summary and the embeddings the compressor learns from:
+    ``child_embeddings`` (its children, the compressor's input) and ``target_embedding`` (e_gt, the
+    encoder's embedding of the summary, the compressor's target)."""
+
+    id: str  # the summarised chunk's id
+    doc_id: str
+    level: str
+    child_ids: list[str]
+    child_embeddings: list[list[float]]
+    summary: str
+    target_embedding: list[float]
+    generator: str
+    encoder: str
+    prompt_tokens: int
+    completion_tokens: int
+    attempts: int
+
+
+@dataclass(frozen=True)
+class FailureRecord:
+    """A generation that failed every attempt, kept with the model's raw output for inspection."""
+
+    id: str
+    job: str
+    error: str
+    raw: str
+    attempts: int
+
+
 R = TypeVar("R")
 
 

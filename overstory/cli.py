@@ -21,6 +21,10 @@ JOBS: dict[tuple[str, str], tuple[str, str, str, str]] = {
         "data_pipeline.hierarchy_job", "HierarchyJobConfig", "run",
         "build multi-level chunk hierarchies for a corpus; print per-level counts and token statistics",
     ),
+    ("data", "summaries"): (
+        "data_pipeline.summaries", "SummariesConfig", "run",
+        "LLM summaries of upper-level chunks plus child and summary embeddings (compressor training data)",
+    ),
     ("serve", ""): (
         "serving.launch", "ServeConfig", "run",
         "start the embedded OpenAI-compatible server for the roles in a config",
@@ -40,7 +44,7 @@ JOBS: dict[tuple[str, str], tuple[str, str, str, str]] = {
 }
 
 GROUP_HELP = {
-    "data": "offline data generation (hierarchies; later: summaries, pseudo-labels, traces)",
+    "data": "offline data generation: chunk hierarchies, summaries (later: pseudo-labels, traces)",
     "train": "training recipes",
     "serve": "serve models for the retrieval runtime",
     "eval": "evaluate checkpoints and retrieval strategies",

@@ -1,0 +1,172 @@
+"""`overstory data summaries`: LLM summaries of upper-level chunks and their embeddings (e_gt).
+
+    overstory data summaries --config configs/data/summaries.yaml
+
+For every chunk of the configured levels, the ``generator`` role summarises it with the SmartChunk
+prompt ("Summarize the following text in at most n tokens"), the ``embedder`` role embeds the
+summary (the compressor's target e_gt) and the chunk's children (its input), and one
+``SummaryRecord`` is appended to ``out``. A summary that comes back empty, or not in the source's
+script, is retried; after ``max_attempts`` it goes to ``<out>.failures.jsonl`` with the raw text.
+Finished ids are skipped on restart, so a killed run resumes; failures are retried on restart.
+"""
+
+from __future__ import annotations
+
+import threading
+import unicodedata
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.progress import Progress
+
+from data_pipeline.corpora import CorpusConfig, load_corpus
+from data_pipeline.formats import Chunk, FailureRecord, JsonlAppender, SummaryRecord, check_level
+from data_pipeline.hierarchy import HierarchyConfig, build_hierarchies, load_hierarchies
+from overstory.config import ConfigError
+from overstory.tracking import TrackingConfig, start_run
+from serving.client import Client, ClientError
+from serving.config import ServeConfig
+from serving.launch import serve_in_background
+
+# SmartChunk, section 4 (compression encoder): summaries of at most n = 128 tokens.
+SUMMARY_PROMPT = "Summarize the following text in at most {n} tokens: {text}"
+
+
+@dataclass(frozen=True)
+class SummariesConfig:
+    corpus: CorpusConfig
+    out: str
+    # an existing hierarchy JSONL (from `overstory data hierarchy`); empty builds it from the corpus
+    hierarchies: str = ""
+    hierarchy: HierarchyConfig = field(default_factory=HierarchyConfig)
+    levels: list[str] = field(default_factory=lambda: ["paragraph", "subsection", "section"])
+    max_summary_tokens: int = 128
+    # chunks longer than this many characters are cut before summarising (keeps prompts in context)
+    max_input_chars: int = 12000
+    temperature: float = 0.0
+    max_attempts: int = 3
+    concurrency: int = 2
+    limit: int = 0  # summarise at most this many chunks (0 = all)
+    server_url: str = ""
+    serve: ServeConfig = field(default_factory=lambda: ServeConfig.local(port=0))
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    def __post_init__(self) -> None:
+        for level in self.levels:
+            try:
+                check_level(level)
+            except ValueError as exc:
+                raise ConfigError(f"levels: {exc}") from exc
+        if "sentence" in self.levels:
+            raise ConfigError("levels: sentences have no children to compress; start at paragraph")
+        if self.max_attempts < 1 or self.concurrency < 1 or self.max_summary_tokens < 1:
+            raise ConfigError("max_attempts, concurrency and max_summary_tokens must be positive")
+
+
+class SummaryRejected(ValueError):
+    """The generator's summary is unusable (empty, or not in the source text's script)."""
+
+
+def latin_share(text: str) -> float:
+    """Share of letters in ``text`` that are Latin-script (1.0 when there are no letters).
+
+    >>> latin_share("Normandy"), latin_share("诺曼底 Normandy") < 0.9
+    (1.0, True)
+    """
+    letters = [ch for ch in text if ch.isalpha()]
+    if not letters:
+        return 1.0
+    return sum("LATIN" in unicodedata.name(ch, "") for ch in letters) / len(letters)
+
+
+def check_summary(summary: str, source: str) -> str:
+    """The cleaned summary, or SummaryRejected when it is empty or drifts into another script."""
+    cleaned = summary.strip()
+    for prefix in ("Summary:", "Here is a summary:", "Sure, here is a summary:"):
+        cleaned = cleaned.removeprefix(prefix).strip()
+    if not cleaned:
+        raise SummaryRejected("empty summary")
+    if latin_share(source) > 0.9 and latin_share(cleaned) < 0.7:
+        raise SummaryRejected("summary is not in the language (script) of the source text")
+    return cleaned
+
+
+def summarise(chunk: Chunk, children: list[Chunk], client: Client, config: SummariesConfig) -> SummaryRecord:
+    """Summarise one chunk (retrying rejected summaries) and embed the summary and the children."""
+    prompt = SUMMARY_PROMPT.format(n=config.max_summary_tokens, text=chunk.text[: config.max_input_chars])
+    error, raw = "", ""
+    for attempt in range(1, config.max_attempts + 1):
+        # a retry samples: the greedy reply would just come back again
+        temperature = config.temperature if attempt == 1 else max(config.temperature, 0.7)
+        try:
+            reply = client.chat("generator", [{"role": "user", "content": prompt}],
+                                max_tokens=config.max_summary_tokens, temperature=temperature, seed=attempt)
+            raw = reply.text
+            summary = check_summary(reply.text, chunk.text)
+        except (SummaryRejected, ClientError) as exc:
+            error = str(exc)
+            continue
+        target = client.embed("embedder", [summary])[0]
+        child_vectors = client.embed("embedder", [c.text for c in children])
+        return SummaryRecord(
+            id=chunk.id, doc_id=chunk.doc_id, level=chunk.level, child_ids=[c.id for c in children],
+            child_embeddings=child_vectors.round(6).tolist(), summary=summary,
+            target_embedding=target.round(6).tolist(), generator=config.serve.roles["generator"].model,
+            encoder=config.serve.roles["embedder"].model, prompt_tokens=reply.usage["prompt_tokens"],
+            completion_tokens=reply.usage["completion_tokens"], attempts=attempt)
+    raise SummaryFailed(FailureRecord(chunk.id, "summaries", error, raw, config.max_attempts))
+
+
+class SummaryFailed(Exception):
+    """Every attempt failed; ``record`` holds the last error and the model's raw output."""
+
+    def __init__(self, record: FailureRecord):
+        super().__init__(record.error)
+        self.record = record
+
+
+def failures_path(out: str | Path) -> Path:
+    out = Path(out)
+    return out.with_name(out.stem + ".failures.jsonl")
+
+
+def run(config: SummariesConfig) -> dict:
+    if config.hierarchies:
+        chunks = load_hierarchies(config.hierarchies)
+    else:
+        chunks = build_hierarchies(load_corpus(config.corpus)[0], config.hierarchy)
+    by_id = {c.id: c for c in chunks}
+    targets = [c for c in chunks if c.level in config.levels and c.children]
+    if config.limit:
+        targets = targets[: config.limit]
+    counts = {"ok": 0, "failed": 0, "skipped": 0}
+    lock = threading.Lock()
+    with ExitStack() as stack:
+        tracker = stack.enter_context(start_run(config.tracking, "data summaries", config))
+        out = stack.enter_context(JsonlAppender(config.out))
+        failures = stack.enter_context(JsonlAppender(failures_path(config.out)))
+        todo = [c for c in targets if c.id not in out]
+        counts["skipped"] = len(targets) - len(todo)
+        url = config.server_url or (stack.enter_context(serve_in_background(config.serve)) if todo else "")
+        client = Client.from_url(url) if todo else None
+        progress = stack.enter_context(Progress())
+        task = progress.add_task("summarising", total=len(todo))
+        pool = stack.enter_context(ThreadPoolExecutor(max_workers=config.concurrency))
+        futures = [pool.submit(summarise, c, [by_id[k] for k in c.children], client, config) for c in todo]
+        for future in as_completed(futures):
+            with lock:
+                try:
+                    out.write(future.result())
+                    counts["ok"] += 1
+                except SummaryFailed as failed:
+                    failures.write(failed.record)
+                    counts["failed"] += 1
+                progress.advance(task)
+        if client is not None:
+            usage = client.stats.summary()
+            tracker.summary({**counts, "generator_tokens": usage.get("generator", {}).get("completion_tokens", 0)})
+    print(f"summaries: {counts['ok']} written, {counts['failed']} failed (see {failures_path(config.out)}), "
+          f"{counts['skipped']} already done -> {config.out}")
+    return counts
