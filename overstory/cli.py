@@ -25,6 +25,10 @@ JOBS: dict[tuple[str, str], tuple[str, str, str, str]] = {
         "data_pipeline.summaries", "SummariesConfig", "run",
         "LLM summaries of upper-level chunks plus child and summary embeddings (compressor training data)",
     ),
+    ("train", "compressor"): (
+        "training.compressor", "CompressorJobConfig", "run",
+        "train the chunk compression encoder on summary embeddings (runs under accelerate launch too)",
+    ),
     ("serve", ""): (
         "serving.launch", "ServeConfig", "run",
         "start the embedded OpenAI-compatible server for the roles in a config",

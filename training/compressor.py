@@ -1,0 +1,212 @@
+"""Train the set compressor: child-chunk embeddings -> the embedding of the group's LLM summary.
+
+    overstory train compressor --config configs/train/compressor.yaml
+    accelerate launch --config_file configs/accelerate/<file>.yaml -m overstory.cli train compressor \
+        --config configs/train/compressor.yaml
+
+Reads ``SummaryRecord``s (``overstory data summaries``), splits them by document (never by chunk,
+so validation groups come from documents the model never saw), trains with MSE to e_gt (cosine as
+an option), evaluates every epoch next to the untrained ``mean_pool`` baseline, keeps the best
+checkpoint in ``out/best`` and the full training state in ``out/last``. Rerunning the same command
+resumes from ``out/last``. A non-finite loss stops the run with a clear error; ``best`` and
+``last`` stay as they were after the last good epoch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from rich.progress import Progress
+from torch.utils.data import DataLoader
+from transformers import get_cosine_schedule_with_warmup
+
+from data_pipeline.formats import SummaryRecord, read_jsonl
+from models.compressor import SetCompressor, SetCompressorConfig, pad_children, save_checkpoint
+from overstory.config import ConfigError, to_dict
+from overstory.tracking import TrackingConfig, start_run
+
+
+@dataclass(frozen=True)
+class CompressorModelConfig:
+    num_layers: int = 1
+    num_heads: int = 4
+    ffn_dim: int = 768
+    dropout: float = 0.1
+
+
+@dataclass(frozen=True)
+class CompressorTrainConfig:
+    epochs: int = 20
+    batch_size: int = 32
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    warmup_ratio: float = 0.1
+    grad_clip: float = 1.0
+    loss: Literal["mse", "cosine"] = "mse"
+    val_fraction: float = 0.2
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.val_fraction < 1:
+            raise ConfigError(f"train.val_fraction must be in (0, 1), got {self.val_fraction}")
+        if self.epochs < 1 or self.batch_size < 1 or self.lr <= 0:
+            raise ConfigError("train.epochs, train.batch_size and train.lr must be positive")
+
+
+@dataclass(frozen=True)
+class CompressorJobConfig:
+    data: str
+    out: str
+    model: CompressorModelConfig = field(default_factory=CompressorModelConfig)
+    train: CompressorTrainConfig = field(default_factory=CompressorTrainConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+
+class TrainingDiverged(RuntimeError):
+    pass
+
+
+def split_by_document(records: list[SummaryRecord], val_fraction: float) -> tuple[list, list]:
+    """Deterministic split on a hash of the document id: every group of a document lands on one side."""
+    def bucket(doc_id: str) -> float:
+        return int(hashlib.sha1(doc_id.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+
+    docs = sorted({r.doc_id for r in records}, key=bucket)
+    n_val = min(max(1, round(len(docs) * val_fraction)), len(docs) - 1) if len(docs) > 1 else 0
+    if n_val == 0:
+        raise ValueError(f"need groups from at least two documents to split by document, got {len(docs)}")
+    val_docs = set(docs[:n_val])
+    return [r for r in records if r.doc_id not in val_docs], [r for r in records if r.doc_id in val_docs]
+
+
+def collate(records: list[SummaryRecord]) -> dict[str, torch.Tensor]:
+    children, mask = pad_children([torch.tensor(r.child_embeddings, dtype=torch.float32) for r in records])
+    return {"children": children, "mask": mask,
+            "target": torch.tensor([r.target_embedding for r in records], dtype=torch.float32)}
+
+
+def compressor_loss(prediction: torch.Tensor, target: torch.Tensor, kind: str) -> torch.Tensor:
+    if kind == "cosine":
+        return (1 - F.cosine_similarity(prediction, target, dim=-1)).mean()
+    return F.mse_loss(prediction, target, reduction="none").sum(-1).mean()  # ||e_comp - e_gt||^2
+
+
+@torch.no_grad()
+def evaluate(model: SetCompressor, loader: DataLoader, accelerator: Accelerator) -> dict[str, float]:
+    """Validation MSE and cosine to e_gt, for the model and for the mean of the children."""
+    model.eval()
+    sums = torch.zeros(4, device=accelerator.device)
+    count = torch.zeros(1, device=accelerator.device)
+    for batch in loader:
+        prediction = model(batch["children"], batch["mask"])
+        mask = batch["mask"].unsqueeze(-1).float()
+        mean_pool = (batch["children"] * mask).sum(1) / mask.sum(1)
+        for i, estimate in enumerate((prediction, mean_pool)):
+            sums[2 * i] += ((estimate - batch["target"]) ** 2).sum(-1).sum()
+            sums[2 * i + 1] += F.cosine_similarity(estimate, batch["target"], dim=-1).sum()
+        count += len(batch["target"])
+    sums, count = accelerator.reduce(sums, "sum"), accelerator.reduce(count, "sum")
+    values = (sums / count).tolist()
+    model.train()
+    return {"val_mse": values[0], "val_cosine": values[1], "mean_pool_mse": values[2], "mean_pool_cosine": values[3]}
+
+
+def run(config: CompressorJobConfig) -> dict:
+    # --- setup -------------------------------------------------------------------------------------
+    accelerator = Accelerator()
+    set_seed(config.train.seed)
+    out = Path(config.out)
+    records = list(read_jsonl(config.data, SummaryRecord))
+    if not records:
+        raise ValueError(f"{config.data} holds no summary records; run `overstory data summaries` first")
+    dim = len(records[0].target_embedding)
+    train_records, val_records = split_by_document(records, config.train.val_fraction)
+    model = SetCompressor(SetCompressorConfig(embedding_dim=dim, encoder=records[0].encoder,
+                                              **to_dict(config.model)))
+    train_loader = DataLoader(train_records, batch_size=config.train.batch_size, shuffle=True, collate_fn=collate,
+                              generator=torch.Generator().manual_seed(config.train.seed))
+    val_loader = DataLoader(val_records, batch_size=config.train.batch_size, collate_fn=collate)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.train.lr, weight_decay=config.train.weight_decay)
+    total_steps = config.train.epochs * math.ceil(len(train_records) / config.train.batch_size)
+    scheduler = get_cosine_schedule_with_warmup(optimizer, int(config.train.warmup_ratio * total_steps), total_steps)
+    model, optimizer, train_loader, val_loader, scheduler = accelerator.prepare(
+        model, optimizer, train_loader, val_loader, scheduler)
+
+    state_path = out / "last" / "trainer_state.json"
+    state = {"epoch": 0, "step": 0, "best_val_mse": float("inf"), "history": []}
+    if state_path.exists():
+        accelerator.load_state(str(out / "last"))
+        state = json.loads(state_path.read_text())
+        accelerator.print(f"resuming from {out / 'last'} after epoch {state['epoch']}")
+    data_hash = hashlib.sha256(Path(config.data).read_bytes()).hexdigest()[:16]
+
+    # --- train -------------------------------------------------------------------------------------
+    tracker = start_run(config.tracking, "train compressor", config) if accelerator.is_main_process else None
+    started = time.perf_counter()
+
+    def save_best(metrics: dict) -> None:
+        state["best_val_mse"] = metrics["val_mse"]
+        if accelerator.is_main_process:
+            save_checkpoint(accelerator.unwrap_model(model), out / "best", {
+                "config": to_dict(config), "data": config.data, "data_sha256": data_hash,
+                "n_train": len(train_records), "n_val": len(val_records), "metrics": metrics,
+                "tracking_run": tracker.id if tracker else None})
+
+    if not state["history"]:
+        # The untrained compressor is the mean of its children: the first candidate for "best", so a
+        # run that only overfits never leaves a checkpoint worse than the mean_pool baseline.
+        initial = {"epoch": 0, "train_loss": None, "lr": scheduler.get_last_lr()[0],
+                   **evaluate(model, val_loader, accelerator)}
+        state["history"].append(initial)
+        save_best(initial)
+    with Progress(disable=not accelerator.is_main_process) as progress:
+        task = progress.add_task("training", total=config.train.epochs, completed=state["epoch"])
+        for epoch in range(state["epoch"], config.train.epochs):
+            model.train()
+            epoch_loss, batches = 0.0, 0
+            for batch in train_loader:
+                loss = compressor_loss(model(batch["children"], batch["mask"]), batch["target"], config.train.loss)
+                if not torch.isfinite(loss):
+                    raise TrainingDiverged(
+                        f"non-finite loss at epoch {epoch + 1}, step {state['step']}; the checkpoints in {out} are "
+                        f"from epoch {state['epoch']}. Lower train.lr (now {config.train.lr}) or check the data.")
+                accelerator.backward(loss)
+                accelerator.clip_grad_norm_(model.parameters(), config.train.grad_clip)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+                epoch_loss, batches, state["step"] = epoch_loss + loss.item(), batches + 1, state["step"] + 1
+            metrics = {"epoch": epoch + 1, "train_loss": epoch_loss / max(batches, 1),
+                       "lr": scheduler.get_last_lr()[0], **evaluate(model, val_loader, accelerator)}
+            state["history"].append(metrics)
+            state["epoch"] = epoch + 1
+            # --- save ------------------------------------------------------------------------------
+            if metrics["val_mse"] < state["best_val_mse"]:
+                save_best(metrics)
+            accelerator.save_state(str(out / "last"))
+            if accelerator.is_main_process:
+                state_path.write_text(json.dumps(state, indent=2))
+                tracker.log(metrics, step=state["step"])
+            progress.update(task, advance=1, description=f"epoch {epoch + 1}: val_mse {metrics['val_mse']:.4f}")
+
+    # --- evaluate ----------------------------------------------------------------------------------
+    summary = {"best_val_mse": state["best_val_mse"], "initial_val_mse": state["history"][0]["val_mse"],
+               "epochs": state["epoch"], "n_train": len(train_records),
+               "n_val": len(val_records), "seconds": round(time.perf_counter() - started, 1),
+               **{k: v for k, v in state["history"][-1].items() if k.startswith(("val_", "mean_pool"))}}
+    if tracker is not None:
+        tracker.summary(summary)
+        tracker.finish()
+        (out / "metrics.json").write_text(json.dumps({**summary, "history": state["history"]}, indent=2))
+        accelerator.print(json.dumps(summary, indent=2))
+    return summary
