@@ -131,6 +131,7 @@ class InProcessBackend:
         "/v1/chat/completions": (server.ChatRequest, server.handle_chat),
         "/v1/completions": (server.CompletionRequest, server.handle_completion),
         "/v1/embeddings": (server.EmbeddingRequest, server.handle_embeddings),
+        "/v1/compress": (server.CompressRequest, server.handle_compress),
     }
 
     def __init__(self, engine: EmbeddedEngine):
@@ -196,6 +197,18 @@ class Client:
         if not texts:
             return np.zeros((0, 0), dtype=np.float32)
         response, _ = self._call(role, "/v1/embeddings", {"model": role, "input": list(texts)})
+        rows = sorted(response["data"], key=lambda item: item["index"])
+        return np.asarray([row["embedding"] for row in rows], dtype=np.float32)
+
+    def compress(self, role: str, groups: list[list[str]] | None = None,
+                 embeddings: list[np.ndarray] | None = None) -> np.ndarray:
+        """One compressed embedding per group of child chunks (texts, or child embedding arrays)."""
+        payload: dict[str, Any] = {"model": role}
+        if groups is not None:
+            payload["input"] = [list(g) for g in groups]
+        if embeddings is not None:
+            payload["embeddings"] = [np.asarray(g, dtype=np.float32).tolist() for g in embeddings]
+        response, _ = self._call(role, "/v1/compress", payload)
         rows = sorted(response["data"], key=lambda item: item["index"])
         return np.asarray([row["embedding"] for row in rows], dtype=np.float32)
 

@@ -15,8 +15,9 @@ CHAT_ROLES = ("generator", "planner", "scorer")
 @dataclass(frozen=True)
 class RoleConfig:
     model: str
-    # chat: a causal LM behind /v1/chat/completions and /v1/completions; embedding: /v1/embeddings
-    kind: Literal["chat", "embedding"] = "chat"
+    # chat: a causal LM behind /v1/chat/completions and /v1/completions; embedding: /v1/embeddings;
+    # compression: a compressor checkpoint (training/compressor.py) behind /v1/compress
+    kind: Literal["chat", "embedding", "compression"] = "chat"
     max_new_tokens: int = 128  # default when a request names no max_tokens
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     max_model_len: int = 0  # 0: the model's own context length
@@ -41,8 +42,8 @@ class ServeConfig:
         for name, role in self.roles.items():
             if name not in ROLES:
                 raise ConfigError(f"roles.{name}: unknown role; roles are {', '.join(ROLES)}")
-            expected = "embedding" if name == "embedder" else "chat"
-            if name != "compressor" and role.kind != expected:
+            expected = {"embedder": "embedding", "compressor": "compression"}.get(name, "chat")
+            if role.kind != expected:
                 raise ConfigError(f"roles.{name}.kind must be {expected!r}, got {role.kind!r}")
         if not 0 <= self.port < 65536:
             raise ConfigError(f"port must be in 0..65535, got {self.port}")

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from transformers import GenerationConfig
 
+from models.compressor import load_compressor, pad_children
 from models.registry import load_causal_lm, load_sentence_encoder
 from serving.config import RoleConfig, ServeConfig
 
@@ -64,9 +65,21 @@ class _ChatModel:
 
 
 class _EmbeddingModel:
-    def __init__(self, name: str):
+    def __init__(self, name: str, role: RoleConfig):
         self.encoder = load_sentence_encoder(name)
         self.lock = threading.Lock()
+
+
+class _CompressionModel:
+    """A compressor checkpoint plus the sentence encoder it was trained on (named in its config)."""
+
+    def __init__(self, folder: str, role: RoleConfig):
+        self.model = load_compressor(folder)
+        self.encoder = load_sentence_encoder(self.model.config.encoder)
+        self.lock = threading.Lock()
+
+
+_MODEL_KINDS = {"chat": _ChatModel, "embedding": _EmbeddingModel, "compression": _CompressionModel}
 
 
 class EmbeddedEngine:
@@ -74,12 +87,12 @@ class EmbeddedEngine:
 
     def __init__(self, config: ServeConfig):
         self.config = config
-        loaded: dict[tuple[str, str, str], _ChatModel | _EmbeddingModel] = {}
-        self._models: dict[str, _ChatModel | _EmbeddingModel] = {}
+        loaded: dict[tuple[str, str, str], object] = {}
+        self._models: dict[str, object] = {}
         for role_name, role in config.roles.items():
             key = (role.model, role.kind, role.dtype)
             if key not in loaded:
-                loaded[key] = _ChatModel(role.model, role) if role.kind == "chat" else _EmbeddingModel(role.model)
+                loaded[key] = _MODEL_KINDS[role.kind](role.model, role)
             self._models[role_name] = loaded[key]
 
     @property
@@ -91,7 +104,7 @@ class EmbeddedEngine:
             raise UnknownModel(f"model {role!r} is not served here; served models: {', '.join(self._models)}")
         model = self._models[role]
         if not isinstance(model, kind):
-            wanted = "an embedding" if kind is _EmbeddingModel else "a chat"
+            wanted = {_EmbeddingModel: "an embedding", _CompressionModel: "a compression"}.get(kind, "a chat")
             raise BadRequest(f"model {role!r} is not {wanted} model")
         return model
 
@@ -161,3 +174,30 @@ class EmbeddedEngine:
             encoded = model.encoder.tokenizer(list(texts), truncation=True, max_length=model.encoder.max_seq_length)
         n_tokens = sum(len(ids) for ids in encoded["input_ids"])  # the tokens actually embedded
         return EmbeddingResult(np.asarray(vectors, dtype=np.float32), n_tokens)
+
+    def compress(self, role: str, groups: list[list[str]] | None = None,
+                 embedding_groups: list[list[list[float]]] | None = None) -> EmbeddingResult:
+        """One compressed embedding per group of child chunks, given as texts (embedded here with the
+        compressor's own encoder, normalised as in training) or as child embeddings."""
+        comp = self._get(role, _CompressionModel)
+        if (groups is None) == (embedding_groups is None):
+            raise BadRequest("give either input (groups of child texts) or embeddings (groups of child vectors)")
+        sizes = [len(g) for g in (groups if groups is not None else embedding_groups)]
+        if not sizes or min(sizes) == 0:
+            raise BadRequest("every group needs at least one child")
+        n_tokens = 0
+        with comp.lock, torch.inference_mode():
+            if groups is not None:
+                flat = [text for group in groups for text in group]
+                vectors = torch.from_numpy(comp.encoder.encode(flat, normalize_embeddings=True, convert_to_numpy=True,
+                                                               show_progress_bar=False))
+                encoded = comp.encoder.tokenizer(flat, truncation=True, max_length=comp.encoder.max_seq_length)
+                n_tokens = sum(len(ids) for ids in encoded["input_ids"])
+                children = list(torch.split(vectors, sizes))
+            else:
+                children = [torch.tensor(g, dtype=torch.float32) for g in embedding_groups]
+            dim = comp.model.config.embedding_dim
+            if any(c.dim() != 2 or c.shape[1] != dim for c in children):
+                raise BadRequest(f"child embeddings must be {dim}-dimensional for this compressor")
+            output = comp.model(*pad_children(children))
+        return EmbeddingResult(output.numpy().astype(np.float32), n_tokens)

@@ -1,7 +1,8 @@
 """The embedded OpenAI-compatible server (FastAPI) over an ``EmbeddedEngine``.
 
-Endpoints: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``, ``/v1/models`` and
-``/health``; the ``model`` field names the role. The ``handle_*`` functions turn a validated
+Endpoints: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``, ``/v1/compress``
+(groups of child chunks in, compressed embeddings out), ``/v1/models`` and ``/health``; the
+``model`` field names the role. The ``handle_*`` functions turn a validated
 request into the OpenAI response dict; the routes and the client's in-process backend both call
 them, so both paths answer with identical shapes. Errors use OpenAI's error body with a 4xx
 status and a reason; an unexpected failure is logged and answered with a 500 without traceback.
@@ -57,6 +58,14 @@ class CompletionRequest(_Sampling):
 class EmbeddingRequest(BaseModel):
     model: str
     input: str | list[str]
+
+
+class CompressRequest(BaseModel):
+    """Groups of child chunks: ``input`` as texts, or ``embeddings`` as vectors (one of the two)."""
+
+    model: str
+    input: list[list[str]] | None = None
+    embeddings: list[list[list[float]]] | None = None
 
 
 class ApiError(Exception):
@@ -126,6 +135,16 @@ def handle_embeddings(engine: EmbeddedEngine, request: EmbeddingRequest) -> dict
     }
 
 
+def handle_compress(engine: EmbeddedEngine, request: CompressRequest) -> dict[str, Any]:
+    result = _run(engine.compress, request.model, request.input, request.embeddings)
+    return {
+        "object": "list", "model": request.model,
+        "data": [{"object": "compressed_embedding", "index": i, "embedding": vector.tolist()}
+                 for i, vector in enumerate(result.embeddings)],
+        "usage": _usage(result.prompt_tokens, 0),
+    }
+
+
 def handle_models(engine: EmbeddedEngine) -> dict[str, Any]:
     return {"object": "list", "data": [
         {"id": role, "object": "model", "owned_by": "overstory", "root": engine.config.roles[role].model}
@@ -178,5 +197,9 @@ def create_app(engine: EmbeddedEngine) -> FastAPI:
     @app.post("/v1/embeddings")
     def embeddings(request: EmbeddingRequest) -> dict[str, Any]:
         return handle_embeddings(engine, request)
+
+    @app.post("/v1/compress")
+    def compress(request: CompressRequest) -> dict[str, Any]:
+        return handle_compress(engine, request)
 
     return app
