@@ -26,15 +26,11 @@ from data_pipeline.hierarchy import HierarchyConfig, build_hierarchies
 from evaluation.metrics import contains_match, exact_match, mean, recall_at_k, token_f1
 from overstory.config import ConfigError, to_dict
 from overstory.tracking import TrackingConfig, start_run
+from retrieval.answer import answer_messages, clean_answer
 from retrieval.index import IndexKind, build_index, select_levels
 from serving.client import Client
 from serving.config import ServeConfig
 from serving.launch import serve_in_background
-
-ANSWER_SYSTEM_PROMPT = (
-    "You answer questions from the given context. Reply with the answer only: a few words, "
-    "no explanation. If the context does not contain the answer, reply 'unanswerable'."
-)
 
 
 @dataclass(frozen=True)
@@ -72,35 +68,6 @@ class RagEvalConfig:
     serve: ServeConfig = field(default_factory=lambda: ServeConfig.local())
     out: str = "runs/eval/rag"
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
-
-
-# One worked example shows small models the expected answer form. Measured with SmolLM2-135M on the
-# 40 HotpotQA questions (hybrid top-3 context): token F1 0.054 -> 0.084, answer-in-reply 0.20 -> 0.25.
-ANSWER_EXAMPLE = [
-    {"role": "user", "content": "Context:\n[1] Eiffel Tower: The Eiffel Tower is a wrought-iron lattice tower in "
-                                "Paris, France, completed in 1889.\n\nQuestion: In which city is the Eiffel Tower?"
-                                "\nAnswer:"},
-    {"role": "assistant", "content": "Paris"},
-]
-
-
-def answer_messages(question: str, chunks: Sequence[Chunk], max_chunk_chars: int) -> list[dict[str, str]]:
-    """Chat messages for a short answer from retrieved chunks (system prompt, one example, the question)."""
-    context = "\n\n".join(
-        f"[{i}] {c.title}: {c.text[:max_chunk_chars]}" if c.title else f"[{i}] {c.text[:max_chunk_chars]}"
-        for i, c in enumerate(chunks, 1)
-    )
-    return [
-        {"role": "system", "content": ANSWER_SYSTEM_PROMPT},
-        *ANSWER_EXAMPLE,
-        {"role": "user", "content": f"Context:\n{context}\n\nQuestion: {question}\nAnswer:"},
-    ]
-
-
-def clean_answer(text: str) -> str:
-    """First line of the model's reply, without a leading 'Answer:' the model sometimes repeats."""
-    line = text.strip().splitlines()[0] if text.strip() else ""
-    return line.removeprefix("Answer:").strip().rstrip(".")
 
 
 def select_questions(questions: Sequence[QAExample], limit: int, skip_unanswerable: bool) -> list[QAExample]:
