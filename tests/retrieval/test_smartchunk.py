@@ -66,7 +66,7 @@ def test_paragraph_recall_and_answer(setup) -> None:
         retriever = SmartChunkRetriever(chunks, client, upper=upper)
         hits = retriever.retrieve([q.question for q in questions], "paragraph", "paragraph", k=5)
         recalls[upper] = mean([recall_at_k([h.chunk for h in row], q.evidence, 5) for q, row in zip(questions, hits)])
-    # measured on the first 60 answerable Normans questions: see the closing note of this issue
+    # measured on the first 60 answerable Normans questions: direct 0.850, untrained compressor (mean) 0.817
     assert recalls["direct"] > 0.8 and recalls["compressor"] > 0.6, recalls
     reply, used = SmartChunkRetriever(chunks, client).answer(questions[0].question, "paragraph", "subsection", k=3)
     assert reply.text and len(used) == 3 and {c.level for c in used} <= {"paragraph", "subsection"}
