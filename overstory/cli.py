@@ -80,14 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
             _add_job_args(gp, quickstart=group == "quickstart")
             gp.set_defaults(job=(group, ""))
             continue
-        jobs = gp.add_subparsers(dest="job_name", metavar="{" + ",".join(names) + "}" if names else "")
+        jobs = gp.add_subparsers(dest="job_name", metavar="{" + ",".join(names) + "}")
         for name in names:
             desc = JOBS[(group, name)][3]
             jp = jobs.add_parser(name, help=desc, description=desc)
             _add_job_args(jp)
             jp.set_defaults(job=(group, name))
-        if not names:
-            gp.set_defaults(job=None, empty_group=group)
     return parser
 
 
@@ -110,10 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     job = getattr(args, "job", None)
-    if job is None:
-        if getattr(args, "empty_group", None):
-            print(f"overstory {args.group}: no recipes are registered yet", file=sys.stderr)
-            return 2
+    if job is None:  # a group without a job name: show the group's jobs
         parser.parse_args([args.group, "--help"])
         return 0
     overrides = list(args.overrides)

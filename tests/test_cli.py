@@ -32,7 +32,8 @@ def test_job_help_shows_config_and_overrides(args: list[str], capsys: pytest.Cap
     assert "--config" in out and "key.sub=value" in out
 
 
-@pytest.mark.parametrize(("group", "job"), [("data", "hierarchy"), ("eval", "rag"), ("train", "")])
+@pytest.mark.parametrize(("group", "job"), [("data", "hierarchy"), ("data", "summaries"), ("eval", "rag"),
+                                          ("train", "compressor")])
 def test_group_help_lists_its_jobs(group: str, job: str, capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main([group, "--help"])
