@@ -66,3 +66,24 @@ def plot_serve_bench(rows: Sequence[Mapping], path: str | Path) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def plot_recall_vs_cost(results: Mapping[str, Mapping], k: int, path: str | Path) -> Path:
+    """recall@k against the seconds spent embedding the upper levels, one point per method (log x)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for method, row in results.items():
+        recall = row.get(f"recall@{k}")
+        if recall is None:
+            continue
+        ax.scatter(max(row["seconds"], 1e-4), recall, s=60)
+        ax.annotate(method, (max(row["seconds"], 1e-4), recall), textcoords="offset points", xytext=(6, 4))
+    ax.set_xscale("log")
+    ax.set_xlabel("seconds to embed the upper levels (log scale)")
+    ax.set_ylabel(f"recall@{k}")
+    ax.set_title("upper-level embeddings: quality against build cost")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

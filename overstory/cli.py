@@ -37,6 +37,10 @@ JOBS: dict[tuple[str, str], tuple[str, str, str, str]] = {
         "evaluation.rag", "RagEvalConfig", "run",
         "retrieve-then-generate over a QA dataset: recall@k, exact match, token F1, latency",
     ),
+    ("eval", "compressor"): (
+        "evaluation.compressor", "EvalCompressorConfig", "run",
+        "compressor vs mean_pool vs direct_encode vs summarize on held-out documents: cosine, recall@k, cost",
+    ),
     ("bench", "serve"): (
         "serving.bench", "ServeBenchConfig", "run",
         "requests/s and latency percentiles of the embedded server next to in-process generation",
@@ -62,10 +66,14 @@ def job_config_class(group: str, name: str = "") -> type:
     return getattr(importlib.import_module(module), cls)
 
 
-def _add_job_args(parser: argparse.ArgumentParser, quickstart: bool = False) -> None:
+# Flags that are shorthand for the override of the same name, for the jobs whose config has the key.
+SHORTHAND_FLAGS = ("out", "checkpoint", "data")
+
+
+def _add_job_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="YAML config file (see configs/)")
-    if quickstart:
-        parser.add_argument("--out", help="output folder (same as the override out=DIR)")
+    for flag in SHORTHAND_FLAGS:
+        parser.add_argument(f"--{flag}", help=f"same as the override {flag}=VALUE")
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="dotted config overrides")
 
 
@@ -77,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
         gp = groups.add_parser(group, help=help_text, description=help_text)
         names = [name for (g, name) in JOBS if g == group]
         if names == [""]:
-            _add_job_args(gp, quickstart=group == "quickstart")
+            _add_job_args(gp)
             gp.set_defaults(job=(group, ""))
             continue
         jobs = gp.add_subparsers(dest="job_name", metavar="{" + ",".join(names) + "}")
@@ -111,9 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     if job is None:  # a group without a job name: show the group's jobs
         parser.parse_args([args.group, "--help"])
         return 0
-    overrides = list(args.overrides)
-    if getattr(args, "out", None):
-        overrides.append(f"out={args.out}")
+    overrides = list(args.overrides) + [f"{flag}={getattr(args, flag)}" for flag in SHORTHAND_FLAGS
+                                        if getattr(args, flag, None) is not None]
     try:
         run_job(job[0], job[1], args.config, overrides)
     except ConfigError as exc:
