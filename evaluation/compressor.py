@@ -30,6 +30,7 @@ import numpy as np
 from data_pipeline.corpora import CorpusConfig, load_corpus
 from data_pipeline.formats import SummaryRecord, read_jsonl
 from data_pipeline.hierarchy import HierarchyConfig, build_hierarchies
+from data_pipeline.splits import split_by_document
 from data_pipeline.summaries import SummariesConfig, SummaryFailed, summarise
 from evaluation.metrics import mean, recall_at_k
 from evaluation.plots import plot_recall_vs_cost
@@ -39,7 +40,6 @@ from retrieval.index import DenseIndex, chunk_text_for_index
 from serving.client import Client
 from serving.config import RoleConfig, ServeConfig
 from serving.launch import serve_in_background
-from training.compressor import split_by_document
 
 METHODS = ("compressor", "mean_pool", "direct_encode", "summarize")
 

@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader
 from transformers import get_cosine_schedule_with_warmup
 
 from data_pipeline.formats import SummaryRecord, read_jsonl
+from data_pipeline.splits import split_by_document
 from models.compressor import SetCompressor, SetCompressorConfig, pad_children, save_checkpoint
 from overstory.config import ConfigError, to_dict
 from overstory.tracking import TrackingConfig, start_run
@@ -74,19 +75,6 @@ class CompressorJobConfig:
 
 class TrainingDiverged(RuntimeError):
     pass
-
-
-def split_by_document(records: list[SummaryRecord], val_fraction: float) -> tuple[list, list]:
-    """Deterministic split on a hash of the document id: every group of a document lands on one side."""
-    def bucket(doc_id: str) -> float:
-        return int(hashlib.sha1(doc_id.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
-
-    docs = sorted({r.doc_id for r in records}, key=bucket)
-    n_val = min(max(1, round(len(docs) * val_fraction)), len(docs) - 1) if len(docs) > 1 else 0
-    if n_val == 0:
-        raise ValueError(f"need groups from at least two documents to split by document, got {len(docs)}")
-    val_docs = set(docs[:n_val])
-    return [r for r in records if r.doc_id not in val_docs], [r for r in records if r.doc_id in val_docs]
 
 
 def collate(records: list[SummaryRecord]) -> dict[str, torch.Tensor]:

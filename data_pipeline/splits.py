@@ -1,0 +1,26 @@
+"""Train/validation splits that never leak a document across the boundary."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Protocol, TypeVar
+
+
+class _HasDoc(Protocol):
+    doc_id: str
+
+
+R = TypeVar("R", bound=_HasDoc)
+
+
+def split_by_document(records: list[R], val_fraction: float) -> tuple[list[R], list[R]]:
+    """Deterministic split on a hash of the document id: every group of a document lands on one side."""
+    def bucket(doc_id: str) -> float:
+        return int(hashlib.sha1(doc_id.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+
+    docs = sorted({r.doc_id for r in records}, key=bucket)
+    n_val = min(max(1, round(len(docs) * val_fraction)), len(docs) - 1) if len(docs) > 1 else 0
+    if n_val == 0:
+        raise ValueError(f"need groups from at least two documents to split by document, got {len(docs)}")
+    val_docs = set(docs[:n_val])
+    return [r for r in records if r.doc_id not in val_docs], [r for r in records if r.doc_id in val_docs]
