@@ -7,7 +7,9 @@ same command and report. This stage set:
 
 - ``hierarchy``: per-level chunk counts and token statistics for both shipped corpora (and a PNG);
 - ``retrieval``: recall@5 of BM25, dense and hybrid indexes over paragraphs, for both corpora;
-- ``rag_baseline``: plain retrieve-then-generate through the served stack on one corpus.
+- ``rag_baseline``: plain retrieve-then-generate through the served stack on one corpus;
+- ``compressor``: summaries of a slice, a short compressor training run, and the comparison of the
+  four ways to embed upper levels (compressor, mean_pool, direct_encode, summarize).
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ from data_pipeline.corpora import CorpusConfig, load_corpus
 from data_pipeline.formats import write_jsonl
 from data_pipeline.hierarchy import HierarchyConfig, build_hierarchies, save_hierarchies
 from data_pipeline.hierarchy_job import level_stats
+from data_pipeline.summaries import SummariesConfig
+from data_pipeline.summaries import run as run_summaries
+from evaluation.compressor import EvalCompressorConfig
+from evaluation.compressor import run as run_evaluation
 from evaluation.metrics import mean, recall_at_k
 from evaluation.plots import plot_level_stats
 from evaluation.rag import GenerationConfig, RetrievalConfig, evaluate_rag, select_questions
@@ -34,8 +40,21 @@ from retrieval.index import BM25Index, DenseIndex, HybridIndex, select_levels
 from serving.client import Client
 from serving.config import ServeConfig
 from serving.launch import serve_in_background
+from training.compressor import CompressorJobConfig, CompressorTrainConfig
+from training.compressor import run as run_training
 
 console = Console()
+
+
+@dataclass(frozen=True)
+class CompressorStageConfig:
+    """A small compressor run: summaries of a slice, a short training, the four-way evaluation."""
+
+    corpus: str = "squad"
+    levels: list[str] = field(default_factory=lambda: ["subsection", "section"])
+    max_summary_tokens: int = 32
+    epochs: int = 30
+    lr: float = 1e-4
 
 
 @dataclass(frozen=True)
@@ -51,12 +70,14 @@ class QuickstartConfig:
     rag_questions: int = 0
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
+    compressor: CompressorStageConfig = field(default_factory=CompressorStageConfig)
     serve: ServeConfig = field(default_factory=lambda: ServeConfig.local())
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
-        if self.rag_corpus not in self.corpora:
-            raise ConfigError(f"rag_corpus {self.rag_corpus!r} is not one of corpora: {', '.join(self.corpora)}")
+        for key, name in (("rag_corpus", self.rag_corpus), ("compressor.corpus", self.compressor.corpus)):
+            if name not in self.corpora:
+                raise ConfigError(f"{key} {name!r} is not one of corpora: {', '.join(self.corpora)}")
 
 
 def _update_report(path: Path, stages: dict) -> dict:
@@ -107,12 +128,41 @@ def run(config: QuickstartConfig) -> dict:
                 metrics, records = evaluate_rag(questions, index, client, config.retrieval, config.generation,
                                                 progress)
             rag_stage = {"dataset": config.rag_corpus, **metrics, "usage": client.stats.summary()}
-        write_jsonl(out / "rag_predictions.jsonl", records)
-        report = _update_report(report_path, {"rag_baseline": rag_stage})
+            write_jsonl(out / "rag_predictions.jsonl", records)
+            _update_report(report_path, {"rag_baseline": rag_stage})
+
+            console.rule(f"[bold]compressor ({config.compressor.corpus})")
+            report = _update_report(report_path, {"compressor": _compressor_stage(config, out / "compressor", url)})
         tracker.summary({f"rag_baseline/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
+        methods = report["stages"]["compressor"]["methods"]
+        tracker.summary({f"compressor/{method}/{k}": v for method, row in methods.items()
+                         for k, v in row.items() if isinstance(v, (int, float))})
 
     _print_summary(report, time.perf_counter() - started, report_path)
     return report
+
+
+def _compressor_stage(config: QuickstartConfig, folder: Path, server_url: str) -> dict:
+    """Summaries of a slice through the running stack, a short compressor training run, and the
+    compressor / mean_pool / direct_encode / summarize comparison on the held-out documents."""
+    stage = config.compressor
+    quiet = TrackingConfig(backend="none")  # the quickstart's own run tracks the stage's figures
+    corpus = config.corpora[stage.corpus]
+    summaries = folder / "summaries.jsonl"
+    counts = run_summaries(SummariesConfig(
+        corpus=corpus, out=str(summaries), hierarchy=config.hierarchy, levels=stage.levels,
+        max_summary_tokens=stage.max_summary_tokens, server_url=server_url, serve=config.serve, tracking=quiet))
+    training = run_training(CompressorJobConfig(
+        data=str(summaries), out=str(folder / "model"), tracking=quiet,
+        train=CompressorTrainConfig(epochs=stage.epochs, lr=stage.lr, batch_size=16)))
+    evaluation = run_evaluation(EvalCompressorConfig(
+        checkpoint=str(folder / "model" / "best"), data=str(summaries), corpus=corpus, out=str(folder / "eval"),
+        hierarchy=config.hierarchy, max_summary_tokens=stage.max_summary_tokens, tracking=quiet,
+        serve=ServeConfig(host=config.serve.host, port=0, roles=config.serve.roles)))
+    return {"dataset": stage.corpus, "levels": list(stage.levels), "summaries": counts,
+            "training": training, "n_questions": evaluation["n_questions"],
+            "n_upper_chunks": evaluation["n_upper_chunks"], "methods": evaluation["methods"],
+            "plot": str(folder / "eval" / "recall_vs_cost.png")}
 
 
 def _retrieval_stage(loaded: dict, chunks: dict, client: Client,

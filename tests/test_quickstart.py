@@ -18,7 +18,8 @@ def test_quickstart_end_to_end(tmp_path: Path) -> None:
     # a stage written by another job must survive the quickstart's report update
     (out / "report.json").write_text(json.dumps({"stages": {"later_issue": {"x": 1}}}))
     code = main(["quickstart", "--out", str(out), "rag_questions=6", "tracking.backend=jsonl",
-                 f"tracking.dir={tmp_path / 'tracking'}", "serve.port=0"])
+                 f"tracking.dir={tmp_path / 'tracking'}", "serve.port=0", "compressor.levels=[section]",
+                 "compressor.max_summary_tokens=8", "compressor.epochs=3"])
     assert code == 0
     report = json.loads((out / "report.json").read_text())
     stages = report["stages"]
@@ -37,6 +38,10 @@ def test_quickstart_end_to_end(tmp_path: Path) -> None:
         levels = stages["hierarchy"][corpus]
         assert set(levels) >= {"sentence", "paragraph", "subsection", "section", "document"}
         assert stages["retrieval"][corpus]["hybrid_recall@5"] > 0.5
+    compressor = stages["compressor"]
+    assert compressor["summaries"]["ok"] == 17 and compressor["training"]["epochs"] == 3
+    assert set(compressor["methods"]) == {"compressor", "mean_pool", "direct_encode", "summarize"}
+    assert compressor["n_questions"] > 50 and Path(compressor["plot"]).exists()
     assert (out / "level_stats.png").stat().st_size > 10_000
     assert (out / "hierarchies" / "squad.jsonl").exists()
     predictions = (out / "rag_predictions.jsonl").read_text().splitlines()
