@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -24,11 +25,12 @@ from serving.engine import EmbeddedEngine
 
 
 class ClientError(RuntimeError):
-    """A request failed for good; ``status`` is the HTTP status (0 for a transport failure)."""
+    """A request failed for good; ``status`` is the HTTP status (0 for a transport failure or timeout)
+    and ``retries`` how many retries were spent before giving up."""
 
-    def __init__(self, status: int, reason: str):
+    def __init__(self, status: int, reason: str, retries: int = 0):
         super().__init__(f"{status or 'transport error'}: {reason}")
-        self.status, self.reason = status, reason
+        self.status, self.reason, self.retries = status, reason, retries
 
 
 @dataclass(frozen=True)
@@ -80,41 +82,80 @@ class UsageStats:
 
 
 class Backend(Protocol):
-    def request(self, method: str, path: str, payload: dict[str, Any] | None = None) -> tuple[dict[str, Any], int]:
-        """Send one request; returns (response JSON, retries used) or raises ClientError."""
+    def post(self, path: str, payload: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        """Send one request for the role ``payload["model"]``; (response JSON, retries used) or ClientError."""
+
+    def get(self, path: str) -> list[dict[str, Any]]:
+        """GET ``path`` from every server behind this backend, one response each."""
+
+    def close(self) -> None:
+        """Release connections."""
 
 
 class HttpBackend:
-    """httpx with bounded retries and exponential backoff with jitter."""
+    """httpx with timeouts and bounded retries with exponential backoff and jitter.
+
+    ``base_url`` is one server for every role, or a mapping role -> server for stacks that serve
+    roles from different processes (one vLLM per model); URLs are given without the /v1 suffix.
+    """
 
     RETRY_STATUS = {429, 500, 502, 503, 504}
 
-    def __init__(self, base_url: str, timeout_s: float = 120.0, max_retries: int = 3, backoff_s: float = 0.5,
-                 api_key: str | None = None):
-        self.base_url = base_url.rstrip("/")
+    def __init__(self, base_url: str | Mapping[str, str], timeout_s: float = 120.0, max_retries: int = 3,
+                 backoff_s: float = 0.5, api_key: str | None = None):
+        if max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+        self.urls = _strip(base_url) if isinstance(base_url, str) else {r: _strip(u) for r, u in base_url.items()}
         self.max_retries, self.backoff_s = max_retries, backoff_s
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=headers)
+        self._http = httpx.Client(timeout=timeout_s, headers=headers)
 
-    def request(self, method: str, path: str, payload: dict[str, Any] | None = None) -> tuple[dict[str, Any], int]:
+    def _url(self, role: str) -> str:
+        if isinstance(self.urls, str):
+            return self.urls
+        if role not in self.urls:
+            raise ClientError(404, f"no server configured for role {role!r}; configured: {', '.join(self.urls)}")
+        return self.urls[role]
+
+    def post(self, path: str, payload: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        return self._send("POST", self._url(payload["model"]) + path, payload)
+
+    def get(self, path: str) -> list[dict[str, Any]]:
+        servers = [self.urls] if isinstance(self.urls, str) else list(dict.fromkeys(self.urls.values()))
+        return [self._send("GET", url + path, None)[0] for url in servers]
+
+    def _send(self, method: str, url: str, payload: dict[str, Any] | None) -> tuple[dict[str, Any], int]:
         for attempt in range(self.max_retries + 1):
             try:
-                response = self._http.request(method, path, json=payload)
-            except httpx.TransportError as exc:  # connection refused, reset, timeouts
-                failure = ClientError(0, f"{exc.__class__.__name__} calling {self.base_url}{path}: {exc}")
+                response = self._http.request(method, url, json=payload)
+            except httpx.TransportError as exc:  # connection refused or reset, timeouts
+                failure = ClientError(0, f"{exc.__class__.__name__} calling {url}: {exc}", attempt)
             else:
                 if response.status_code < 400:
-                    return response.json(), attempt
-                failure = ClientError(response.status_code, _reason(response))
+                    return _json(response, attempt), attempt
+                failure = ClientError(response.status_code, _reason(response), attempt)
                 if response.status_code not in self.RETRY_STATUS:
                     raise failure
-            if attempt == self.max_retries:
-                raise failure
-            time.sleep(self.backoff_s * 2**attempt * (0.5 + random.random()))
-        raise failure  # only reached with max_retries < 0
+            if attempt < self.max_retries:
+                time.sleep(self.backoff_s * 2**attempt * (0.5 + random.random()))
+        raise failure
 
     def close(self) -> None:
         self._http.close()
+
+
+def _json(response: httpx.Response, retries: int) -> dict[str, Any]:
+    """The body of a successful response; empty bodies (vLLM's /health) read as {}."""
+    if not response.content:
+        return {}
+    try:
+        return response.json()
+    except ValueError as exc:
+        raise ClientError(response.status_code, f"response is not JSON: {response.text[:200]!r}", retries) from exc
+
+
+def _strip(url: str) -> str:
+    return url.rstrip("/").removesuffix("/v1")
 
 
 def _reason(response: httpx.Response) -> str:
@@ -137,18 +178,17 @@ class InProcessBackend:
     def __init__(self, engine: EmbeddedEngine):
         self.engine = engine
 
-    def request(self, method: str, path: str, payload: dict[str, Any] | None = None) -> tuple[dict[str, Any], int]:
+    def post(self, path: str, payload: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        model, handler = self.ROUTES[path]
         try:
-            if path == "/v1/models":
-                return server.handle_models(self.engine), 0
-            if path == "/health":
-                return {"status": "ok", "roles": self.engine.roles}, 0
-            model, handler = self.ROUTES[path]
-            return handler(self.engine, model.model_validate(payload or {})), 0
+            return handler(self.engine, model.model_validate(payload)), 0
         except server.ApiError as exc:
             raise ClientError(exc.status, exc.message) from exc
         except ValidationError as exc:
             raise ClientError(400, str(exc.errors()[0]["msg"])) from exc
+
+    def get(self, path: str) -> list[dict[str, Any]]:
+        return [server.handle_models(self.engine) if path == "/v1/models" else server.handle_health(self.engine)]
 
     def close(self) -> None:
         pass
@@ -160,9 +200,10 @@ class Client:
         self.stats = UsageStats()
 
     @classmethod
-    def from_url(cls, url: str, **http_options: Any) -> Client:
-        """A client for an OpenAI-compatible server at ``url`` (with or without the /v1 suffix)."""
-        return cls(HttpBackend(url.removesuffix("/v1"), **http_options))
+    def from_url(cls, url: str | Mapping[str, str], **http_options: Any) -> Client:
+        """A client for an OpenAI-compatible server at ``url`` (with or without the /v1 suffix), or for a
+        mapping role -> URL; ``http_options`` go to ``HttpBackend`` (timeout_s, max_retries, backoff_s...)."""
+        return cls(HttpBackend(url, **http_options))
 
     @classmethod
     def in_process(cls, engine: EmbeddedEngine) -> Client:
@@ -171,9 +212,9 @@ class Client:
     def _call(self, role: str, path: str, payload: dict[str, Any]) -> tuple[dict[str, Any], float]:
         started = time.perf_counter()
         try:
-            response, retries = self.backend.request("POST", path, payload)
-        except ClientError:
-            self.stats.record(role, time.perf_counter() - started, None, 0, failed=True)
+            response, retries = self.backend.post(path, payload)
+        except ClientError as exc:
+            self.stats.record(role, time.perf_counter() - started, None, exc.retries, failed=True)
             raise
         latency = time.perf_counter() - started
         self.stats.record(role, latency, response.get("usage"), retries, failed=False)
@@ -213,13 +254,17 @@ class Client:
         return np.asarray([row["embedding"] for row in rows], dtype=np.float32)
 
     def models(self) -> list[str]:
-        return [m["id"] for m in self.backend.request("GET", "/v1/models")[0]["data"]]
+        """The served model names (roles), over every server behind the backend."""
+        ids = [m["id"] for response in self.backend.get("/v1/models") for m in response["data"]]
+        return list(dict.fromkeys(ids))
 
     def health(self) -> bool:
+        """True when every server behind the backend answers /health (2xx)."""
         try:
-            return self.backend.request("GET", "/health")[0].get("status") == "ok"
+            self.backend.get("/health")
         except ClientError:
             return False
+        return True
 
     def close(self) -> None:
         self.backend.close()

@@ -7,6 +7,7 @@ from typing import Literal
 
 from models.registry import MINILM, SMOLLM2
 from overstory.config import ConfigError
+from overstory.tracking import TrackingConfig
 
 ROLES = ("generator", "planner", "scorer", "embedder", "compressor")
 CHAT_ROLES = ("generator", "planner", "scorer")
@@ -33,8 +34,10 @@ class RoleConfig:
 class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8000  # 0 picks a free port (tests, background stacks)
-    engine: Literal["embedded"] = "embedded"
     roles: dict[str, RoleConfig] = field(default_factory=dict)
+    engine: Literal["embedded"] = "embedded"
+    # `overstory serve` records the served stack (roles, models, uptime) here; background servers do not
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
         if not self.roles:

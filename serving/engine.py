@@ -2,13 +2,15 @@
 
 Generation is transformers' own ``model.generate`` with a ``GenerationConfig`` built from the
 request (greedy at temperature 0, sampling otherwise, ``stop_strings`` for stop sequences); chat
-prompts go through the model's own chat template. Roles naming the same model share one copy in
-memory; a lock per model serialises generation on it (uvicorn runs handlers in a thread pool).
+prompts go through the model's own chat template, and a list of completion prompts runs as one
+left-padded batch. Roles naming the same model share one copy in memory; a lock per model
+serialises generation on it (uvicorn runs handlers in a thread pool).
 """
 
 from __future__ import annotations
 
 import threading
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,9 +19,14 @@ from transformers import GenerationConfig
 
 from models.compressor import load_compressor, pad_children
 from models.registry import load_causal_lm, load_sentence_encoder
+from overstory.config import ConfigError
 from serving.config import RoleConfig, ServeConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+# Sampling draws from torch's global generator, so a seeded request is reproducible only if no other
+# sampled generation (on another model) runs at the same time; greedy decoding never takes this lock.
+_SAMPLING_LOCK = threading.Lock()
 
 
 class UnknownModel(LookupError):
@@ -43,7 +50,7 @@ class Completion:
 
 @dataclass(frozen=True)
 class GenerationResult:
-    choices: list[Completion]
+    choices: list[Completion]  # n per prompt, prompt by prompt (OpenAI's order for a list of prompts)
     prompt_tokens: int
 
     @property
@@ -60,7 +67,7 @@ class EmbeddingResult:
 class _ChatModel:
     def __init__(self, name: str, role: RoleConfig):
         self.model, self.tokenizer = load_causal_lm(name, dtype=DTYPES[role.dtype])
-        self.context = role.max_model_len or int(getattr(self.model.config, "max_position_embeddings", 2048))
+        self.context = int(getattr(self.model.config, "max_position_embeddings", 2048))
         self.lock = threading.Lock()
 
 
@@ -89,11 +96,17 @@ class EmbeddedEngine:
         self.config = config
         loaded: dict[tuple[str, str, str], object] = {}
         self._models: dict[str, object] = {}
+        self._context: dict[str, int] = {}  # per role: roles sharing a model may cap its context differently
         for role_name, role in config.roles.items():
             key = (role.model, role.kind, role.dtype)
             if key not in loaded:
                 loaded[key] = _MODEL_KINDS[role.kind](role.model, role)
-            self._models[role_name] = loaded[key]
+            model = self._models[role_name] = loaded[key]
+            if isinstance(model, _ChatModel):
+                if role.max_model_len > model.context:
+                    raise ConfigError(f"roles.{role_name}.max_model_len: {role.max_model_len} exceeds the "
+                                      f"model's context of {model.context} tokens")
+                self._context[role_name] = role.max_model_len or model.context
 
     @property
     def roles(self) -> list[str]:
@@ -108,6 +121,10 @@ class EmbeddedEngine:
             raise BadRequest(f"model {role!r} is not {wanted} model")
         return model
 
+    def tokenizer(self, role: str):
+        """The tokenizer of a chat role's model (what prompt_tokens and completion_tokens count)."""
+        return self._get(role, _ChatModel).tokenizer
+
     def chat(self, role: str, messages: list[dict[str, str]], **sampling) -> GenerationResult:
         """Generate a reply to chat ``messages`` with the role model's chat template."""
         lm = self._get(role, _ChatModel)
@@ -115,39 +132,47 @@ class EmbeddedEngine:
             if message.get("role") not in ("system", "user", "assistant"):
                 raise BadRequest(f"messages[{i}].role must be system, user or assistant")
         prompt = lm.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        return self._generate(role, lm, prompt, **sampling)
+        return self._generate(role, lm, [prompt], **sampling)
 
-    def complete(self, role: str, prompt: str, **sampling) -> GenerationResult:
-        """Continue a raw text ``prompt`` (no chat template)."""
-        return self._generate(role, self._get(role, _ChatModel), prompt, **sampling)
+    def complete(self, role: str, prompt: str | list[str], **sampling) -> GenerationResult:
+        """Continue raw text (no chat template); a list of prompts is generated as one batch."""
+        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        return self._generate(role, self._get(role, _ChatModel), prompts, **sampling)
 
-    def count_tokens(self, role: str, text: str) -> int:
-        return len(self._get(role, _ChatModel).tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    def _generate(self, role: str, lm: _ChatModel, prompt: str, max_tokens: int | None = None,
+    def _generate(self, role: str, lm: _ChatModel, prompts: list[str], max_tokens: int | None = None,
                   temperature: float = 1.0, top_p: float = 1.0, n: int = 1, stop: list[str] | None = None,
                   seed: int | None = None) -> GenerationResult:
-        max_tokens = max_tokens or self.config.roles[role].max_new_tokens
-        inputs = lm.tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
-        n_prompt = int(inputs["input_ids"].shape[1])
-        if n_prompt + max_tokens > lm.context:
-            raise RequestTooLarge(f"this request needs {n_prompt} prompt tokens + {max_tokens} completion tokens "
-                                  f"= {n_prompt + max_tokens}, more than the model's context of {lm.context} "
-                                  f"tokens; shorten the prompt or lower max_tokens")
         if n < 1 or temperature < 0 or not 0 < top_p <= 1:
             raise BadRequest("need n >= 1, temperature >= 0 and 0 < top_p <= 1")
+        max_tokens = max_tokens or self.config.roles[role].max_new_tokens
+        encoded = [lm.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+        if not encoded or min(len(ids) for ids in encoded) == 0:
+            raise BadRequest("prompt must not be empty")
+        longest, context = max(len(ids) for ids in encoded), self._context[role]
+        if longest + max_tokens > context:
+            raise RequestTooLarge(f"this request needs {longest} prompt tokens + {max_tokens} completion tokens "
+                                  f"= {longest + max_tokens}, more than the model's context of {context} "
+                                  f"tokens; shorten the prompt or lower max_tokens")
+        inputs = lm.tokenizer.pad({"input_ids": encoded}, padding=True, padding_side="left", return_tensors="pt")
         greedy = temperature == 0
         config = GenerationConfig(
-            max_new_tokens=max_tokens, do_sample=not greedy, num_return_sequences=n,
+            max_new_tokens=max_tokens, do_sample=not greedy,
+            # greedy choices are identical, so greedy generates each prompt once and repeats the choice
+            num_return_sequences=1 if greedy else n,
             temperature=None if greedy else temperature, top_p=None if greedy else top_p, top_k=None,
             stop_strings=list(stop) if stop else None,
             eos_token_id=lm.tokenizer.eos_token_id, pad_token_id=lm.tokenizer.pad_token_id,
         )
-        with lm.lock, torch.inference_mode():
+        rng = nullcontext() if greedy else _SAMPLING_LOCK
+        with lm.lock, rng, torch.inference_mode():
             if seed is not None:
                 torch.manual_seed(seed)
             output = lm.model.generate(**inputs, generation_config=config, tokenizer=lm.tokenizer)
-        return GenerationResult([self._decode(lm, row[n_prompt:], max_tokens, stop) for row in output], n_prompt)
+        width = inputs["input_ids"].shape[1]
+        choices = [self._decode(lm, row[width:], max_tokens, stop) for row in output]
+        if greedy:
+            choices = [choice for choice in choices for _ in range(n)]
+        return GenerationResult(choices, sum(len(ids) for ids in encoded))
 
     @staticmethod
     def _decode(lm: _ChatModel, tokens: torch.Tensor, max_tokens: int, stop: list[str] | None) -> Completion:
@@ -159,7 +184,8 @@ class EmbeddedEngine:
         text = lm.tokenizer.decode(ids, skip_special_tokens=True)
         cut = min((i for s in stop or [] if (i := text.find(s)) >= 0), default=-1)
         if cut >= 0:
-            return Completion(text[:cut], "stop", len(ids))  # OpenAI leaves the stop string out
+            # OpenAI leaves the stop string out; an end token after it is batch padding, not generated
+            return Completion(text[:cut], "stop", len(ids) - int(ended))
         return Completion(text, "stop" if ended or len(ids) < max_tokens else "length", len(ids))
 
     def embed(self, role: str, texts: list[str]) -> EmbeddingResult:
@@ -201,3 +227,4 @@ class EmbeddedEngine:
                 raise BadRequest(f"child embeddings must be {dim}-dimensional for this compressor")
             output = comp.model(*pad_children(children))
         return EmbeddingResult(output.numpy().astype(np.float32), n_tokens)
+

@@ -1,11 +1,14 @@
 """Start the embedded server: in the foreground (`overstory serve`) or in a background thread.
 
     overstory serve --config configs/serve/local.yaml
+
+Both claim the listening socket before any model is loaded and hand that same socket to uvicorn,
+so a port in use fails at once with a clear message and a free port (``port=0``) cannot be taken
+by someone else between choosing it and serving on it.
 """
 
 from __future__ import annotations
 
-import logging
 import socket
 import threading
 import time
@@ -14,59 +17,87 @@ from contextlib import contextmanager
 
 import httpx
 import uvicorn
+from fastapi import FastAPI
 
+from overstory.tracking import start_run
 from serving.config import ServeConfig
 from serving.engine import EmbeddedEngine
 from serving.server import create_app
 
-log = logging.getLogger(__name__)
-
 
 class PortInUse(RuntimeError):
-    pass
+    """The configured host:port cannot be bound (another server runs there, or no permission)."""
 
 
-def _claim_port(host: str, port: int) -> int:
-    """Check that ``port`` is free on ``host`` (0: find a free one) before any model is loaded."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            raise PortInUse(f"cannot serve on {host}:{port}: {exc.strerror}; stop the other server or pass "
-                            f"port=<another port>") from exc
+def _claim_port(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (0: a free port), not yet listening."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: ignore TIME_WAIT leftovers
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise PortInUse(f"cannot serve on {host}:{port}: {exc.strerror}; stop the other server or pick another "
+                        f"port (overstory serve --config ... port=8001)") from exc
+    return sock
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nobody listens on right now (for tests that need a dead address)."""
+    with _claim_port(host, 0) as sock:
         return sock.getsockname()[1]
 
 
 def run(config: ServeConfig) -> None:
-    """Serve the roles of ``config`` until Ctrl-C."""
-    port = _claim_port(config.host, config.port)
-    engine = EmbeddedEngine(config)
-    print(f"serving {', '.join(engine.roles)} on http://{config.host}:{port}/v1")
-    uvicorn.run(create_app(engine), host=config.host, port=port, log_level="info")
+    """Serve the roles of ``config`` until Ctrl-C; the tracking run records the stack and its uptime."""
+    with _claim_port(config.host, config.port) as sock:
+        url = f"http://{config.host}:{sock.getsockname()[1]}/v1"
+        engine = EmbeddedEngine(config)
+        server = uvicorn.Server(uvicorn.Config(create_app(engine), log_level="info"))
+        with start_run(config.tracking, "serve", config) as tracker:
+            tracker.summary({"url": url, "roles": engine.roles})
+            print(f"serving {', '.join(engine.roles)} on {url}", flush=True)
+            started = time.monotonic()
+            server.run(sockets=[sock])
+            tracker.summary({"uptime_s": round(time.monotonic() - started, 1)})
 
 
 @contextmanager
-def serve_in_background(source: ServeConfig | EmbeddedEngine, timeout_s: float = 600.0) -> Iterator[str]:
-    """Run the server in a daemon thread; yields its base URL once /health answers, stops it on exit."""
-    engine = source if isinstance(source, EmbeddedEngine) else EmbeddedEngine(source)
-    config = engine.config
-    port = _claim_port(config.host, config.port)
-    server = uvicorn.Server(uvicorn.Config(create_app(engine), host=config.host, port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, name=f"overstory-serve-{port}", daemon=True)
+def serve_in_background(source: ServeConfig | EmbeddedEngine | FastAPI, port: int | None = None,
+                        host: str | None = None, timeout_s: float = 60.0) -> Iterator[str]:
+    """Run a server in a daemon thread; yields its base URL (no /v1) once it answers, stops it on exit.
+
+    ``source`` is a serve config (its models are loaded first), a loaded engine, or any ASGI app
+    (tests serve deliberately failing apps this way). ``port`` and ``host`` default to the config's
+    for a config or engine, and to a free port on 127.0.0.1 for a bare app; ``port=0`` picks a free one.
+    """
+    if isinstance(source, FastAPI):
+        app, default_host, default_port = source, "127.0.0.1", 0
+    else:
+        engine = source if isinstance(source, EmbeddedEngine) else EmbeddedEngine(source)
+        app, default_host, default_port = create_app(engine), engine.config.host, engine.config.port
+    host = host or default_host
+    sock = _claim_port(host, default_port if port is None else port)
+    url = f"http://{host}:{sock.getsockname()[1]}"
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=f"overstory-serve-{url}",
+                              daemon=True)
     thread.start()
-    url = f"http://{config.host}:{port}"
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError(f"the embedded server on {url} did not come up")
-        time.sleep(0.05)
     try:
+        _wait_until_up(server, thread, url, check_health=not isinstance(source, FastAPI), timeout_s=timeout_s)
         yield url
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+        sock.close()
+
+
+def _wait_until_up(server: uvicorn.Server, thread: threading.Thread, url: str, check_health: bool,
+                   timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"the server on {url} did not start; see the log above")
+        time.sleep(0.02)
+    if check_health and httpx.get(f"{url}/health", timeout=10).status_code != 200:
+        raise RuntimeError(f"the server on {url} started but /health does not answer 200")

@@ -20,6 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
+from serving.config import ServeConfig
 from serving.engine import BadRequest, EmbeddedEngine, GenerationResult, RequestTooLarge, UnknownModel
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ class ChatRequest(_Sampling):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str
+    prompt: str | list[str]  # a list runs as one batch; choices come prompt by prompt
 
 
 class EmbeddingRequest(BaseModel):
@@ -145,6 +146,10 @@ def handle_compress(engine: EmbeddedEngine, request: CompressRequest) -> dict[st
     }
 
 
+def handle_health(engine: EmbeddedEngine) -> dict[str, Any]:
+    return {"status": "ok", "roles": engine.roles}
+
+
 def handle_models(engine: EmbeddedEngine) -> dict[str, Any]:
     return {"object": "list", "data": [
         {"id": role, "object": "model", "owned_by": "overstory", "root": engine.config.roles[role].model}
@@ -156,7 +161,9 @@ def _error(status: int, message: str, kind: str, param: str | None = None) -> JS
                         content={"error": {"message": message, "type": kind, "param": param, "code": status}})
 
 
-def create_app(engine: EmbeddedEngine) -> FastAPI:
+def create_app(source: EmbeddedEngine | ServeConfig) -> FastAPI:
+    """The OpenAI-compatible app over a loaded engine, or over a config whose models it loads now."""
+    engine = source if isinstance(source, EmbeddedEngine) else EmbeddedEngine(source)
     app = FastAPI(title="overstory embedded server", version="0.1.0")
 
     @app.exception_handler(ApiError)
@@ -180,7 +187,7 @@ def create_app(engine: EmbeddedEngine) -> FastAPI:
 
     @app.get("/health")
     def health() -> dict[str, Any]:
-        return {"status": "ok", "roles": engine.roles}
+        return handle_health(engine)
 
     @app.get("/v1/models")
     def models() -> dict[str, Any]:

@@ -31,7 +31,7 @@ def test_chat_greedy_is_deterministic_and_counts_tokens(http: httpx.Client, engi
     body = first.json()
     text = body["choices"][0]["message"]["content"]
     assert "Paris" in text and text == second.json()["choices"][0]["message"]["content"]
-    tokenizer = engine._get("generator", type(engine._models["generator"])).tokenizer
+    tokenizer = engine.tokenizer("generator")
     prompt = tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True, tokenize=False)
     usage = body["usage"]
     assert usage["prompt_tokens"] == len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
