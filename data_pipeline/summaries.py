@@ -7,7 +7,8 @@ prompt ("Summarize the following text in at most n tokens"), the ``embedder`` ro
 summary (the compressor's target e_gt) and the chunk's children (its input), and one
 ``SummaryRecord`` is appended to ``out``. A summary that comes back empty, or not in the source's
 script, is retried; after ``max_attempts`` it goes to ``<out>.failures.jsonl`` with the raw text.
-Finished ids are skipped on restart, so a killed run resumes; failures are retried on restart.
+Finished ids are skipped on restart, so a killed run resumes; failures are retried on restart. The
+hierarchy that was summarised is kept in ``<out>.hierarchy.jsonl`` for resumes and later jobs.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from rich.progress import Progress
 
 from data_pipeline.corpora import CorpusConfig, load_corpus
 from data_pipeline.formats import Chunk, FailureRecord, JsonlAppender, SummaryRecord, check_level
-from data_pipeline.hierarchy import HierarchyConfig, build_hierarchies, load_hierarchies
+from data_pipeline.hierarchy import HierarchyConfig, build_hierarchies, load_hierarchies, save_hierarchies
 from overstory.config import ConfigError
 from overstory.tracking import TrackingConfig, start_run
 from serving.client import Client, ClientError
@@ -132,11 +133,22 @@ def failures_path(out: str | Path) -> Path:
     return out.with_name(out.stem + ".failures.jsonl")
 
 
+def hierarchy_path(out: str | Path) -> Path:
+    """Where the summaries job keeps the hierarchy it summarised, next to its output."""
+    out = Path(out)
+    return out.with_name(out.stem + ".hierarchy.jsonl")
+
+
 def run(config: SummariesConfig) -> dict:
-    if config.hierarchies:
-        chunks = load_hierarchies(config.hierarchies)
+    # The hierarchy is stored beside the summaries: a resumed run and later jobs (training, evaluation)
+    # see exactly the chunk ids that were summarised, whatever the chunking code does meanwhile.
+    kept = hierarchy_path(config.out)
+    if kept.exists():
+        chunks = load_hierarchies(kept)
     else:
-        chunks = build_hierarchies(load_corpus(config.corpus)[0], config.hierarchy)
+        chunks = (load_hierarchies(config.hierarchies) if config.hierarchies
+                  else build_hierarchies(load_corpus(config.corpus)[0], config.hierarchy))
+        save_hierarchies(kept, chunks)
     by_id = {c.id: c for c in chunks}
     targets = [c for c in chunks if c.level in config.levels and c.children]
     if config.limit:

@@ -29,9 +29,9 @@ import numpy as np
 
 from data_pipeline.corpora import CorpusConfig, load_corpus
 from data_pipeline.formats import SummaryRecord, read_jsonl
-from data_pipeline.hierarchy import HierarchyConfig, build_hierarchies
+from data_pipeline.hierarchy import HierarchyConfig, build_hierarchies, load_hierarchies
 from data_pipeline.splits import split_by_document
-from data_pipeline.summaries import SummariesConfig, SummaryFailed, summarise
+from data_pipeline.summaries import SummariesConfig, SummaryFailed, hierarchy_path, summarise
 from evaluation.metrics import mean, recall_at_k
 from evaluation.plots import plot_recall_vs_cost
 from overstory.config import to_dict
@@ -72,7 +72,9 @@ def run(config: EvalCompressorConfig) -> dict:
     records = list(read_jsonl(config.data, SummaryRecord))
     _, held_out = split_by_document(records, config.val_fraction)
     documents, questions = load_corpus(config.corpus)
-    chunks = {c.id: c for c in build_hierarchies(documents, config.hierarchy)}
+    kept = hierarchy_path(config.data)  # the hierarchy the summaries were made from, when it was kept
+    chunks = {c.id: c for c in (load_hierarchies(kept) if kept.exists()
+                                else build_hierarchies(documents, config.hierarchy))}
     missing = [r.id for r in held_out if r.id not in chunks]
     if missing:
         raise ValueError(f"{len(missing)} summarised chunks (e.g. {missing[0]}) are not in the corpus hierarchy; "

@@ -8,12 +8,14 @@ import numpy as np
 import pytest
 
 from data_pipeline.formats import Chunk, SummaryRecord, read_jsonl
+from data_pipeline.hierarchy import load_hierarchies
 from data_pipeline.summaries import (
     SummariesConfig,
     SummaryFailed,
     SummaryRejected,
     check_summary,
     failures_path,
+    hierarchy_path,
     summarise,
 )
 from overstory.cli import main
@@ -39,6 +41,8 @@ def test_real_summaries_and_resume(tmp_path: Path) -> None:
         assert len(record.child_embeddings) == len(record.child_ids) >= 1
         assert np.linalg.norm(record.target_embedding) == pytest.approx(1.0, abs=1e-3)
         assert record.generator == "builtin:smollm2-135m-instruct"
+    kept = hierarchy_path(out)
+    assert {r.id for r in records} <= {c.id for c in load_hierarchies(kept)}
     assert _run(out, "limit=4") == 0  # resumes: only the 4th chunk is new
     again = list(read_jsonl(out, SummaryRecord))
     assert [r.id for r in again[:3]] == [r.id for r in records] and len(again) == 4
