@@ -7,8 +7,11 @@ documents without headings get subsections by greedily grouping consecutive para
 ``subsection_tokens`` and sections by grouping consecutive subsections up to ``section_tokens``
 (a single unit over budget forms its own group). Every level exists for every document.
 
-Chunk ids are deterministic: ``<doc_id>#<code><index>`` with codes s, p, ss, sec and ``#doc``;
-``doc.text[c.start:c.end] == c.text`` for every chunk, and ``n_tokens`` comes from a real tokenizer.
+Chunk ids are deterministic: ``<doc_id>#<code><index>`` with codes s, p, ss, sec (the index counts
+chunks of that level in text order, from 0) and ``<doc_id>#doc`` for the root, e.g.
+``squad/normans#p3``. ``doc.text[c.start:c.end] == c.text`` for every chunk (spans exclude
+surrounding whitespace), sentences tile their paragraph, and ``n_tokens`` comes from a real tokenizer
+(no special tokens).
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ class HierarchyConfig:
     section_tokens: int = 1024
 
     def __post_init__(self) -> None:
+        if not self.tokenizer:
+            raise ConfigError("hierarchy.tokenizer must name a tokenizer, e.g. " + SMOLLM2)
         if self.subsection_tokens < 1:
             raise ConfigError(f"hierarchy.subsection_tokens must be positive, got {self.subsection_tokens}")
         if self.section_tokens < self.subsection_tokens:
@@ -50,6 +55,7 @@ class _Node:
     end: int
     children: list[_Node] = field(default_factory=list)
     tokens: int = 0
+    lead: int = 0  # tokens of the whitespace (or cut heading lines) between the previous node and this one
 
 
 def _strip(text: str, start: int, end: int) -> tuple[int, int] | None:
@@ -82,7 +88,22 @@ def _blocks(text: str, start: int, end: int, cuts: Sequence[tuple[int, int]]) ->
 def _segmenter():
     import pysbd
 
-    return pysbd.Segmenter(language="en", clean=False, char_span=True)
+    return pysbd.Segmenter(language="en", clean=False)
+
+
+def _split_sentences(text: str, start: int, end: int) -> list[tuple[int, int]]:
+    """pysbd sentences of text[start:end] as spans that tile the range: each sentence is located
+    after the previous one and runs up to the next, so no character is lost even where pysbd
+    alters a sentence (that one is merged into its predecessor)."""
+    piece = text[start:end]
+    starts, cursor = [], 0
+    for sentence in _segmenter().segment(piece):
+        at = piece.find(sentence.strip(), cursor) if sentence.strip() else -1
+        if at >= 0:
+            starts.append(at)
+            cursor = at + len(sentence.strip())
+    starts[:1] = [0]
+    return [(start + a, start + b) for a, b in zip(starts, [*starts[1:], len(piece)])]
 
 
 def _sentences(doc: Document, paragraph: tuple[int, int]) -> list[tuple[int, int]]:
@@ -91,31 +112,30 @@ def _sentences(doc: Document, paragraph: tuple[int, int]) -> list[tuple[int, int
     if given:
         raw = [(max(s, start), min(e, end)) for s, e in given if s < end and e > start]
     else:
-        raw = [(start + s.start, start + s.end) for s in _segmenter().segment(doc.text[start:end])]
+        raw = _split_sentences(doc.text, start, end)
     spans = [span for s, e in raw if (span := _strip(doc.text, s, e))]
     return spans or [paragraph]
 
 
 def _group(nodes: list[_Node], level: str, budget: int) -> list[_Node]:
-    """Greedy grouping of consecutive nodes while their token sum stays within ``budget``."""
+    """Greedy grouping of consecutive nodes while the group's tokens (children plus the gaps between
+    them) stay within ``budget``; a node over budget on its own forms its own group."""
     groups: list[_Node] = []
     for node in nodes:
-        if groups and groups[-1].tokens + node.tokens <= budget:
+        if groups and groups[-1].tokens + node.lead + node.tokens <= budget:
             groups[-1].children.append(node)
             groups[-1].end = node.end
-            groups[-1].tokens += node.tokens
+            groups[-1].tokens += node.lead + node.tokens
         else:
-            groups.append(_Node(level, node.start, node.end, [node], node.tokens))
+            groups.append(_Node(level, node.start, node.end, [node], node.tokens, node.lead))
     return groups
 
 
 def _wrap(level: str, children: list[_Node], start: int | None = None) -> _Node:
-    return _Node(level, children[0].start if start is None else start, children[-1].end, children,
-                 sum(c.tokens for c in children))
+    return _Node(level, children[0].start if start is None else start, children[-1].end, children)
 
 
-def _sections_from_headings(doc: Document, paragraphs: list[_Node], headings: list[list],
-                            cfg: HierarchyConfig) -> list[_Node]:
+def _sections_from_headings(paragraphs: list[_Node], headings: list[list], cfg: HierarchyConfig) -> list[_Node]:
     """Sections at the shallowest heading depth, subsections at the next; paragraphs of a section
     without subheadings are grouped by the subsection budget."""
     top = min(h[0] for h in headings)
@@ -156,14 +176,15 @@ def build_hierarchy(doc: Document, tokenizer, cfg: HierarchyConfig) -> list[Chun
         para_spans = [span for s, e in doc.metadata["paragraph_spans"] if (span := _strip(text, s, e))]
     else:
         para_spans = _blocks(text, 0, len(text), [(h[2], h[3]) for h in headings])
+    if not para_spans:  # nothing but headings: the whole text is one paragraph
+        para_spans, headings = [_strip(text, 0, len(text))], []
     paragraphs = [_Node("paragraph", s, e, [_Node("sentence", a, b) for a, b in _sentences(doc, (s, e))])
                   for s, e in para_spans]
     count = _token_counter(tokenizer)
-    for para, n in zip(paragraphs, count([text[p.start:p.end] for p in paragraphs])):
-        para.tokens = n
+    _count_paragraph_tokens(text, paragraphs, count)
 
     if headings:
-        sections = _sections_from_headings(doc, paragraphs, headings, cfg)
+        sections = _sections_from_headings(paragraphs, headings, cfg)
     else:
         sections = _group(_group(paragraphs, "subsection", cfg.subsection_tokens), "section", cfg.section_tokens)
     root = _wrap("document", sections)
@@ -180,12 +201,28 @@ def build_hierarchy(doc: Document, tokenizer, cfg: HierarchyConfig) -> list[Chun
             ids[id(node)] = f"{doc.id}#doc" if level == "document" else f"{doc.id}#{LEVEL_CODES[level]}{i}"
     parents = {id(child): ids[id(node)] for nodes in by_level.values() for node in nodes for child in node.children}
     ordered = [node for level in reversed(LEVELS) for node in by_level[level]]
-    tokens = count([text[n.start:n.end] for n in ordered])
+    uncounted = [n for n in ordered if n.level != "paragraph"]
+    for node, n_tokens in zip(uncounted, count([text[n.start:n.end] for n in uncounted])):
+        node.tokens = n_tokens
     return [
         Chunk(id=ids[id(n)], doc_id=doc.id, level=n.level, text=text[n.start:n.end], parent=parents.get(id(n)),
-              children=[ids[id(c)] for c in n.children], start=n.start, end=n.end, n_tokens=t, title=doc.title)
-        for n, t in zip(ordered, tokens)
+              children=[ids[id(c)] for c in n.children], start=n.start, end=n.end, n_tokens=n.tokens,
+              title=doc.title)
+        for n in ordered
     ]
+
+
+def _count_paragraph_tokens(text: str, paragraphs: list[_Node], count: Callable[[list[str]], list[int]]) -> None:
+    """Set ``tokens`` and ``lead`` of each paragraph, so grouping can predict a group's token count.
+    A gap is counted together with the next paragraph's first character, minus that character:
+    byte-level BPE makes "\\n\\n" one token alone but two in front of a word."""
+    for para, n in zip(paragraphs, count([text[p.start:p.end] for p in paragraphs])):
+        para.tokens = n
+    pairs = list(zip(paragraphs, paragraphs[1:]))
+    with_gap = count([text[a.end:b.start + 1] for a, b in pairs])
+    first_char = count([text[b.start] for _, b in pairs])
+    for (_, b), n_gap, n_char in zip(pairs, with_gap, first_char):
+        b.lead = n_gap - n_char
 
 
 def _token_counter(tokenizer) -> Callable[[list[str]], list[int]]:
@@ -221,9 +258,18 @@ def level_range(level_min: str, level_max: str) -> list[str]:
     return list(LEVELS[lo: hi + 1])
 
 
+def chunks_at_levels(chunks: Iterable[Chunk], levels: str | Iterable[str]) -> list[Chunk]:
+    """The chunks whose level is one of ``levels`` (a name or several), in their original order;
+    an unknown level name raises a ValueError listing the valid ones."""
+    wanted = {check_level(level) for level in ([levels] if isinstance(levels, str) else levels)}
+    return [c for c in chunks if c.level in wanted]
+
+
 def save_hierarchies(path: str | Path, chunks: Iterable[Chunk]) -> int:
+    """Write chunks as JSONL (atomically); returns how many were written."""
     return write_jsonl(path, chunks)
 
 
 def load_hierarchies(path: str | Path) -> list[Chunk]:
+    """Chunks from a JSONL written by ``save_hierarchies`` or the hierarchy job, equal to the originals."""
     return list(read_jsonl(path, Chunk))

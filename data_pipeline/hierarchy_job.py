@@ -2,12 +2,15 @@
 
     overstory data hierarchy --config configs/data/hierarchy.yaml
 
-Writes one JSONL of chunks. The job appends document by document and skips documents already in
-the file, so a killed run resumes where it stopped.
+Writes one JSONL of chunks (``Chunk`` records, smallest level first, the document node last). The
+job appends document by document and skips documents already complete in the file, so a killed run
+resumes where it stopped. The hierarchy settings are kept beside the output (``<out>.config.json``);
+resuming with different settings is a config error rather than a file mixing two chunkings.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -20,15 +23,22 @@ from rich.table import Table
 from data_pipeline.corpora import CorpusConfig, load_corpus
 from data_pipeline.formats import LEVEL_RANK, LEVELS, Chunk, JsonlAppender, read_jsonl, write_jsonl
 from data_pipeline.hierarchy import HierarchyConfig, build_hierarchy, cached_tokenizer, load_hierarchies
+from overstory.config import ConfigError, to_dict
 from overstory.tracking import TrackingConfig, start_run
 
 
 @dataclass(frozen=True)
 class HierarchyJobConfig:
+    """`overstory data hierarchy`: which corpus, how to chunk it, and the JSONL to write."""
+
     corpus: CorpusConfig
     out: str
     hierarchy: HierarchyConfig = field(default_factory=HierarchyConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    def __post_init__(self) -> None:
+        if not self.out:
+            raise ConfigError("out must name the JSONL file to write, e.g. runs/hierarchy/squad.jsonl")
 
 
 def level_stats(chunks: Sequence[Chunk]) -> dict[str, dict[str, float]]:
@@ -43,6 +53,7 @@ def level_stats(chunks: Sequence[Chunk]) -> dict[str, dict[str, float]]:
 
 
 def print_level_stats(stats: dict[str, dict[str, float]], title: str) -> None:
+    """The per-level statistics as a rich table on the console."""
     table = Table(title=title)
     for column in ("level", "chunks", "mean tokens", "median tokens", "max tokens"):
         table.add_column(column, justify="right" if column != "level" else "left")
@@ -64,10 +75,23 @@ def _complete_documents(path: Path) -> set[str]:
     return complete
 
 
+def _check_settings(out: Path, config: HierarchyJobConfig) -> None:
+    """Record the hierarchy settings beside ``out``, or check them against those already recorded."""
+    settings = {"corpus_kind": config.corpus.kind, "hierarchy": to_dict(config.hierarchy)}
+    sidecar = out.with_name(out.name + ".config.json")
+    if out.exists() and sidecar.exists() and json.loads(sidecar.read_text()) != settings:
+        raise ConfigError(f"{out} was built with other settings ({sidecar.read_text().strip()}); "
+                          f"choose another out= or delete it to rebuild")
+    sidecar.parent.mkdir(parents=True, exist_ok=True)
+    sidecar.write_text(json.dumps(settings, indent=2) + "\n")
+
+
 def run(config: HierarchyJobConfig) -> dict:
+    """Build and write the hierarchies of the configured corpus; returns ``level_stats`` of its chunks."""
     documents, _ = load_corpus(config.corpus)
     tokenizer = cached_tokenizer(config.hierarchy.tokenizer)
     out = Path(config.out)
+    _check_settings(out, config)
     with start_run(config.tracking, "data hierarchy", config) as tracker:
         done = _complete_documents(out)
         todo = [d for d in documents if d.id not in done]
