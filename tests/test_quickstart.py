@@ -39,7 +39,8 @@ def test_quickstart_end_to_end(tmp_path: Path) -> None:
         assert set(levels) >= {"sentence", "paragraph", "subsection", "section", "document"}
         assert stages["retrieval"][corpus]["hybrid_recall@5"] > 0.5
     compressor = stages["compressor"]
-    assert compressor["summaries"]["ok"] == 17 and compressor["training"]["epochs"] == 3
+    assert compressor["summaries"]["ok"] == stages["hierarchy"]["squad"]["section"]["count"]  # every section
+    assert compressor["training"]["epochs"] == 3
     assert set(compressor["methods"]) == {"compressor", "mean_pool", "direct_encode", "summarize"}
     assert compressor["n_questions"] > 50 and Path(compressor["plot"]).exists()
     assert (out / "level_stats.png").stat().st_size > 10_000
