@@ -75,7 +75,7 @@ def run(config: ServeBenchConfig) -> dict:
     in_process = Client.in_process(engine)
     in_process.chat(config.role, prompts[0], max_tokens=4)  # warm-up: first call pays one-off costs
     rows = []
-    with start_run(config.tracking, "bench serve", config) as tracker, serve_in_background(engine) as url:
+    with start_run(config.tracking, "bench serve", config) as tracker, serve_in_background(engine, port=0) as url:
         http = Client.from_url(url)
         for level in config.concurrency:
             local = measure(in_process, config.role, prompts, level, config.max_tokens)
@@ -85,7 +85,7 @@ def run(config: ServeBenchConfig) -> dict:
                    "p50_ratio": round(remote["p50_s"] / local["p50_s"], 3)}
             rows.append(row)
             tracker.log({"http_rps": remote["requests_per_s"], "in_process_rps": local["requests_per_s"],
-                         "throughput_ratio": row["throughput_ratio"]}, step=level)
+                         "throughput_ratio": row["throughput_ratio"], "p50_ratio": row["p50_ratio"]}, step=level)
     result = {"config": to_dict(config), "results": rows}
     (out / "bench.json").write_text(json.dumps(result, indent=2))
     plot_serve_bench(rows, out / "bench.png")
@@ -96,12 +96,14 @@ def run(config: ServeBenchConfig) -> dict:
 def _print(rows: list[dict], config: ServeBenchConfig) -> None:
     table = Table(title=f"{config.role} ({config.serve.roles[config.role].model}), {config.requests_per_level} "
                         f"requests x {config.max_tokens} max tokens per level")
-    for column in ("conc.", "local req/s", "HTTP req/s", "ratio", "local p50/p95 s", "HTTP p50/p95 s"):
+    for column in ("conc.", "local req/s", "HTTP req/s", "req/s ratio", "local p50/p95 s", "HTTP p50/p95 s",
+                   "p50 ratio"):
         table.add_column(column, justify="right")
     for r in rows:
         local, remote = r["in_process"], r["http"]
         table.add_row(str(r["concurrency"]), f"{local['requests_per_s']:.2f}", f"{remote['requests_per_s']:.2f}",
                       f"{r['throughput_ratio']:.3f}", f"{local['p50_s']:.2f}/{local['p95_s']:.2f}",
-                      f"{remote['p50_s']:.2f}/{remote['p95_s']:.2f}")
-    Console(width=100).print(table)
-    print("local = in-process calls on the same engine; ratio = HTTP req/s / local req/s")
+                      f"{remote['p50_s']:.2f}/{remote['p95_s']:.2f}", f"{r['p50_ratio']:.3f}")
+    Console(width=110).print(table)
+    print("local = in-process calls on the same engine; overhead of HTTP: req/s ratio = HTTP / local "
+          "(below 1 costs throughput), p50 ratio = HTTP / local median latency (above 1 adds latency)")

@@ -185,7 +185,8 @@ class InProcessBackend:
         except server.ApiError as exc:
             raise ClientError(exc.status, exc.message) from exc
         except ValidationError as exc:
-            raise ClientError(400, str(exc.errors()[0]["msg"])) from exc
+            first = exc.errors()[0]
+            raise ClientError(400, f"{'.'.join(map(str, first['loc'])) or 'body'}: {first['msg']}") from exc
 
     def get(self, path: str) -> list[dict[str, Any]]:
         return [server.handle_models(self.engine) if path == "/v1/models" else server.handle_health(self.engine)]
@@ -195,6 +196,9 @@ class InProcessBackend:
 
 
 class Client:
+    """Chat, completion, embedding and compression calls by role over one backend, with per-role
+    accounting in ``stats``. Thread-safe: share one client across a thread pool."""
+
     def __init__(self, backend: Backend):
         self.backend = backend
         self.stats = UsageStats()

@@ -9,6 +9,7 @@ by someone else between choosing it and serving on it.
 
 from __future__ import annotations
 
+import signal
 import socket
 import threading
 import time
@@ -49,7 +50,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def run(config: ServeConfig) -> None:
-    """Serve the roles of ``config`` until Ctrl-C; the tracking run records the stack and its uptime."""
+    """Serve the roles of ``config`` until Ctrl-C or SIGTERM (from the main thread); the tracking run
+    records the served stack when it starts and the uptime when it stops."""
     with _claim_port(config.host, config.port) as sock:
         url = f"http://{config.host}:{sock.getsockname()[1]}/v1"
         engine = EmbeddedEngine(config)
@@ -58,7 +60,15 @@ def run(config: ServeConfig) -> None:
             tracker.summary({"url": url, "roles": engine.roles})
             print(f"serving {', '.join(engine.roles)} on {url}", flush=True)
             started = time.monotonic()
-            server.run(sockets=[sock])
+            # uvicorn shuts down gracefully, then re-raises the signal it caught: SIGTERM would kill the
+            # process before the tracking run is finished, so it is turned into Ctrl-C's KeyboardInterrupt.
+            previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+            try:
+                server.run(sockets=[sock])
+            except KeyboardInterrupt:
+                pass
+            finally:
+                signal.signal(signal.SIGTERM, previous)
             tracker.summary({"uptime_s": round(time.monotonic() - started, 1)})
 
 
@@ -72,24 +82,24 @@ def serve_in_background(source: ServeConfig | EmbeddedEngine | FastAPI, port: in
     for a config or engine, and to a free port on 127.0.0.1 for a bare app; ``port=0`` picks a free one.
     """
     if isinstance(source, FastAPI):
-        app, default_host, default_port = source, "127.0.0.1", 0
+        default_host, default_port = "127.0.0.1", 0
     else:
-        engine = source if isinstance(source, EmbeddedEngine) else EmbeddedEngine(source)
-        app, default_host, default_port = create_app(engine), engine.config.host, engine.config.port
+        config = source.config if isinstance(source, EmbeddedEngine) else source
+        default_host, default_port = config.host, config.port
     host = host or default_host
-    sock = _claim_port(host, default_port if port is None else port)
-    url = f"http://{host}:{sock.getsockname()[1]}"
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=f"overstory-serve-{url}",
-                              daemon=True)
-    thread.start()
-    try:
-        _wait_until_up(server, thread, url, check_health=not isinstance(source, FastAPI), timeout_s=timeout_s)
-        yield url
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        sock.close()
+    with _claim_port(host, default_port if port is None else port) as sock:  # before loading any model
+        app = source if isinstance(source, FastAPI) else create_app(source)
+        url = f"http://{host}:{sock.getsockname()[1]}"
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=f"overstory-serve-{url}",
+                                  daemon=True)
+        thread.start()
+        try:
+            _wait_until_up(server, thread, url, check_health=app is not source, timeout_s=timeout_s)
+            yield url
+        finally:
+            server.should_exit = True
+            thread.join(timeout=30)
 
 
 def _wait_until_up(server: uvicorn.Server, thread: threading.Thread, url: str, check_health: bool,

@@ -1,32 +1,39 @@
-"""The client's retries, backoff and timeouts against a server that fails on purpose (no model needed)."""
+"""The client's retries, backoff, timeouts, routing and accounting against a server that fails on purpose.
+
+The server here is a small FastAPI app, not the model server: these tests need failures on demand.
+"""
 
 from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from serving.client import Client, ClientError
-from serving.launch import _claim_port
+from serving.launch import free_port, serve_in_background
 
 CHAT_REPLY = {"choices": [{"message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
               "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}
+MESSAGES = [{"role": "user", "content": "hi"}]
 
 
 def flaky_app(calls: dict[str, int]) -> FastAPI:
     """/v1/chat/completions behaves by model name: 'flaky-N' fails N times with 503, 'down' always 503,
-    'slow' sleeps past the client timeout, 'bad' answers 400."""
+    'slow' sleeps past the client timeout, 'bad' answers 400, anything else answers at once."""
     app = FastAPI()
+    lock = threading.Lock()
 
     @app.post("/v1/chat/completions")
     def chat(body: dict):
         model = body["model"]
-        calls[model] = calls.get(model, 0) + 1
-        if model.startswith("flaky-") and calls[model] <= int(model.split("-")[1]):
+        with lock:
+            calls[model] = calls.get(model, 0) + 1
+            count = calls[model]
+        if model.startswith("flaky-") and count <= int(model.split("-")[1]):
             return JSONResponse({"error": {"message": "overloaded"}}, status_code=503)
         if model == "down":
             return JSONResponse({"error": {"message": "overloaded"}}, status_code=503)
@@ -36,24 +43,22 @@ def flaky_app(calls: dict[str, int]) -> FastAPI:
             return JSONResponse({"error": {"message": "bad request, do not retry"}}, status_code=400)
         return CHAT_REPLY
 
+    @app.get("/v1/models")
+    def models():
+        return {"object": "list", "data": [{"id": "generator", "object": "model"}]}
+
+    @app.get("/health")
+    def health():
+        return {"status": "ok"}
+
     return app
 
 
 @pytest.fixture(scope="module")
 def flaky():
     calls: dict[str, int] = {}
-    port = _claim_port("127.0.0.1", 0)
-    server = uvicorn.Server(uvicorn.Config(flaky_app(calls), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    yield f"http://127.0.0.1:{port}", calls
-    server.should_exit = True
-    thread.join(10)
-
-
-MESSAGES = [{"role": "user", "content": "hi"}]
+    with serve_in_background(flaky_app(calls)) as url:
+        yield url, calls
 
 
 def test_retries_until_success(flaky) -> None:
@@ -70,15 +75,17 @@ def test_gives_up_after_max_retries(flaky) -> None:
     client = Client.from_url(url, max_retries=2, backoff_s=0.01)
     with pytest.raises(ClientError) as error:
         client.chat("down", MESSAGES)
-    assert error.value.status == 503 and "overloaded" in error.value.reason
-    assert calls["down"] == 3 and client.stats.summary()["down"]["failures"] == 1
+    assert error.value.status == 503 and "overloaded" in error.value.reason and error.value.retries == 2
+    assert calls["down"] == 3
+    stats = client.stats.summary()["down"]
+    assert stats["failures"] == 1 and stats["retries"] == 2
 
 
 def test_client_errors_are_not_retried(flaky) -> None:
     url, calls = flaky
     with pytest.raises(ClientError) as error:
         Client.from_url(url, max_retries=3, backoff_s=0.01).chat("bad", MESSAGES)
-    assert error.value.status == 400 and calls["bad"] == 1
+    assert error.value.status == 400 and "do not retry" in error.value.reason and calls["bad"] == 1
 
 
 def test_timeouts_are_retried_then_fail(flaky) -> None:
@@ -92,8 +99,33 @@ def test_timeouts_are_retried_then_fail(flaky) -> None:
 
 
 def test_connection_refused_is_bounded() -> None:
-    port = _claim_port("127.0.0.1", 0)  # free, nobody listens
-    client = Client.from_url(f"http://127.0.0.1:{port}/v1", max_retries=2, backoff_s=0.01)
+    client = Client.from_url(f"http://127.0.0.1:{free_port()}/v1", max_retries=2, backoff_s=0.01)
     with pytest.raises(ClientError, match="ConnectError"):
         client.chat("generator", MESSAGES)
     assert not client.health()
+
+
+def test_per_role_urls(flaky) -> None:
+    url, _ = flaky
+    client = Client.from_url({"generator": f"{url}/v1", "planner": url, "scorer": f"http://127.0.0.1:{free_port()}"},
+                             max_retries=0)
+    assert client.chat("generator", MESSAGES).text == client.chat("planner", MESSAGES).text == "ok"
+    with pytest.raises(ClientError, match="ConnectError"):
+        client.chat("scorer", MESSAGES)
+    with pytest.raises(ClientError, match="no server configured for role 'embedder'") as error:
+        client.chat("embedder", MESSAGES)
+    assert error.value.status == 404
+    assert not client.health()  # the scorer's server is down
+    healthy = Client.from_url({"generator": url, "planner": url})
+    assert healthy.health() and healthy.models() == ["generator"]
+
+
+def test_accounting_is_thread_safe(flaky) -> None:
+    url, _ = flaky
+    client = Client.from_url(url)
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda _: client.chat("fast", MESSAGES), range(40)))
+    assert {r.text for r in results} == {"ok"} and all(r.latency_s > 0 for r in results)
+    stats = client.stats.summary()["fast"]
+    assert stats["requests"] == 40 and stats["prompt_tokens"] == 120 and stats["completion_tokens"] == 40
+    assert 0 < stats["latency_p50_s"] <= stats["latency_p95_s"] <= stats["latency_total_s"]

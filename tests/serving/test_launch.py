@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import pytest
 
 from overstory.config import ConfigError
 from serving.config import RoleConfig, ServeConfig
-from serving.launch import PortInUse, _claim_port, run
+from serving.launch import PortInUse, free_port, run, serve_in_background
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,6 +27,8 @@ def test_port_in_use_fails_before_loading_models() -> None:
         started = time.perf_counter()
         with pytest.raises(PortInUse, match=f"127.0.0.1:{port}"):
             run(ServeConfig.local(port=port))
+        with pytest.raises(PortInUse, match="stop the other server"), serve_in_background(ServeConfig.local(port=port)):
+            pass
         assert time.perf_counter() - started < 2  # no model was loaded
 
 
@@ -38,10 +41,10 @@ def test_bad_serve_configs_name_the_key() -> None:
 
 @pytest.mark.slow
 def test_overstory_serve_command(tmp_path: Path) -> None:
-    port = _claim_port("127.0.0.1", 0)
+    port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "overstory.cli", "serve", "--config", str(ROOT / "configs/serve/local.yaml"),
-         f"port={port}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+         f"port={port}", f"tracking.dir={tmp_path}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and process.poll() is None:
@@ -56,4 +59,6 @@ def test_overstory_serve_command(tmp_path: Path) -> None:
     finally:
         process.terminate()
         output = process.communicate(timeout=30)[0]
-    assert f"on http://127.0.0.1:{port}/v1" in output
+    assert process.returncode == 0 and f"on http://127.0.0.1:{port}/v1" in output and "Traceback" not in output
+    summary = json.loads(next(tmp_path.glob("serve-*/summary.json")).read_text())
+    assert summary["roles"] == ["generator", "planner", "scorer", "embedder"] and summary["uptime_s"] > 0

@@ -53,6 +53,17 @@ def test_max_tokens_and_stop_are_honoured(http: httpx.Client) -> None:
     assert cut["choices"][0]["finish_reason"] == "stop"
 
 
+def test_a_list_of_prompts_is_one_batch(http: httpx.Client) -> None:
+    body = http.post("/v1/completions", json={"model": "generator", "prompt": ["Paris is", "Rome is"], "n": 2,
+                                              "max_tokens": 3, "temperature": 0}).json()
+    choices = body["choices"]
+    assert [c["index"] for c in choices] == [0, 1, 2, 3]  # n choices per prompt, prompt by prompt
+    assert choices[0]["text"] == choices[1]["text"] and choices[2]["text"] == choices[3]["text"]
+    assert body["usage"]["completion_tokens"] == 4 * 3
+    empty = http.post("/v1/completions", json={"model": "generator", "prompt": []})
+    assert empty.status_code == 400 and "prompt must not be empty" in empty.json()["error"]["message"]
+
+
 def test_sampling_with_seed_and_n(http: httpx.Client) -> None:
     request = {"model": "generator", "prompt": "My favourite animal is", "max_tokens": 8, "temperature": 1.0,
                "seed": 7, "n": 3}

@@ -1,0 +1,49 @@
+"""EmbeddedEngine on the real SmolLM2: shared models, per-role context limits, batches, greedy n."""
+
+from __future__ import annotations
+
+import pytest
+
+from models.registry import SMOLLM2
+from overstory.config import ConfigError
+from serving.config import RoleConfig, ServeConfig
+from serving.engine import BadRequest, EmbeddedEngine, RequestTooLarge
+
+PROMPTS = ["The capital of France is", "One, two, three,", "Water boils at"]
+
+
+def test_roles_share_one_model_but_not_its_context_limit() -> None:
+    engine = EmbeddedEngine(ServeConfig(port=0, roles={"generator": RoleConfig(model=SMOLLM2),
+                                                       "planner": RoleConfig(model=SMOLLM2, max_model_len=24)}))
+    assert engine.tokenizer("generator") is engine.tokenizer("planner")  # one copy in memory
+    prompt = " ".join(["word"] * 10)
+    assert engine.complete("generator", prompt, max_tokens=16, temperature=0).prompt_tokens == 10
+    with pytest.raises(RequestTooLarge, match="10 prompt tokens \\+ 16 completion tokens = 26, more than the "
+                                              "model's context of 24"):
+        engine.complete("planner", prompt, max_tokens=16, temperature=0)
+    with pytest.raises(ConfigError, match="roles.planner.max_model_len: 9000 exceeds the model's context of 8192"):
+        EmbeddedEngine(ServeConfig(port=0, roles={"planner": RoleConfig(model=SMOLLM2, max_model_len=9000)}))
+
+
+def test_a_batch_of_prompts_matches_one_by_one(engine: EmbeddedEngine) -> None:
+    batch = engine.complete("generator", PROMPTS, max_tokens=6, temperature=0)
+    single = [engine.complete("generator", p, max_tokens=6, temperature=0) for p in PROMPTS]
+    assert [c.text for c in batch.choices] == [s.choices[0].text for s in single]
+    assert [c.completion_tokens for c in batch.choices] == [s.choices[0].completion_tokens for s in single]
+    assert batch.prompt_tokens == sum(s.prompt_tokens for s in single)
+
+
+def test_greedy_n_repeats_the_choice_and_sampling_n_per_prompt(engine: EmbeddedEngine) -> None:
+    greedy = engine.complete("generator", PROMPTS[0], max_tokens=4, temperature=0, n=2)
+    assert len(greedy.choices) == 2 and greedy.choices[0] == greedy.choices[1]
+    sampled = engine.complete("generator", PROMPTS[:2], max_tokens=4, temperature=1.0, n=2, seed=0)
+    assert len(sampled.choices) == 4  # n per prompt, prompt by prompt
+
+
+def test_bad_generation_requests(engine: EmbeddedEngine) -> None:
+    with pytest.raises(BadRequest, match="prompt must not be empty"):
+        engine.complete("generator", "")
+    with pytest.raises(BadRequest, match="not a chat model"):
+        engine.complete("embedder", "hello")
+    with pytest.raises(BadRequest, match="messages\\[0\\].role"):
+        engine.chat("generator", [{"role": "tool", "content": "x"}])
