@@ -22,12 +22,12 @@ from rich.progress import Progress
 
 from data_pipeline.corpora import CorpusConfig, load_corpus
 from data_pipeline.formats import Chunk, QAExample, write_jsonl
-from data_pipeline.hierarchy import HierarchyConfig, build_hierarchies
+from data_pipeline.hierarchy import HierarchyConfig, build_hierarchies, chunks_at_levels
 from evaluation.metrics import contains_match, exact_match, mean, recall_at_k, token_f1
 from overstory.config import ConfigError, to_dict
 from overstory.tracking import TrackingConfig, start_run
 from retrieval.answer import answer_messages, clean_answer
-from retrieval.index import IndexKind, build_index, select_levels
+from retrieval.index import IndexKind, build_index
 from serving.client import Client
 from serving.config import ServeConfig
 from serving.launch import serve_in_background
@@ -77,7 +77,7 @@ def select_questions(questions: Sequence[QAExample], limit: int, skip_unanswerab
 
 def index_for(chunks: Sequence[Chunk], client: Client, retrieval: RetrievalConfig):
     """The configured index over the configured levels, embedding through the ``embedder`` role."""
-    indexed = select_levels(chunks, retrieval.levels)
+    indexed = chunks_at_levels(chunks, retrieval.levels)
     return build_index(retrieval.index, indexed, embed=lambda texts: client.embed("embedder", texts))
 
 

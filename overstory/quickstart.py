@@ -25,7 +25,7 @@ from rich.table import Table
 
 from data_pipeline.corpora import CorpusConfig, load_corpus
 from data_pipeline.formats import write_jsonl
-from data_pipeline.hierarchy import HierarchyConfig, build_hierarchies, save_hierarchies
+from data_pipeline.hierarchy import HierarchyConfig, build_hierarchies, chunks_at_levels, save_hierarchies
 from data_pipeline.hierarchy_job import level_stats
 from data_pipeline.summaries import SummariesConfig
 from data_pipeline.summaries import run as run_summaries
@@ -36,7 +36,7 @@ from evaluation.plots import plot_level_stats
 from evaluation.rag import GenerationConfig, RetrievalConfig, evaluate_rag, select_questions
 from overstory.config import ConfigError
 from overstory.tracking import TrackingConfig, start_run
-from retrieval.index import BM25Index, DenseIndex, HybridIndex, select_levels
+from retrieval.index import BM25Index, DenseIndex, HybridIndex
 from serving.client import Client
 from serving.config import ServeConfig
 from serving.launch import serve_in_background
@@ -172,7 +172,7 @@ def _retrieval_stage(loaded: dict, chunks: dict, client: Client,
     stage: dict[str, dict] = {}
     indexes: dict[str, dict] = {}
     for name, (_, questions) in loaded.items():
-        indexed = select_levels(chunks[name], retrieval.levels)
+        indexed = chunks_at_levels(chunks[name], retrieval.levels)
         dense = DenseIndex.build(indexed, lambda texts: client.embed("embedder", texts))
         bm25 = BM25Index.build(indexed)
         indexes[name] = {"bm25": bm25, "dense": dense, "hybrid": HybridIndex(dense, bm25)}

@@ -17,7 +17,7 @@ from typing import Literal
 
 import numpy as np
 
-from data_pipeline.formats import Chunk, check_level, read_jsonl, write_jsonl
+from data_pipeline.formats import Chunk, read_jsonl, write_jsonl
 
 EmbedFn = Callable[[list[str]], np.ndarray]
 
@@ -26,12 +26,6 @@ EmbedFn = Callable[[list[str]], np.ndarray]
 class Hit:
     chunk: Chunk
     score: float
-
-
-def select_levels(chunks: Sequence[Chunk], levels: Sequence[str]) -> list[Chunk]:
-    """The chunks whose level is in ``levels`` (validated), in their original order."""
-    wanted = {check_level(level) for level in levels}
-    return [c for c in chunks if c.level in wanted]
 
 
 def chunk_text_for_index(chunk: Chunk) -> str:

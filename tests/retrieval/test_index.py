@@ -9,8 +9,9 @@ import pytest
 
 from data_pipeline.corpora import CorpusConfig, load_corpus
 from data_pipeline.formats import Chunk
+from data_pipeline.hierarchy import chunks_at_levels
 from models.registry import MINILM, load_sentence_encoder
-from retrieval.index import BM25Index, DenseIndex, HybridIndex, build_index, load_index, select_levels
+from retrieval.index import BM25Index, DenseIndex, HybridIndex, build_index, load_index
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -91,7 +92,7 @@ def test_bm25_query_of_unseen_words_scores_zero(indexes) -> None:
 def test_errors(hotpot, tmp_path: Path) -> None:
     chunks, _ = hotpot
     with pytest.raises(ValueError, match="unknown level 'paragraf'"):
-        select_levels(chunks, ["paragraf"])
+        chunks_at_levels(chunks, ["paragraf"])
     with pytest.raises(ValueError, match="needs an embed function"):
         build_index("dense", chunks)
     with pytest.raises(FileNotFoundError, match="no saved index"):
