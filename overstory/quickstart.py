@@ -151,6 +151,7 @@ def _compressor_stage(config: QuickstartConfig, folder: Path, server_url: str) -
     summaries = folder / "summaries.jsonl"
     counts = run_summaries(SummariesConfig(
         corpus=corpus, out=str(summaries), hierarchy=config.hierarchy, levels=stage.levels,
+        hierarchies=str(folder.parent / "hierarchies" / f"{stage.corpus}.jsonl"),  # built by the hierarchy stage
         max_summary_tokens=stage.max_summary_tokens, server_url=server_url, serve=config.serve, tracking=quiet))
     training = run_training(CompressorJobConfig(
         data=str(summaries), out=str(folder / "model"), tracking=quiet,
