@@ -29,6 +29,10 @@ JOBS: dict[tuple[str, str], tuple[str, str, str, str]] = {
         "training.compressor", "CompressorJobConfig", "run",
         "train the chunk compression encoder on summary embeddings (runs under accelerate launch too)",
     ),
+    ("train", "text-compressor"): (
+        "training.text_compressor", "TextCompressorJobConfig", "run",
+        "fine-tune the sentence encoder to embed a group's child texts as its summary (compressor design b)",
+    ),
     ("serve", ""): (
         "serving.launch", "ServeConfig", "run",
         "start the embedded OpenAI-compatible server for the roles in a config",

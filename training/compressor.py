@@ -35,6 +35,7 @@ from data_pipeline.splits import split_by_document
 from models.compressor import SetCompressor, SetCompressorConfig, pad_children, save_checkpoint
 from overstory.config import ConfigError, to_dict
 from overstory.tracking import TrackingConfig, start_run
+from training.callbacks import TrainingDiverged
 
 
 @dataclass(frozen=True)
@@ -71,10 +72,6 @@ class CompressorJobConfig:
     model: CompressorModelConfig = field(default_factory=CompressorModelConfig)
     train: CompressorTrainConfig = field(default_factory=CompressorTrainConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
-
-
-class TrainingDiverged(RuntimeError):
-    pass
 
 
 def collate(records: list[SummaryRecord]) -> dict[str, torch.Tensor]:

@@ -19,16 +19,6 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def summaries(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("summaries") / "hotpotqa.jsonl"
-    code = main(["data", "summaries", "--config", str(ROOT / "configs/data/summaries.yaml"), f"out={out}",
-                 "corpus.kind=hotpotqa", f"corpus.path={ROOT / 'data/hotpotqa'}", "levels=[paragraph]",
-                 "limit=30", "max_summary_tokens=24", "tracking.backend=none"])
-    assert code == 0
-    return out
-
-
 def _train(data: Path, out: Path, *extra: str) -> int:
     return main(["train", "compressor", "--config", str(ROOT / "configs/train/compressor.yaml"), f"data={data}",
                  f"out={out}", "train.batch_size=8", "train.lr=1e-4", "tracking.backend=jsonl",
