@@ -4,12 +4,16 @@
 
 Methods, for every upper-level chunk of the held-out documents (the training split's validation
 documents, by the same hash):
-- ``compressor``: the trained compressor over the children's embeddings;
+- ``compressor``: the trained compressor ``checkpoint`` (either design);
 - ``mean_pool``: the mean of the children's embeddings;
 - ``direct_encode``: the encoder on the chunk's text (truncated as the encoder truncates);
 - ``summarize``: an LLM summary, then the encoder (the expensive target e_gt), regenerated here so
   its cost is measured in the same run.
-For each: cosine to e_gt, recall@k on the real questions whose evidence lies in the held-out
+``extra_checkpoints`` (name -> folder) adds one row per further compressor, so design (a), the set
+compressor, and design (b), the fine-tuned text encoder, are compared on the same chunks in one run;
+a set compressor reads the children's embeddings, a text compressor their texts.
+
+For each method: cosine to e_gt, recall@k on the real questions whose evidence lies in the held-out
 documents (retrieving among the upper-level chunks embedded that way), wall-clock seconds and LLM
 tokens spent. The children's embeddings are not counted as cost: they are the lower levels of the
 index, embedded anyway. Writes ``metrics.json`` and ``recall_vs_cost.png``.
@@ -34,14 +38,15 @@ from data_pipeline.splits import split_by_document
 from data_pipeline.summaries import SummariesConfig, SummaryFailed, hierarchy_path, summarise
 from evaluation.metrics import mean, recall_at_k
 from evaluation.plots import plot_recall_vs_cost
-from overstory.config import to_dict
+from models.text_compressor import checkpoint_kind
+from overstory.config import ConfigError, to_dict
 from overstory.tracking import TrackingConfig, start_run
 from retrieval.index import DenseIndex, chunk_text_for_index
 from serving.client import Client
 from serving.config import RoleConfig, ServeConfig
 from serving.launch import serve_in_background
 
-METHODS = ("compressor", "mean_pool", "direct_encode", "summarize")
+BASELINES = ("compressor", "mean_pool", "direct_encode", "summarize")
 
 
 @dataclass(frozen=True)
@@ -51,12 +56,19 @@ class EvalCompressorConfig:
     corpus: CorpusConfig
     out: str
     hierarchy: HierarchyConfig = field(default_factory=HierarchyConfig)
+    # further compressors to compare, each a method row of its own: {name: checkpoint folder}
+    extra_checkpoints: dict[str, str] = field(default_factory=dict)
     val_fraction: float = 0.2  # must match the training run's train.val_fraction
     k: int = 5
     max_summary_tokens: int = 128
     concurrency: int = 2
     serve: ServeConfig = field(default_factory=lambda: ServeConfig.local(port=0))
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    def __post_init__(self) -> None:
+        taken = set(self.extra_checkpoints) & set(BASELINES)
+        if taken:
+            raise ConfigError(f"extra_checkpoints: {', '.join(sorted(taken))} is a method name already; pick another")
 
 
 def _timed(fn: Callable[[], np.ndarray]) -> tuple[np.ndarray, float]:
@@ -66,9 +78,8 @@ def _timed(fn: Callable[[], np.ndarray]) -> tuple[np.ndarray, float]:
 
 
 def run(config: EvalCompressorConfig) -> dict:
-    if not Path(config.checkpoint, "config.json").exists():  # fail before any model is loaded
-        raise FileNotFoundError(f"{config.checkpoint} is not a compressor checkpoint (config.json missing); "
-                                f"train one with `overstory train compressor`")
+    checkpoints = {"compressor": config.checkpoint, **config.extra_checkpoints}
+    kinds = {name: checkpoint_kind(folder) for name, folder in checkpoints.items()}  # fails before models load
     records = list(read_jsonl(config.data, SummaryRecord))
     _, held_out = split_by_document(records, config.val_fraction)
     documents, questions = load_corpus(config.corpus)
@@ -83,14 +94,25 @@ def run(config: EvalCompressorConfig) -> dict:
     held_docs = {r.doc_id for r in held_out}
     test_questions = [q for q in questions if q.evidence and {s.doc_id for s in q.evidence} <= held_docs]
     targets = np.array([r.target_embedding for r in held_out], dtype=np.float32)
-    roles = {**config.serve.roles, "compressor": RoleConfig(model=config.checkpoint, kind="compression")}
-    serve = ServeConfig(host=config.serve.host, port=config.serve.port, roles=roles)
+    serve = config.serve
 
     results: dict[str, dict] = {}
     with ExitStack() as stack:
         tracker = stack.enter_context(start_run(config.tracking, "eval compressor", config))
         client = Client.from_url(stack.enter_context(serve_in_background(serve)))
         children = [np.array(r.child_embeddings, dtype=np.float32) for r in held_out]
+        child_texts = [[chunks[cid].text for cid in r.child_ids] for r in held_out]
+
+        def compress_with(name: str) -> Callable[[], np.ndarray]:
+            # each compressor on a server of its own (one compressor role per stack), timed like the others
+            role = RoleConfig(model=checkpoints[name], kind="compression")
+            url = stack.enter_context(serve_in_background(ServeConfig(host=serve.host, port=0,
+                                                                      roles={"compressor": role})))
+            compressor = Client.from_url(url)
+            if kinds[name] == "text-compressor":
+                return lambda: compressor.compress("compressor", groups=child_texts)
+            return lambda: compressor.compress("compressor", embeddings=children)
+
         summary_config = SummariesConfig(corpus=config.corpus, out="", max_summary_tokens=config.max_summary_tokens,
                                          serve=serve)
 
@@ -107,12 +129,12 @@ def run(config: EvalCompressorConfig) -> dict:
                 return np.stack(list(pool.map(one, held_out)))
 
         builders = {
-            "compressor": lambda: client.compress("compressor", embeddings=children),
+            **{name: compress_with(name) for name in checkpoints},
             "mean_pool": lambda: np.stack([c.mean(0) for c in children]),
             "direct_encode": lambda: client.embed("embedder", [chunk_text_for_index(c) for c in upper]),
             "summarize": summarize_all,
         }
-        for method in METHODS:
+        for method in builders:
             before = client.stats.summary().get("generator", {})
             vectors, seconds = _timed(builders[method])
             after = client.stats.summary().get("generator", {})
@@ -128,12 +150,12 @@ def run(config: EvalCompressorConfig) -> dict:
                 "llm_prompt_tokens": after.get("prompt_tokens", 0) - before.get("prompt_tokens", 0),
             }
             tracker.log({f"{method}/{k}": v for k, v in results[method].items() if v is not None})
-        for method in METHODS:  # times under a millisecond count as one: below what the clock resolves here
+        for method in builders:  # times under a millisecond count as one: below what the clock resolves here
             results[method]["speedup_vs_summarize"] = round(
                 results["summarize"]["seconds"] / max(results[method]["seconds"], 1e-3), 1)
-        report = {"checkpoint": config.checkpoint, "n_upper_chunks": len(upper), "n_documents": len(held_docs),
-                  "n_questions": len(test_questions), "levels": sorted({c.level for c in upper}),
-                  "methods": results, "config": to_dict(config)}
+        report = {"checkpoints": checkpoints, "kinds": kinds, "n_upper_chunks": len(upper),
+                  "n_documents": len(held_docs), "n_questions": len(test_questions),
+                  "levels": sorted({c.level for c in upper}), "methods": results, "config": to_dict(config)}
         tracker.summary({f"{m}/{k}": v for m, row in results.items() for k, v in row.items() if v is not None})
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)

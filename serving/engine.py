@@ -19,6 +19,7 @@ from transformers import GenerationConfig
 
 from models.compressor import load_compressor, pad_children
 from models.registry import load_causal_lm, load_sentence_encoder
+from models.text_compressor import checkpoint_kind, join_children, load_text_compressor
 from overstory.config import ConfigError
 from serving.config import RoleConfig, ServeConfig
 
@@ -78,12 +79,22 @@ class _EmbeddingModel:
 
 
 class _CompressionModel:
-    """A compressor checkpoint plus the sentence encoder it was trained on (named in its config)."""
+    """A set compressor plus the sentence encoder it was trained on (named in its config), or a text
+    compressor (a fine-tuned sentence encoder that reads the children's joined texts)."""
 
     def __init__(self, folder: str, role: RoleConfig):
-        self.model = load_compressor(folder)
-        self.encoder = load_sentence_encoder(self.model.config.encoder)
+        self.kind = checkpoint_kind(folder)
+        if self.kind == "text-compressor":
+            self.model, self.encoder = None, load_text_compressor(folder)
+        else:
+            self.model = load_compressor(folder)
+            self.encoder = load_sentence_encoder(self.model.config.encoder)
         self.lock = threading.Lock()
+
+    def token_count(self, texts: list[str]) -> int:
+        """The encoder tokens actually embedded (after truncation)."""
+        encoded = self.encoder.tokenizer(texts, truncation=True, max_length=self.encoder.max_seq_length)
+        return sum(len(ids) for ids in encoded["input_ids"])
 
 
 _MODEL_KINDS = {"chat": _ChatModel, "embedding": _EmbeddingModel, "compression": _CompressionModel}
@@ -204,21 +215,28 @@ class EmbeddedEngine:
     def compress(self, role: str, groups: list[list[str]] | None = None,
                  embedding_groups: list[list[list[float]]] | None = None) -> EmbeddingResult:
         """One compressed embedding per group of child chunks, given as texts (embedded here with the
-        compressor's own encoder, normalised as in training) or as child embeddings."""
+        compressor's own encoder, normalised as in training) or as child embeddings. A text compressor
+        reads the children's joined texts, so it takes texts only."""
         comp = self._get(role, _CompressionModel)
         if (groups is None) == (embedding_groups is None):
             raise BadRequest("give either input (groups of child texts) or embeddings (groups of child vectors)")
         sizes = [len(g) for g in (groups if groups is not None else embedding_groups)]
         if not sizes or min(sizes) == 0:
             raise BadRequest("every group needs at least one child")
+        if comp.kind == "text-compressor":
+            if groups is None:
+                raise BadRequest(f"model {role!r} is a text compressor: send the children's texts as input")
+            joined = [join_children(group) for group in groups]
+            with comp.lock:
+                vectors = comp.encoder.encode(joined, convert_to_numpy=True, show_progress_bar=False)
+            return EmbeddingResult(np.asarray(vectors, dtype=np.float32), comp.token_count(joined))
         n_tokens = 0
         with comp.lock, torch.inference_mode():
             if groups is not None:
                 flat = [text for group in groups for text in group]
                 vectors = torch.from_numpy(comp.encoder.encode(flat, normalize_embeddings=True, convert_to_numpy=True,
                                                                show_progress_bar=False))
-                encoded = comp.encoder.tokenizer(flat, truncation=True, max_length=comp.encoder.max_seq_length)
-                n_tokens = sum(len(ids) for ids in encoded["input_ids"])
+                n_tokens = comp.token_count(flat)
                 children = list(torch.split(vectors, sizes))
             else:
                 children = [torch.tensor(g, dtype=torch.float32) for g in embedding_groups]

@@ -134,7 +134,8 @@ def run(config: TextCompressorJobConfig) -> dict:
     trainer = SentenceTransformerTrainer(
         model=model, args=args, train_dataset=dataset(train_texts, train_records),
         eval_dataset=dataset(val_texts, val_records), loss=loss,
-        callbacks=[StopOnNonFiniteLoss(f"lower train.lr (now {config.train.lr}) or check the data"), *([TrackingCallback(tracker)] if tracker else [])])
+        callbacks=[StopOnNonFiniteLoss(f"lower train.lr (now {config.train.lr}) or check the data"),
+                   *([TrackingCallback(tracker)] if tracker else [])])
 
     # --- train -------------------------------------------------------------------------------------
     started = time.perf_counter()

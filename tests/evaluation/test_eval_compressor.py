@@ -1,4 +1,4 @@
-"""`overstory eval compressor` on real SQuAD section summaries: all four methods, metrics and plot."""
+"""`overstory eval compressor` on real SQuAD section summaries: four methods, two compressor designs, plot."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from models.compressor import SetCompressor, SetCompressorConfig, save_checkpoint
-from models.registry import MINILM
+from models.registry import MINILM, load_sentence_encoder
+from models.text_compressor import save_text_compressor
 from overstory.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,14 +23,16 @@ def test_eval_compressor_four_methods(tmp_path: Path) -> None:
                  "max_summary_tokens=16", "tracking.backend=none"]) == 0
     # an untrained compressor is the mean of the children: it must score exactly like mean_pool
     checkpoint = save_checkpoint(SetCompressor(SetCompressorConfig(encoder=MINILM)), tmp_path / "ckpt", {})
+    text_checkpoint = save_text_compressor(load_sentence_encoder(MINILM), tmp_path / "text", MINILM, {})
     out = tmp_path / "eval"
     assert main(["eval", "compressor", "--config", str(ROOT / "configs/eval/compressor.yaml"),
                  "--checkpoint", str(checkpoint), "--data", str(summaries), "--out", str(out),
                  f"corpus.path={ROOT / 'data/squad/dev-v2.0-articles.json'}", "max_summary_tokens=16",
-                 "tracking.backend=none"]) == 0
+                 f"extra_checkpoints={{compressor_text: {text_checkpoint}}}", "tracking.backend=none"]) == 0
     report = json.loads((out / "metrics.json").read_text())
     methods = report["methods"]
-    assert set(methods) == {"compressor", "mean_pool", "direct_encode", "summarize"}
+    assert set(methods) == {"compressor", "compressor_text", "mean_pool", "direct_encode", "summarize"}
+    assert report["kinds"] == {"compressor": "set-compressor", "compressor_text": "text-compressor"}
     assert report["levels"] == ["section"] and report["n_documents"] == 1 and report["n_questions"] > 50
     assert methods["compressor"]["cosine_to_target"] == pytest.approx(methods["mean_pool"]["cosine_to_target"],
                                                                       abs=1e-4)

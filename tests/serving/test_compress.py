@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from models.compressor import SetCompressor, SetCompressorConfig, save_checkpoint
-from models.registry import MINILM
+from models.registry import MINILM, load_sentence_encoder
+from models.text_compressor import join_children, save_text_compressor
 from overstory.config import ConfigError
 from serving.client import Client
 from serving.config import RoleConfig, ServeConfig
@@ -54,3 +55,17 @@ def test_compress_errors(compress_url: str, payload: dict, reason: str) -> None:
 def test_compressor_role_needs_compression_kind(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="roles.compressor.kind must be 'compression'"):
         ServeConfig(roles={"compressor": RoleConfig(model=str(tmp_path))})
+
+
+def test_text_compressor_reads_joined_child_texts(tmp_path: Path) -> None:
+    # an untuned MiniLM saved as a text compressor: its output is the encoder on the joined children
+    folder = save_text_compressor(load_sentence_encoder(MINILM), tmp_path / "text", MINILM, {})
+    config = ServeConfig(port=0, roles={"compressor": RoleConfig(model=str(folder), kind="compression"),
+                                        "embedder": RoleConfig(model=MINILM, kind="embedding")})
+    with serve_in_background(config) as url:
+        client = Client.from_url(url)
+        compressed = client.compress("compressor", groups=GROUPS)
+        expected = client.embed("embedder", [join_children(group) for group in GROUPS])
+        np.testing.assert_allclose(compressed, expected, atol=1e-5)
+        response = httpx.post(f"{url}/v1/compress", json={"model": "compressor", "embeddings": [[[0.1] * 384]]})
+        assert response.status_code == 400 and "text compressor" in response.json()["error"]["message"]
