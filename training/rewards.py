@@ -1,0 +1,193 @@
+"""Planner rewards, in TRL's reward-function signature: ``f(completions, **columns) -> list[float | None]``.
+
+GRPOTrainer calls every reward with ``prompts``, ``completions`` (strings, or lists of chat messages
+for conversational data), ``completion_ids`` and the dataset's other columns, one value per
+completion; ``GRPOConfig.reward_weights`` holds the weights (gamma, beta, alpha, ...), so each function
+here returns the unweighted term. STITCH, the verl reward entry and ``eval planner`` call the same
+functions. A reward that cannot be computed returns None (TRL ignores it for that completion, as
+it does NaN); no function here returns NaN or raises on a malformed completion.
+
+- ``format_reward``: 1 when the reply ends in a JSON plan with valid levels (R_format / gamma).
+- ``length_reward``: -ReLU(completion tokens - L_max) (R_length / beta).
+- ``align_reward``: overlap of the predicted level range with the pseudo-label, 1 for an exact match,
+  partial credit for overlapping ranges (the cheap stand-in for R_QA + R_cost).
+- ``cost_reward``: minus the share of the document the reader would see for the predicted range (R_cost / alpha).
+- ``QAReward``: 1 when SmartChunk retrieval over the predicted range plus the generator answers correctly
+  (R_QA), cached by (example, range) so repeated rollouts of one question cost one retrieval each.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from data_pipeline.formats import LEVELS
+from models.planner import Plan, parse_plan
+
+
+def completion_text(completion: str | Sequence[Mapping[str, str]]) -> str:
+    """The text of a completion, standard (a string) or conversational (a list of messages).
+
+    >>> completion_text([{"role": "assistant", "content": "hi"}]), completion_text("hi")
+    ('hi', 'hi')
+    """
+    if isinstance(completion, str):
+        return completion
+    return "".join(message.get("content") or "" for message in completion)
+
+
+def _plans(completions: Sequence) -> list[Plan]:
+    return [parse_plan(completion_text(c)) for c in completions]
+
+
+def format_reward(completions: Sequence, **kwargs: Any) -> list[float]:
+    """1.0 when the reply parses to a valid level range, else 0.0.
+
+    >>> format_reward(['ok {"largest_chunk_size": "section", "smallest_chunk_size": "paragraph"}', "no plan"])
+    [1.0, 0.0]
+    """
+    return [1.0 if plan.valid else 0.0 for plan in _plans(completions)]
+
+
+def make_length_reward(max_tokens: int) -> Callable[..., list[float]]:
+    """-ReLU(tokens - max_tokens) per completion, from the ``completion_ids`` TRL passes.
+
+    >>> length_reward = make_length_reward(4)
+    >>> length_reward(["a", "b"], completion_ids=[[1, 2, 3], [1, 2, 3, 4, 5, 6]])
+    [0.0, -2.0]
+    """
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be positive, got {max_tokens}")
+
+    def length_reward(completions: Sequence, completion_ids: Sequence[Sequence[int]] | None = None,
+                      **kwargs: Any) -> list[float]:
+        if completion_ids is None:
+            raise ValueError("length_reward needs completion_ids (the completions' token ids)")
+        return [float(min(0, max_tokens - len(ids))) for ids in completion_ids]
+
+    return length_reward
+
+
+def range_overlap(predicted: tuple[str, str], label: tuple[str, str]) -> float:
+    """Intersection over union of two level ranges (level_min, level_max), counted in levels.
+
+    >>> range_overlap(("paragraph", "section"), ("paragraph", "section"))
+    1.0
+    >>> range_overlap(("sentence", "paragraph"), ("paragraph", "subsection"))
+    0.3333333333333333
+    >>> range_overlap(("sentence", "sentence"), ("section", "document"))
+    0.0
+    """
+    (p_low, p_high), (l_low, l_high) = ((LEVELS.index(a), LEVELS.index(b)) for a, b in (predicted, label))
+    intersection = max(0, min(p_high, l_high) - max(p_low, l_low) + 1)
+    union = max(p_high, l_high) - min(p_low, l_low) + 1
+    return intersection / union
+
+
+def align_reward(completions: Sequence, level_min: Sequence[str], level_max: Sequence[str],
+                 **kwargs: Any) -> list[float]:
+    """Agreement with the pseudo-label: ``range_overlap`` of predicted and labelled ranges; 0 for no plan.
+
+    >>> align_reward(['{"largest_chunk_size": "section", "smallest_chunk_size": "sentence"}', "none"],
+    ...              level_min=["sentence", "sentence"], level_max=["paragraph", "paragraph"])
+    [0.5, 0.0]
+    """
+    return [range_overlap(plan.levels, (low, high)) if plan.valid else 0.0
+            for plan, low, high in zip(_plans(completions), level_min, level_max, strict=True)]
+
+
+def read_share(levels: tuple[str, str], level_tokens: Mapping[str, float], k: int) -> float:
+    """Share of the document a reader sees when top-``k`` chunks come from the range ``levels``.
+
+    ``level_tokens`` gives the mean chunk length (tokens) of each level in this document; the
+    expected chunk read is the mean over the levels in range. Building the range's upper levels
+    costs compressor calls only (three orders of magnitude cheaper than reading; see
+    ``eval compressor``), so reading dominates the cost.
+
+    >>> tokens = {"sentence": 30, "paragraph": 120, "subsection": 250, "section": 900, "document": 5000}
+    >>> read_share(("sentence", "sentence"), tokens, 5), read_share(("paragraph", "section"), tokens, 5)
+    (0.03, 0.4233333333333333)
+    >>> read_share(("section", "document"), tokens, 5)
+    1.0
+    """
+    low, high = LEVELS.index(levels[0]), LEVELS.index(levels[1])
+    per_chunk = sum(level_tokens[level] for level in LEVELS[low: high + 1]) / (high - low + 1)
+    return min(1.0, k * per_chunk / level_tokens["document"])
+
+
+def make_cost_reward(k: int) -> Callable[..., list[float]]:
+    """-``read_share`` of the predicted range (-1, the whole document, when there is no valid plan).
+
+    >>> cost_reward = make_cost_reward(2)
+    >>> tokens = {"sentence": 10, "paragraph": 50, "subsection": 100, "section": 400, "document": 1000}
+    >>> cost_reward(['{"largest_chunk_size": "paragraph", "smallest_chunk_size": "sentence"}', "?"],
+    ...             level_tokens=[tokens, tokens])
+    [-0.06, -1.0]
+    """
+
+    def cost_reward(completions: Sequence, level_tokens: Sequence[Mapping[str, float]], **kwargs: Any) -> list[float]:
+        return [-read_share(plan.levels, tokens, k) if plan.valid else -1.0
+                for plan, tokens in zip(_plans(completions), level_tokens, strict=True)]
+
+    return cost_reward
+
+
+class QAReward:
+    """R_QA: 1.0 when answering from the predicted range is correct, 0.0 when wrong or when there is no
+    plan, None when the answer could not be obtained (e.g. the generator timed out: no signal).
+
+    ``answer_correct(example_id, level_min, level_max) -> bool`` runs SmartChunk retrieval and the
+    generator (``training/planner_data.py`` builds it); results are cached per (example, range).
+
+    >>> calls = []
+    >>> def judge(example_id, low, high):
+    ...     calls.append((example_id, low, high))
+    ...     return low == "sentence"
+    >>> qa = QAReward(judge)
+    >>> plan = '{"largest_chunk_size": "paragraph", "smallest_chunk_size": "sentence"}'
+    >>> qa([plan, plan, "no plan"], example_id=["q1", "q1", "q1"])
+    [1.0, 1.0, 0.0]
+    >>> calls
+    [('q1', 'sentence', 'paragraph')]
+    """
+
+    __name__ = "qa_reward"  # TRL names each reward's logged column after __name__
+
+    def __init__(self, answer_correct: Callable[[str, str, str], bool]):
+        self.answer_correct = answer_correct
+        self.cache: dict[tuple[str, str, str], bool | None] = {}
+        self._lock = threading.Lock()
+
+    def _correct(self, key: tuple[str, str, str]) -> bool | None:
+        with self._lock:
+            if key in self.cache:
+                return self.cache[key]
+        try:
+            result: bool | None = bool(self.answer_correct(*key))
+        except (TimeoutError, ConnectionError, RuntimeError):
+            result = None  # not cached: a later rollout may get through
+            return result
+        with self._lock:
+            self.cache[key] = result
+        return result
+
+    def __call__(self, completions: Sequence, example_id: Sequence[str], **kwargs: Any) -> list[float | None]:
+        rewards: list[float | None] = []
+        for plan, example in zip(_plans(completions), example_id, strict=True):
+            if not plan.valid:
+                rewards.append(0.0)
+                continue
+            correct = self._correct((example, plan.level_min, plan.level_max))
+            rewards.append(None if correct is None else float(correct))
+        return rewards
+
+
+def finite_or_none(values: Sequence[float | None]) -> list[float | None]:
+    """NaN and infinite rewards become None, which TRL's GRPOTrainer skips instead of propagating.
+
+    >>> finite_or_none([1.0, float("nan"), None, -float("inf")])
+    [1.0, None, None, None]
+    """
+    return [v if v is not None and math.isfinite(v) else None for v in values]
