@@ -96,6 +96,30 @@ class SummaryRecord:
 
 
 @dataclass(frozen=True)
+class PseudoLabel:
+    """The planner's training label for one question: the smallest and largest level among the chunks
+    from which the backbone answered correctly (None when no attempt was correct). For SQuAD,
+    ``gold_level_min``/``gold_level_max`` come from the answer span (the smallest level whose chunk
+    holds the span; the smallest holding every evidence span), to measure label quality itself."""
+
+    id: str  # the question's id
+    doc_id: str
+    question: str
+    answers: list[str]
+    level_min: str | None
+    level_max: str | None
+    correct: bool
+    attempts: int
+    retrieved_ids: list[str]  # what the backbone read on the deciding (or last) attempt
+    retrieved_levels: list[str]
+    answer: str  # the backbone's answer on that attempt
+    backbone: str
+    correctness: str  # the rule that judged it: exact, f1, contains or judge
+    gold_level_min: str | None = None
+    gold_level_max: str | None = None
+
+
+@dataclass(frozen=True)
 class FailureRecord:
     """A generation that failed every attempt, kept with the model's raw output for inspection."""
 

@@ -116,9 +116,9 @@ def _json_objects(text: str) -> list[str]:
 
 
 def _loads_tolerant(span: str) -> dict | None:
-    for candidate in (span,
-                      re.sub(r",\s*}", "}", span.replace("'", '"')),
-                      re.sub(r'([{,]\s*)([A-Za-z_][\w ]*?)\s*:', r'\1"\2":', re.sub(r",\s*}", "}", span.replace("'", '"')))):
+    double_quoted = re.sub(r",\s*}", "}", span.replace("'", '"'))  # single quotes, trailing comma
+    quoted_keys = re.sub(r'([{,]\s*)([A-Za-z_][\w ]*?)\s*:', r'\1"\2":', double_quoted)  # {largest: "x"}
+    for candidate in (span, double_quoted, quoted_keys):
         try:
             value = json.loads(candidate)
         except json.JSONDecodeError:

@@ -25,6 +25,10 @@ JOBS: dict[tuple[str, str], tuple[str, str, str, str]] = {
         "data_pipeline.summaries", "SummariesConfig", "run",
         "LLM summaries of upper-level chunks plus child and summary embeddings (compressor training data)",
     ),
+    ("data", "pseudo-labels"): (
+        "data_pipeline.pseudo_labels", "PseudoLabelsConfig", "run",
+        "planner labels: retrieve over all levels, answer with the backbone, expand until correct",
+    ),
     ("train", "compressor"): (
         "training.compressor", "CompressorJobConfig", "run",
         "train the chunk compression encoder on summary embeddings (runs under accelerate launch too)",
@@ -56,7 +60,7 @@ JOBS: dict[tuple[str, str], tuple[str, str, str, str]] = {
 }
 
 GROUP_HELP = {
-    "data": "offline data generation: chunk hierarchies, summaries (later: pseudo-labels, traces)",
+    "data": "offline data generation: chunk hierarchies, summaries, planner pseudo-labels and traces",
     "train": "training recipes",
     "serve": "serve models for the retrieval runtime",
     "eval": "evaluate checkpoints and retrieval strategies",

@@ -11,6 +11,7 @@ summary is needed at indexing time. ``upper="direct"`` embeds every level direct
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Literal
 
@@ -66,3 +67,27 @@ class SmartChunkRetriever:
         reply = self.client.chat("generator", answer_messages(question, chunks, max_chunk_chars=1500),
                                  max_tokens=max_tokens, temperature=0)
         return reply, chunks
+
+
+class DocumentRetrievers:
+    """One ``SmartChunkRetriever`` per document, built on first use and shared between threads.
+
+    SmartChunk plans per document (the planner reads the document's beginning), so pseudo-labelling,
+    the QA reward and ``eval planner`` retrieve among one document's chunks only.
+    """
+
+    def __init__(self, chunks: Sequence[Chunk], client: Client, upper: Literal["compressor", "direct"] = "direct"):
+        self.client, self.upper = client, upper
+        self._chunks: dict[str, list[Chunk]] = {}
+        for chunk in chunks:
+            self._chunks.setdefault(chunk.doc_id, []).append(chunk)
+        self._retrievers: dict[str, SmartChunkRetriever] = {}
+        self._locks: dict[str, threading.Lock] = {doc_id: threading.Lock() for doc_id in self._chunks}
+
+    def __getitem__(self, doc_id: str) -> SmartChunkRetriever:
+        if doc_id not in self._chunks:
+            raise KeyError(f"document {doc_id!r} is not in the hierarchy")
+        with self._locks[doc_id]:
+            if doc_id not in self._retrievers:
+                self._retrievers[doc_id] = SmartChunkRetriever(self._chunks[doc_id], self.client, upper=self.upper)
+        return self._retrievers[doc_id]

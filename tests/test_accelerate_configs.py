@@ -19,7 +19,8 @@ def test_accelerate_config(path: Path) -> None:
     config = ClusterConfig.from_yaml_file(str(path))
     assert config.num_processes >= 1 and config.num_machines >= 1
     first = path.read_text().splitlines()[0]
-    match = re.fullmatch(r"# accelerate launch --config_file (\S+) -m overstory\.cli (\w+) ([\w-]+) --config (\S+)", first)
+    command = r"# accelerate launch --config_file (\S+) -m overstory\.cli (\w+) ([\w-]+) --config (\S+)"
+    match = re.fullmatch(command, first)
     assert match, f"{path}: first line must give the launch command, got {first!r}"
     config_file, group, job, job_config = match.groups()
     assert config_file == str(path.relative_to(ROOT)) and (group, job) in JOBS

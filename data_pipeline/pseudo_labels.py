@@ -1,0 +1,197 @@
+"""`overstory data pseudo-labels`: the planner's training labels, found by retrieving and answering.
+
+    overstory data pseudo-labels --config configs/data/pseudo_labels.yaml
+
+SmartChunk's labelling procedure, per question: build the full hierarchy of its document, retrieve
+the top-k chunks over all levels, and let the backbone (the ``generator`` role) answer from them. If
+the answer is correct, the label is the smallest and largest level among the retrieved chunks. If
+not, retrieval expands (``k`` grows by ``k_step`` and the smallest level moves one up, favouring
+larger chunks) and the backbone answers again, up to ``max_attempts``. A question no attempt answers
+is kept with ``correct: false`` and no label, so its cost is visible and a rerun skips it.
+
+Correctness is configurable: exact match, token F1 above a threshold, answer contained in the reply,
+or an LLM judge (the ``scorer`` role answers yes/no). For SQuAD the gold levels derived from the
+answer span are stored too (``gold_level_min``/``gold_level_max``), so label quality itself can be
+measured. Output is a resumable JSONL of ``PseudoLabel`` records (ids already written are skipped).
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import Literal
+
+from rich.progress import Progress
+
+from data_pipeline.corpora import CorpusConfig, load_corpus
+from data_pipeline.formats import LEVELS, Chunk, JsonlAppender, PseudoLabel, QAExample, Span
+from data_pipeline.hierarchy import HierarchyConfig, build_hierarchies
+from evaluation.metrics import contains_match, exact_match, token_f1
+from overstory.config import ConfigError
+from overstory.tracking import TrackingConfig, start_run
+from retrieval.answer import clean_answer
+from retrieval.smartchunk import DocumentRetrievers
+from serving.client import Client, ClientError
+from serving.config import ServeConfig
+from serving.launch import serve_in_background
+
+JUDGE_PROMPT = ("Question: {question}\nReference answer: {reference}\nProposed answer: {prediction}\n"
+                "Does the proposed answer mean the same as the reference answer? Reply yes or no.")
+
+
+@dataclass(frozen=True)
+class CorrectnessConfig:
+    rule: Literal["exact", "f1", "contains", "judge"] = "contains"
+    f1_threshold: float = 0.5  # rule f1: correct when token F1 >= this
+
+    def __post_init__(self) -> None:
+        if not 0 < self.f1_threshold <= 1:
+            raise ConfigError(f"correctness.f1_threshold must be in (0, 1], got {self.f1_threshold}")
+
+
+@dataclass(frozen=True)
+class PseudoLabelsConfig:
+    corpus: CorpusConfig
+    out: str
+    hierarchy: HierarchyConfig = field(default_factory=HierarchyConfig)
+    correctness: CorrectnessConfig = field(default_factory=CorrectnessConfig)
+    k: int = 5
+    k_step: int = 5
+    max_attempts: int = 3
+    # how upper levels are embedded for retrieval: the encoder on their text, or the served compressor
+    upper: Literal["direct", "compressor"] = "direct"
+    max_answer_tokens: int = 24
+    concurrency: int = 2
+    limit: int = 0  # label at most this many questions (0 = all answerable ones)
+    server_url: str = ""
+    serve: ServeConfig = field(default_factory=lambda: ServeConfig.local(port=0))
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    def __post_init__(self) -> None:
+        if self.k < 1 or self.k_step < 0 or self.max_attempts < 1 or self.concurrency < 1:
+            raise ConfigError("k, max_attempts and concurrency must be positive and k_step >= 0")
+        if self.upper == "compressor" and "compressor" not in self.serve.roles and not self.server_url:
+            raise ConfigError("upper: 'compressor' needs a compressor role in serve.roles")
+
+
+def is_correct(prediction: str, answers: list[str], question: str, config: CorrectnessConfig,
+               client: Client | None = None) -> bool:
+    """Judge the backbone's answer with the configured rule.
+
+    >>> is_correct("It was the Normans", ["Normans"], "Who?", CorrectnessConfig("contains"))
+    True
+    >>> is_correct("Normans of France", ["Normans"], "Who?", CorrectnessConfig("f1", f1_threshold=0.8))
+    False
+    """
+    if config.rule == "exact":
+        return exact_match(prediction, answers) == 1.0
+    if config.rule == "f1":
+        return token_f1(prediction, answers) >= config.f1_threshold
+    if config.rule == "contains":
+        return contains_match(prediction, answers) == 1.0
+    if client is None:
+        raise ValueError("the judge rule needs a client with a scorer role")
+    reply = client.chat("scorer", [{"role": "user", "content": JUDGE_PROMPT.format(
+        question=question, reference=" / ".join(answers), prediction=prediction)}], max_tokens=3, temperature=0)
+    return reply.text.strip().lower().startswith("yes")
+
+
+def gold_levels(spans: list[Span], chunks: list[Chunk]) -> tuple[str | None, str | None]:
+    """Smallest level with a chunk holding one evidence span, and smallest holding all of them.
+
+    >>> doc = [Chunk("s", "d", "sentence", "", None, [], 0, 10, 1),
+    ...        Chunk("p", "d", "paragraph", "", None, [], 0, 40, 1)]
+    >>> gold_levels([Span("d", 2, 5)], doc), gold_levels([Span("d", 2, 5), Span("d", 20, 25)], doc)
+    (('sentence', 'sentence'), ('sentence', 'paragraph'))
+    """
+    def smallest_holding(group: list[Span]) -> str | None:
+        for level in LEVELS:
+            if any(all(c.start <= s.start and s.end <= c.end and c.doc_id == s.doc_id for s in group)
+                   for c in chunks if c.level == level):
+                return level
+        return None
+
+    if not spans:
+        return None, None
+    return min((smallest_holding([s]) or "document" for s in spans), key=LEVELS.index), smallest_holding(spans)
+
+
+def label_question(example: QAExample, doc_id: str, retrievers: DocumentRetrievers, client: Client,
+                   config: PseudoLabelsConfig, doc_chunks: list[Chunk]) -> PseudoLabel:
+    """Answer from top-k over all levels; expand and retry until correct or out of attempts."""
+    retriever = retrievers[doc_id]
+    gold_min, gold_max = gold_levels(example.evidence, doc_chunks)
+    for attempt in range(1, config.max_attempts + 1):
+        lowest = LEVELS[min(attempt - 1, len(LEVELS) - 1)]
+        k = config.k + (attempt - 1) * config.k_step
+        reply, chunks = retriever.answer(example.question, lowest, "document", k=k,
+                                         max_tokens=config.max_answer_tokens)
+        answer = clean_answer(reply.text)
+        correct = is_correct(answer, example.answers, example.question, config.correctness, client)
+        if correct or attempt == config.max_attempts:
+            levels = sorted({c.level for c in chunks}, key=LEVELS.index)
+            return PseudoLabel(
+                id=example.id, doc_id=doc_id, question=example.question, answers=example.answers,
+                level_min=levels[0] if correct else None, level_max=levels[-1] if correct else None,
+                correct=correct, attempts=attempt, retrieved_ids=[c.id for c in chunks],
+                retrieved_levels=[c.level for c in chunks], answer=answer,
+                backbone=config.serve.roles["generator"].model, correctness=config.correctness.rule,
+                gold_level_min=gold_min, gold_level_max=gold_max)
+    raise AssertionError("unreachable: the last attempt always returns")
+
+
+def single_document_questions(questions: list[QAExample]) -> list[tuple[QAExample, str]]:
+    """Answerable questions whose evidence lies in one document, with that document's id."""
+    picked = []
+    for q in questions:
+        docs = {s.doc_id for s in q.evidence}
+        if q.answers and len(docs) == 1:
+            picked.append((q, docs.pop()))
+    return picked
+
+
+def run(config: PseudoLabelsConfig) -> dict:
+    documents, questions = load_corpus(config.corpus)
+    todo_all = single_document_questions(questions)
+    if not todo_all:
+        raise ValueError(f"{config.corpus.kind}: no answerable question has its evidence in a single document; "
+                         f"SmartChunk plans per document (HotpotQA's two-document questions are not labelled)")
+    if config.limit:
+        todo_all = todo_all[: config.limit]
+    needed = {doc_id for _, doc_id in todo_all}
+    chunks = build_hierarchies([d for d in documents if d.id in needed], config.hierarchy)
+    by_doc: dict[str, list[Chunk]] = {}
+    for chunk in chunks:
+        by_doc.setdefault(chunk.doc_id, []).append(chunk)
+    counts = {"correct": 0, "unsolved": 0, "errors": 0, "skipped": 0}
+    lock = threading.Lock()
+    with ExitStack() as stack:
+        tracker = stack.enter_context(start_run(config.tracking, "data pseudo-labels", config))
+        out = stack.enter_context(JsonlAppender(config.out))
+        todo = [(q, d) for q, d in todo_all if q.id not in out]
+        counts["skipped"] = len(todo_all) - len(todo)
+        url = config.server_url or (stack.enter_context(serve_in_background(config.serve)) if todo else "")
+        client = Client.from_url(url) if todo else None
+        retrievers = DocumentRetrievers(chunks, client, upper=config.upper) if todo else None
+        progress = stack.enter_context(Progress())
+        task = progress.add_task("pseudo-labelling", total=len(todo))
+        pool = stack.enter_context(ThreadPoolExecutor(max_workers=config.concurrency))
+        futures = {pool.submit(label_question, q, d, retrievers, client, config, by_doc[d]): q for q, d in todo}
+        for future in as_completed(futures):
+            with lock:
+                try:
+                    label = future.result()
+                except ClientError as exc:  # left unwritten: the next run retries it
+                    counts["errors"] += 1
+                    print(f"{futures[future].id}: {exc}")
+                else:
+                    out.write(label)
+                    counts["correct" if label.correct else "unsolved"] += 1
+                    tracker.log({"correct": counts["correct"], "unsolved": counts["unsolved"]})
+                progress.advance(task)
+        tracker.summary(counts)
+    print(f"pseudo-labels: {counts['correct']} labelled, {counts['unsolved']} unsolved, {counts['errors']} errors "
+          f"(retried on rerun), {counts['skipped']} already done -> {config.out}")
+    return counts

@@ -1,0 +1,49 @@
+"""`overstory data pseudo-labels` on real SQuAD questions with SmolLM2 as the backbone and MiniLM retrieval."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from data_pipeline.formats import LEVELS, PseudoLabel, read_jsonl
+from data_pipeline.pseudo_labels import PseudoLabelsConfig
+from overstory.cli import main
+from overstory.config import ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "configs/data/pseudo_labels.yaml"
+pytestmark = pytest.mark.slow
+
+
+def test_pseudo_labels_on_a_real_slice_and_resume(tmp_path: Path) -> None:
+    out = tmp_path / "labels.jsonl"
+    args = ["data", "pseudo-labels", "--config", str(CONFIG), "--out", str(out),
+            f"corpus.path={ROOT / 'data/squad/dev-v2.0-articles.json'}", "limit=6", "max_attempts=2",
+            "tracking.backend=none"]
+    assert main(args) == 0
+    labels = list(read_jsonl(out, PseudoLabel))
+    assert len(labels) == 6 and len({label.id for label in labels}) == 6
+    for label in labels:
+        assert 1 <= label.attempts <= 2 and label.retrieved_ids and label.backbone
+        assert label.gold_level_min in LEVELS and label.gold_level_max in LEVELS
+        if label.correct:  # the label spans exactly the levels that were read
+            assert LEVELS.index(label.level_min) <= LEVELS.index(label.level_max)
+            assert {label.level_min, label.level_max} <= set(label.retrieved_levels)
+            assert min(label.retrieved_levels, key=LEVELS.index) == label.level_min
+        else:
+            assert label.level_min is None and label.attempts == 2
+            # the second attempt reads from paragraphs upwards and more chunks
+            assert "sentence" not in label.retrieved_levels and len(label.retrieved_ids) == 10
+    assert any(label.correct for label in labels)  # measured: 2 of 6 with the contains rule
+
+    before = out.read_text()
+    assert main(args) == 0  # every id is done: nothing is regenerated
+    assert out.read_text() == before
+
+
+def test_bad_settings_name_the_key() -> None:
+    with pytest.raises(ConfigError, match="f1_threshold"):
+        load_config(PseudoLabelsConfig, CONFIG, ["correctness.f1_threshold=0"])
+    with pytest.raises(ConfigError, match="compressor role"):
+        load_config(PseudoLabelsConfig, CONFIG, ["upper=compressor"])
