@@ -120,6 +120,22 @@ class PseudoLabel:
 
 
 @dataclass(frozen=True)
+class PlannerTrace:
+    """A teacher's planner reply that justifies a pseudo-label: ``prompt`` is the planner's own chat
+    prompt (what the student sees), ``completion`` the reasoning ending in the JSON plan."""
+
+    id: str  # "<question id>/<teacher>"
+    question_id: str
+    doc_id: str
+    teacher: str
+    prompt: list[dict[str, str]]
+    completion: str
+    label: dict[str, str]  # {"level_min": ..., "level_max": ...}
+    n_tokens: int  # completion length in planner-tokenizer tokens
+    rewritten: bool = False
+
+
+@dataclass(frozen=True)
 class FailureRecord:
     """A generation that failed every attempt, kept with the model's raw output for inspection."""
 

@@ -29,6 +29,10 @@ JOBS: dict[tuple[str, str], tuple[str, str, str, str]] = {
         "data_pipeline.pseudo_labels", "PseudoLabelsConfig", "run",
         "planner labels: retrieve over all levels, answer with the backbone, expand until correct",
     ),
+    ("data", "traces"): (
+        "data_pipeline.traces", "TracesConfig", "run",
+        "planner reasoning traces that justify each pseudo-label, from a pool of teachers; yield per teacher",
+    ),
     ("train", "compressor"): (
         "training.compressor", "CompressorJobConfig", "run",
         "train the chunk compression encoder on summary embeddings (runs under accelerate launch too)",
@@ -114,7 +118,13 @@ def run_job(group: str, name: str, config_path: str | None, overrides: list[str]
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # Overrides may come before and after flags; argparse leaves the ones after a flag unparsed.
+    args, rest = parser.parse_known_args(argv)
+    stray = [item for item in rest if item.startswith("-") or "=" not in item]
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    if rest:
+        args.overrides = [*getattr(args, "overrides", []), *rest]
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(name)s: %(message)s"
     )

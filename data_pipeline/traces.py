@@ -1,0 +1,223 @@
+"""`overstory data traces`: short reasoning traces that justify each pseudo-label, from a pool of teachers.
+
+    overstory data traces --config configs/data/traces.yaml
+
+For every correct pseudo-label, each teacher in the pool is asked to write the planner's reply
+for that question: brief reasoning ending in the JSON plan, given the label to justify. Teachers
+are served chat models with a prompt style and a temperature (on a cluster, any OpenAI-compatible
+endpoint via ``server_url``; on CPU the built-in model with different styles), or ``template``, a
+rule-based teacher that states the label's reasons in fixed words (it always yields, which keeps a
+CPU pool non-empty; its traces are marked as such). A trace is kept only when its JSON parses to
+exactly the label; one longer than ``max_trace_tokens`` (planner tokenizer) is rewritten by the
+``planner`` role and kept if the rewrite still matches and fits.
+
+Each kept trace is a ``PlannerTrace``: the planner's own prompt (what the student will see), the
+teacher's completion, the label and the teacher's name; SFT trains on exactly these pairs. Rejected
+traces go to ``<out>.failures.jsonl`` with the raw text and are not retried; a teacher that errors
+(timeout, server down) leaves nothing written, so a rerun asks it again and skips finished ids.
+The job prints the yield per teacher.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from data_pipeline.corpora import CorpusConfig, load_corpus
+from data_pipeline.formats import FailureRecord, JsonlAppender, PlannerTrace, PseudoLabel, read_jsonl
+from data_pipeline.hierarchy import cached_tokenizer
+from models.planner import document_metadata, parse_plan, plan_json, planner_messages
+from overstory.config import ConfigError
+from overstory.tracking import TrackingConfig, start_run
+from serving.client import Client, ClientError
+from serving.config import CHAT_ROLES, ServeConfig
+from serving.launch import serve_in_background
+
+STYLES = {
+    "concise": ("You are writing the reply of a retrieval planner. The correct choice for this question is "
+                "smallest_chunk_size = {level_min} and largest_chunk_size = {level_max}. Write one or two short "
+                "sentences explaining why these chunk sizes fit the question, then the JSON object on the last line."),
+    "stepwise": ("You are writing the reply of a retrieval planner. The correct choice for this question is "
+                 "smallest_chunk_size = {level_min} and largest_chunk_size = {level_max}. Reason in at most three "
+                 "short steps: what information the question asks for, where in the document it would be, how "
+                 "much context is needed. Then give the JSON object on the last line."),
+}
+REWRITE_PROMPT = ("Shorten this reasoning to at most {n} words. Keep its meaning and end with the same JSON "
+                  "object on the last line.\n\n{trace}")
+
+
+@dataclass(frozen=True)
+class TeacherConfig:
+    kind: Literal["llm", "template"] = "llm"
+    role: str = "generator"  # the chat role the teacher's requests go to
+    style: Literal["concise", "stepwise"] = "concise"
+    temperature: float = 0.0
+    max_tokens: int = 160
+    server_url: str = ""  # its own OpenAI-compatible endpoint; empty: the job's stack
+
+    def __post_init__(self) -> None:
+        if self.role not in CHAT_ROLES:
+            raise ConfigError(f"teacher role {self.role!r} is not a chat role ({', '.join(CHAT_ROLES)})")
+
+
+@dataclass(frozen=True)
+class TracesConfig:
+    labels: str  # pseudo-label JSONL (`overstory data pseudo-labels`)
+    corpus: CorpusConfig
+    out: str
+    teachers: dict[str, TeacherConfig] = field(default_factory=lambda: {"template": TeacherConfig(kind="template")})
+    planner_tokenizer: str = "builtin:smollm2-135m-instruct"
+    metadata_tokens: int = 1000  # how much of the document the planner reads
+    max_trace_tokens: int = 128
+    rewrite: bool = True
+    concurrency: int = 2
+    limit: int = 0  # at most this many labels (0 = all correct ones)
+    server_url: str = ""
+    serve: ServeConfig = field(default_factory=lambda: ServeConfig.local(port=0))
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    def __post_init__(self) -> None:
+        if not self.teachers:
+            raise ConfigError("teachers: the pool is empty; name at least one teacher")
+        if self.max_trace_tokens < 8 or self.metadata_tokens < 1 or self.concurrency < 1:
+            raise ConfigError("max_trace_tokens (>= 8), metadata_tokens and concurrency must be positive")
+
+
+class TraceRejected(Exception):
+    def __init__(self, record: FailureRecord):
+        super().__init__(record.error)
+        self.record = record
+
+
+def template_trace(level_min: str, level_max: str) -> str:
+    """The rule-based teacher: the label's reasons in fixed words, then the JSON.
+
+    >>> print(template_trace("sentence", "paragraph"))
+    The answer is a specific fact that fits in one sentence; paragraphs add the context around it.
+    {"largest_chunk_size": "paragraph", "smallest_chunk_size": "sentence"}
+    """
+    if level_min == level_max:
+        reason = f"The answer should sit within one {level_min}, and {level_min}s alone give enough context."
+    elif level_min == "sentence":
+        reason = f"The answer is a specific fact that fits in one sentence; {level_max}s add the context around it."
+    else:
+        reason = (f"The question needs more than a single sentence: a {level_min} at least, "
+                  f"and up to a {level_max} to connect the facts.")
+    return f"{reason}\n{plan_json(level_min, level_max)}"
+
+
+def trace_for(label: PseudoLabel, teacher_name: str, teacher: TeacherConfig, prompt: list[dict[str, str]],
+              clients: dict[str, Client], config: TracesConfig, count_tokens) -> PlannerTrace:
+    """One teacher's trace for one label, rewritten when too long; TraceRejected when it does not match."""
+    trace_id = f"{label.id}/{teacher_name}"
+
+    def reject(error: str, raw: str) -> TraceRejected:
+        return TraceRejected(FailureRecord(trace_id, "traces", error, raw, 1))
+
+    if teacher.kind == "template":
+        text = template_trace(label.level_min, label.level_max)
+    else:
+        instruction = STYLES[teacher.style].format(level_min=label.level_min, level_max=label.level_max)
+        messages = [prompt[0], {"role": "user", "content": f"{prompt[1]['content']}\n\n{instruction}"}]
+        text = clients[teacher_name].chat(teacher.role, messages, max_tokens=teacher.max_tokens,
+                                          temperature=teacher.temperature, seed=0).text.strip()
+    rewritten = False
+    if count_tokens(text) > config.max_trace_tokens:
+        if not config.rewrite:
+            raise reject(f"{count_tokens(text)} tokens > max_trace_tokens {config.max_trace_tokens}", text)
+        shorter = clients["_job"].chat("planner", [{"role": "user", "content": REWRITE_PROMPT.format(
+            n=config.max_trace_tokens // 2, trace=text)}], max_tokens=config.max_trace_tokens, temperature=0).text
+        if count_tokens(shorter.strip()) > config.max_trace_tokens:
+            raise reject(f"still {count_tokens(shorter)} tokens after rewriting", text)
+        text, rewritten = shorter.strip(), True
+    plan = parse_plan(text)
+    if not plan.valid:
+        raise reject(f"format: {plan.error}", text)
+    if plan.levels != (label.level_min, label.level_max) or plan.swapped:
+        raise reject(f"plan {plan.levels} does not match the label {(label.level_min, label.level_max)}", text)
+    return PlannerTrace(id=trace_id, question_id=label.id, doc_id=label.doc_id, teacher=teacher_name,
+                        prompt=prompt, completion=text,
+                        label={"level_min": label.level_min, "level_max": label.level_max},
+                        n_tokens=count_tokens(text), rewritten=rewritten)
+
+
+def run(config: TracesConfig) -> dict:
+    labels = [label for label in read_jsonl(config.labels, PseudoLabel) if label.correct]
+    if config.limit:
+        labels = labels[: config.limit]
+    if not labels:
+        raise ValueError(f"{config.labels} holds no correct pseudo-labels to justify")
+    documents = {d.id: d for d in load_corpus(config.corpus)[0]}
+    missing = sorted({label.doc_id for label in labels} - set(documents))
+    if missing:
+        raise ValueError(f"{len(missing)} labelled documents (e.g. {missing[0]}) are not in the corpus {config.corpus}")
+    tokenizer = cached_tokenizer(config.planner_tokenizer)
+    metadata = {doc_id: document_metadata(documents[doc_id].title, documents[doc_id].text, tokenizer,
+                                          config.metadata_tokens) for doc_id in {label.doc_id for label in labels}}
+
+    def count_tokens(text: str) -> int:
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    failures_file = Path(config.out).with_name(Path(config.out).stem + ".failures.jsonl")
+    yields = {name: {"kept": 0, "rejected": 0, "errors": 0, "rewritten": 0} for name in config.teachers}
+    lock = threading.Lock()
+    with ExitStack() as stack:
+        tracker = stack.enter_context(start_run(config.tracking, "data traces", config))
+        out = stack.enter_context(JsonlAppender(config.out))
+        failures = stack.enter_context(JsonlAppender(failures_file))
+        jobs = [(label, name) for label in labels for name in config.teachers
+                if f"{label.id}/{name}" not in out and f"{label.id}/{name}" not in failures]
+        needs_stack = any(config.teachers[n].kind == "llm" and not config.teachers[n].server_url for _, n in jobs)
+        needs_stack = needs_stack or (config.rewrite and any(t.kind == "llm" for t in config.teachers.values()))
+        url = config.server_url or (stack.enter_context(serve_in_background(config.serve)) if jobs and needs_stack
+                                    else "")
+        clients = {"_job": Client.from_url(url)} if url else {}
+        for name, teacher in config.teachers.items():
+            if teacher.kind == "llm":
+                clients[name] = Client.from_url(teacher.server_url) if teacher.server_url else clients["_job"]
+        progress = stack.enter_context(Progress())
+        task = progress.add_task("tracing", total=len(jobs))
+        pool = stack.enter_context(ThreadPoolExecutor(max_workers=config.concurrency))
+        futures = {pool.submit(trace_for, label, name, config.teachers[name],
+                               planner_messages(label.question, metadata[label.doc_id]), clients, config,
+                               count_tokens): name for label, name in jobs}
+        for future in as_completed(futures):
+            name = futures[future]
+            with lock:
+                try:
+                    trace = future.result()
+                except TraceRejected as rejected:
+                    failures.write(rejected.record)
+                    yields[name]["rejected"] += 1
+                except ClientError as exc:  # nothing written: a rerun asks this teacher again
+                    yields[name]["errors"] += 1
+                    print(f"{name}: {exc}")
+                else:
+                    out.write(trace)
+                    yields[name]["kept"] += 1
+                    yields[name]["rewritten"] += int(trace.rewritten)
+                progress.advance(task)
+        for name, row in yields.items():
+            judged = row["kept"] + row["rejected"]
+            row["yield"] = round(row["kept"] / judged, 3) if judged else None
+        tracker.summary({f"{name}/{k}": v for name, row in yields.items() for k, v in row.items() if v is not None})
+    _print_yields(yields)
+    return yields
+
+
+def _print_yields(yields: dict[str, dict]) -> None:
+    table = Table(title="trace yield per teacher (this run)")
+    for column in ("teacher", "kept", "rejected", "rewritten", "errors", "yield"):
+        table.add_column(column, justify="right")
+    for name, row in yields.items():
+        table.add_row(name, *(str(row[k]) for k in ("kept", "rejected", "rewritten", "errors")),
+                      "-" if row["yield"] is None else f"{row['yield']:.2f}")
+    Console(width=100).print(table)

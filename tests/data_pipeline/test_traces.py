@@ -1,0 +1,71 @@
+"""`overstory data traces` on real SQuAD questions: the rule-based teacher and SmolLM2 teachers, failures, resume."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from data_pipeline.corpora import load_corpus
+from data_pipeline.formats import PlannerTrace, PseudoLabel, read_jsonl, write_jsonl
+from data_pipeline.pseudo_labels import single_document_questions
+from data_pipeline.traces import TracesConfig
+from models.planner import parse_plan
+from overstory.cli import main
+from overstory.config import ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+SQUAD = ROOT / "data/squad/dev-v2.0-articles.json"
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture()
+def labels(tmp_path: Path) -> Path:
+    """Pseudo-labels for three real questions (the job's input; the labels themselves are chosen here)."""
+    _, questions = load_corpus("squad", SQUAD)
+    ranges = [("sentence", "paragraph"), ("paragraph", "section"), ("sentence", "sentence")]
+    records = [PseudoLabel(q.id, doc_id, q.question, q.answers, low, high, True, 1, [], [], q.answers[0],
+                           "builtin:smollm2-135m-instruct", "contains")
+               for (q, doc_id), (low, high) in zip(single_document_questions(questions), ranges)]
+    records.append(PseudoLabel("unsolved", records[0].doc_id, "?", ["x"], None, None, False, 3, [], [], "", "", ""))
+    write_jsonl(tmp_path / "labels.jsonl", records)
+    return tmp_path / "labels.jsonl"
+
+
+def _traces(labels: Path, out: Path, *extra: str) -> int:
+    return main(["data", "traces", "--config", str(ROOT / "configs/data/traces.yaml"), f"labels={labels}",
+                 f"corpus.path={SQUAD}", "--out", str(out), "metadata_tokens=64", "tracking.backend=none", *extra])
+
+
+def test_teacher_pool_keeps_matching_traces_records_failures_and_resumes(labels: Path, tmp_path: Path) -> None:
+    out = tmp_path / "traces.jsonl"
+    teachers = ("teachers={template: {kind: template}, smollm2: {kind: llm, style: concise, max_tokens: 48}, "
+                "offline: {kind: llm, server_url: 'http://127.0.0.1:9'}}")
+    assert _traces(labels, out, teachers) == 0
+    traces = list(read_jsonl(out, PlannerTrace))
+    kept = {t.teacher for t in traces}
+    assert "template" in kept and "offline" not in kept
+    assert sum(t.teacher == "template" for t in traces) == 3  # the unsolved question gets no trace
+    for trace in traces:
+        plan = parse_plan(trace.completion)
+        assert plan.levels == (trace.label["level_min"], trace.label["level_max"]) and trace.n_tokens <= 128
+        # the student's prompt: the planner's system prompt, the document's beginning, the question
+        assert trace.prompt[0]["role"] == "system" and trace.prompt[1]["content"].startswith("Document (beginning):")
+    failures = [json.loads(line) for line in out.with_name("traces.failures.jsonl").read_text().splitlines()]
+    # measured: SmolLM2-135M never writes the JSON plan, so its traces are rejected with the raw text kept
+    assert all(f["raw"] and f["id"].endswith("/smollm2") for f in failures)
+    assert len(failures) + sum(t.teacher == "smollm2" for t in traces) == 3
+
+    # the unreachable teacher wrote nothing; pointed at nothing new, a rerun retries only its three jobs
+    lines = out.read_text()
+    assert _traces(labels, out, teachers.replace("server_url: 'http://127.0.0.1:9'", "kind: template")) == 0
+    rerun = list(read_jsonl(out, PlannerTrace))
+    assert out.read_text().startswith(lines) and sum(t.teacher == "offline" for t in rerun) == 3
+
+
+def test_empty_pool_and_bad_roles_are_config_errors(labels: Path) -> None:
+    with pytest.raises(ConfigError, match="pool is empty"):
+        load_config(TracesConfig, ROOT / "configs/data/traces.yaml", ["teachers={}"])
+    with pytest.raises(ConfigError, match="not a chat role"):
+        load_config(TracesConfig, ROOT / "configs/data/traces.yaml", ["teachers={t: {role: embedder}}"])
