@@ -205,7 +205,7 @@ def run(config: TracesConfig) -> dict:
                     yields[name]["kept"] += 1
                     yields[name]["rewritten"] += int(trace.rewritten)
                 progress.advance(task)
-        for name, row in yields.items():
+        for row in yields.values():
             judged = row["kept"] + row["rejected"]
             row["yield"] = round(row["kept"] / judged, 3) if judged else None
         tracker.summary({f"{name}/{k}": v for name, row in yields.items() for k, v in row.items() if v is not None})
