@@ -37,9 +37,13 @@ JOBS: dict[tuple[str, str], tuple[str, str, str, str]] = {
         "training.compressor", "CompressorJobConfig", "run",
         "train the chunk compression encoder on summary embeddings (runs under accelerate launch too)",
     ),
-    ("train", "text-compressor"): (
+    ("train", "text_compressor"): (
         "training.text_compressor", "TextCompressorJobConfig", "run",
         "fine-tune the sentence encoder to embed a group's child texts as its summary (compressor design b)",
+    ),
+    ("train", "planner_sft"): (
+        "training.planner_sft", "PlannerSftConfig", "run",
+        "supervised fine-tuning of the planner on teacher traces (TRL SFTTrainer; LoRA or full)",
     ),
     ("serve", ""): (
         "serving.launch", "ServeConfig", "run",

@@ -1,7 +1,7 @@
 """Train design (b) of the compressor: the sentence encoder fine-tuned to embed child texts as their summary.
 
-    overstory train text-compressor --config configs/train/text_compressor.yaml
-    accelerate launch --config_file configs/accelerate/<file>.yaml -m overstory.cli train text-compressor \
+    overstory train text_compressor --config configs/train/text_compressor.yaml
+    accelerate launch --config_file configs/accelerate/<file>.yaml -m overstory.cli train text_compressor \
         --config configs/train/text_compressor.yaml
 
 Reads the same ``SummaryRecord``s as the set compressor (``overstory data summaries``) and the
@@ -130,7 +130,7 @@ def run(config: TextCompressorJobConfig) -> dict:
         save_total_limit=2, logging_steps=config.train.logging_steps, logging_nan_inf_filter=False,
         seed=config.train.seed, data_seed=config.train.seed, bf16=config.train.bf16,
         deepspeed=config.train.deepspeed or None, report_to="none", disable_tqdm=False)
-    tracker = start_run(config.tracking, "train text-compressor", config) if args.process_index == 0 else None
+    tracker = start_run(config.tracking, "train text_compressor", config) if args.process_index == 0 else None
     trainer = SentenceTransformerTrainer(
         model=model, args=args, train_dataset=dataset(train_texts, train_records),
         eval_dataset=dataset(val_texts, val_records), loss=loss,

@@ -1,4 +1,4 @@
-"""`overstory train text-compressor` (design b): MiniLM fine-tuned on real HotpotQA sentences -> summary embeddings."""
+"""`overstory train text_compressor` (design b): MiniLM fine-tuned on real HotpotQA sentences -> summary embeddings."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 
 def _train(data: Path, out: Path, *extra: str) -> int:
-    return main(["train", "text-compressor", "--config", str(ROOT / "configs/train/text_compressor.yaml"),
+    return main(["train", "text_compressor", "--config", str(ROOT / "configs/train/text_compressor.yaml"),
                  f"data={data}", f"out={out}", "train.batch_size=8", "train.logging_steps=1",
                  "tracking.backend=jsonl", f"tracking.dir={out / 'tracking'}", *extra])
 
