@@ -45,6 +45,14 @@ JOBS: dict[tuple[str, str], tuple[str, str, str, str]] = {
         "training.planner_sft", "PlannerSftConfig", "run",
         "supervised fine-tuning of the planner on teacher traces (TRL SFTTrainer; LoRA or full)",
     ),
+    ("train", "planner_grpo"): (
+        "training.planner_grpo", "PlannerGrpoConfig", "run",
+        "GRPO with the DAPO loss for the planner (TRL GRPOTrainer) on format/length/alignment/cost/QA rewards",
+    ),
+    ("train", "stitch"): (
+        "training.stitch", "StitchConfig", "run",
+        "STITCH: GRPO on solvable questions, hinted rollouts, SFT on the imitation buffer (TRL trainers)",
+    ),
     ("serve", ""): (
         "serving.launch", "ServeConfig", "run",
         "start the embedded OpenAI-compatible server for the roles in a config",
