@@ -64,7 +64,7 @@ class PseudoLabelsConfig:
     upper: Literal["direct", "compressor"] = "direct"
     max_answer_tokens: int = 24
     concurrency: int = 2
-    limit: int = 0  # label at most this many questions (0 = all answerable ones)
+    limit: int = 0  # label at most this many questions, taken round-robin over documents (0 = all)
     server_url: str = ""
     serve: ServeConfig = field(default_factory=lambda: ServeConfig.local(port=0))
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
@@ -152,6 +152,18 @@ def single_document_questions(questions: list[QAExample]) -> list[tuple[QAExampl
     return picked
 
 
+def round_robin_by_document(pairs: list[tuple[QAExample, str]]) -> list[tuple[QAExample, str]]:
+    """Interleave questions document by document, so any prefix (a ``limit``) spans the documents and a
+    split by document still has something on both sides."""
+    queues: dict[str, list] = {}
+    for pair in pairs:
+        queues.setdefault(pair[1], []).append(pair)
+    ordered = []
+    for i in range(max((len(q) for q in queues.values()), default=0)):
+        ordered.extend(q[i] for q in queues.values() if i < len(q))
+    return ordered
+
+
 def run(config: PseudoLabelsConfig) -> dict:
     documents, questions = load_corpus(config.corpus)
     todo_all = single_document_questions(questions)
@@ -159,7 +171,7 @@ def run(config: PseudoLabelsConfig) -> dict:
         raise ValueError(f"{config.corpus.kind}: no answerable question has its evidence in a single document; "
                          f"SmartChunk plans per document (HotpotQA's two-document questions are not labelled)")
     if config.limit:
-        todo_all = todo_all[: config.limit]
+        todo_all = round_robin_by_document(todo_all)[: config.limit]
     needed = {doc_id for _, doc_id in todo_all}
     chunks = build_hierarchies([d for d in documents if d.id in needed], config.hierarchy)
     by_doc: dict[str, list[Chunk]] = {}

@@ -87,3 +87,61 @@ def plot_recall_vs_cost(results: Mapping[str, Mapping], k: int, path: str | Path
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+PLANNER_BARS = (("accuracy", "accuracy (pseudo-label)"), ("accuracy_gold", "accuracy (gold levels)"),
+                ("within_one_level", "within one level"), ("format_valid", "format valid"),
+                ("qa_accuracy", "QA accuracy"))
+
+
+def plot_planner_comparison(variants: Mapping[str, Mapping], path: str | Path) -> Path:
+    """Grouped bars: each planner variant's accuracy, format and QA rates on the same questions."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    names = list(variants)
+    width = 0.8 / max(len(names), 1)
+    for i, name in enumerate(names):
+        xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(PLANNER_BARS))]
+        ax.bar(xs, [variants[name].get(key) or 0.0 for key, _ in PLANNER_BARS], width=width, label=name)
+    ax.set_xticks(range(len(PLANNER_BARS)))
+    ax.set_xticklabels([label for _, label in PLANNER_BARS], fontsize=8)
+    ax.set_ylim(0, 1)
+    ax.set_title("planner variants, same held-out questions")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_training_curves(histories: Mapping[str, Sequence[Mapping]], path: str | Path) -> Path:
+    """Reward (GRPO, STITCH) and training loss / solve rate over steps; dashed lines mark SFT injections."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, (ax_reward, ax_other) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for i, (name, rows) in enumerate(histories.items()):
+        colour = f"C{i}"
+        rewards = [(r["step"], r["reward"]) for r in rows if r.get("reward") is not None]
+        if rewards:
+            ax_reward.plot(*zip(*rewards), "o-", color=colour, label=name, markersize=3)
+        solve = [(r["step"], r["success_rate"]) for r in rows if "success_rate" in r]
+        losses = [(r["step"], r["loss"]) for r in rows if r.get("loss") is not None]
+        if solve:
+            ax_other.plot(*zip(*solve), "o-", color=colour, label=f"{name}: solve rate (running)", markersize=3)
+        if losses:
+            ax_other.plot(*zip(*losses), "s--", color=colour, label=f"{name}: training loss", markersize=3)
+        for r in rows:
+            if r.get("sft_injection"):
+                for ax in (ax_reward, ax_other):
+                    ax.axvline(r["step"], color=colour, linestyle=":", alpha=0.6)
+    ax_reward.set_title("reward per step (dotted: SFT injections)")
+    ax_other.set_title("solve rate / training loss per step")
+    for ax in (ax_reward, ax_other):
+        ax.set_xlabel("step")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

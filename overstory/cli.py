@@ -65,6 +65,10 @@ JOBS: dict[tuple[str, str], tuple[str, str, str, str]] = {
         "evaluation.compressor", "EvalCompressorConfig", "run",
         "compressor vs mean_pool vs direct_encode vs summarize on held-out documents: cosine, recall@k, cost",
     ),
+    ("eval", "planner"): (
+        "evaluation.planner", "EvalPlannerConfig", "run",
+        "planner checkpoints: accuracy vs labels and gold levels, format, length, speed, SmartChunk QA; --compare",
+    ),
     ("bench", "serve"): (
         "serving.bench", "ServeBenchConfig", "run",
         "requests/s and latency percentiles of the embedded server next to in-process generation",
@@ -91,7 +95,7 @@ def job_config_class(group: str, name: str = "") -> type:
 
 
 # Flags that are shorthand for the override of the same name, for the jobs whose config has the key.
-SHORTHAND_FLAGS = ("out", "checkpoint", "data")
+SHORTHAND_FLAGS = ("out", "checkpoint", "data", "compare")
 
 
 def _add_job_args(parser: argparse.ArgumentParser) -> None:

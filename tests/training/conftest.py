@@ -19,39 +19,3 @@ def summaries(tmp_path_factory) -> Path:
                  "limit=30", "max_summary_tokens=24", "tracking.backend=none"])
     assert code == 0
     return out
-
-
-SQUAD = ROOT / "data/squad/dev-v2.0-articles.json"
-
-
-@pytest.fixture(scope="session")
-def planner_labels(tmp_path_factory) -> Path:
-    """Pseudo-labels for 24 real SQuAD questions over the three articles. The ranges are chosen here,
-    cycling through four, so the planner tests see every level (the labelling job has its own test)."""
-    from data_pipeline.corpora import load_corpus
-    from data_pipeline.formats import PseudoLabel, write_jsonl
-    from data_pipeline.pseudo_labels import single_document_questions
-
-
-    picked: dict[str, list] = {}
-    for question, doc_id in single_document_questions(load_corpus("squad", SQUAD)[1]):
-        picked.setdefault(doc_id, [])
-        if len(picked[doc_id]) < 8:
-            picked[doc_id].append((question, doc_id))
-    ranges = [("sentence", "sentence"), ("sentence", "paragraph"), ("paragraph", "section"), ("sentence", "document")]
-    labels = [PseudoLabel(q.id, d, q.question, q.answers, *ranges[i % len(ranges)], True, 1, [], [], q.answers[0],
-                          "builtin:smollm2-135m-instruct", "contains")
-              for i, (q, d) in enumerate(pair for pairs in picked.values() for pair in pairs)]
-    path = tmp_path_factory.mktemp("planner") / "labels.jsonl"
-    write_jsonl(path, labels)
-    return path
-
-
-@pytest.fixture(scope="session")
-def planner_traces(planner_labels: Path) -> Path:
-    """Template-teacher traces for ``planner_labels`` (a real traces run)."""
-    folder = planner_labels.parent
-    assert main(["data", "traces", "--config", str(ROOT / "configs/data/traces.yaml"),
-                 f"labels={planner_labels}", f"corpus.path={SQUAD}", f"out={folder / 'traces.jsonl'}",
-                 "teachers={template: {kind: template}}", "metadata_tokens=96", "tracking.backend=none"]) == 0
-    return folder / "traces.jsonl"

@@ -1,0 +1,196 @@
+"""`overstory eval planner`: planning accuracy, format, length, speed and downstream QA of planner checkpoints.
+
+    overstory eval planner --config configs/eval/planner.yaml --checkpoint DIR --data FILE --out DIR
+    overstory eval planner --config configs/eval/planner.yaml --compare base,sft,grpo,stitch
+
+Every variant plans the same held-out questions (the validation documents of the pseudo-labels'
+split by document), greedily, with the planner prompt. Per variant: exact (min, max) accuracy
+against the pseudo-labels and against SQuAD's gold levels, within-one-level accuracy, format-valid
+rate, median and p90 completion tokens, seconds per plan, and, through the SmartChunk runtime
+(retrieval over the predicted range of the question's document, then the generator), QA accuracy
+and recall@k. An invalid plan falls back to the full range (sentence..document), as a runtime would,
+and is counted as a format failure. ``--compare`` names variants from ``variants`` and also draws
+their training curves (reward and solve rate over steps, SFT injections marked) from the metrics the
+recipes wrote next to each checkpoint. Writes ``metrics.json``, ``planner_comparison.png`` and
+``training_curves.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from data_pipeline.corpora import CorpusConfig, load_corpus
+from data_pipeline.formats import LEVELS
+from data_pipeline.hierarchy import HierarchyConfig
+from data_pipeline.pseudo_labels import CorrectnessConfig, is_correct
+from evaluation.metrics import mean, percentile, recall_at_k
+from evaluation.plots import plot_planner_comparison, plot_training_curves
+from models.planner import parse_plan
+from overstory.config import ConfigError, to_dict
+from overstory.tracking import TrackingConfig, start_run
+from retrieval.answer import clean_answer
+from retrieval.smartchunk import DocumentRetrievers
+from serving.client import Client
+from serving.config import ServeConfig
+from serving.launch import serve_in_background
+from training.planner_data import PlannerDataConfig, load_policy, planner_rows
+
+FALLBACK_RANGE = ("sentence", "document")
+
+
+@dataclass(frozen=True)
+class EvalPlannerConfig:
+    data: str  # pseudo-label JSONL
+    corpus: CorpusConfig
+    out: str
+    checkpoint: str = ""  # one planner (adapter folder, full model folder or model name)
+    # named variants for --compare, e.g. {base: builtin:..., sft: runs/train/planner_sft/final}
+    variants: dict[str, str] = field(default_factory=dict)
+    compare: str = ""  # comma-separated names from `variants`; empty: evaluate `checkpoint`
+    hierarchy: HierarchyConfig = field(default_factory=HierarchyConfig)
+    metadata_tokens: int = 1000
+    val_fraction: float = 0.2  # must match the training runs' data.val_fraction
+    max_new_tokens: int = 160
+    length_limit: int = 128  # L_max: completions above it count as over-long
+    batch_size: int = 8
+    limit: int = 0  # at most this many held-out questions (0 = all)
+    qa: bool = True  # QA accuracy and recall@k through SmartChunk for the predicted ranges
+    k: int = 5
+    correctness: CorrectnessConfig = field(default_factory=CorrectnessConfig)
+    serve: ServeConfig = field(default_factory=lambda: ServeConfig.local(port=0))
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    def __post_init__(self) -> None:
+        names = [n for n in self.compare.split(",") if n]
+        unknown = [n for n in names if n not in self.variants]
+        if unknown:
+            raise ConfigError(f"compare: {', '.join(unknown)} not in variants ({', '.join(self.variants) or 'none'})")
+        if not names and not self.checkpoint:
+            raise ConfigError("give checkpoint (one planner) or compare (names from variants)")
+
+    def selected(self) -> dict[str, str]:
+        names = [n for n in self.compare.split(",") if n]
+        return {n: self.variants[n] for n in names} if names else {"planner": self.checkpoint}
+
+
+@torch.no_grad()
+def generate_plans(model, tokenizer, prompts: list[list[dict]], max_new_tokens: int, batch_size: int
+                   ) -> tuple[list[str], list[int], float]:
+    """Greedy replies, their token counts and the seconds per plan (batched, left padding)."""
+    model.eval()
+    tokenizer.padding_side = "left"
+    texts, lengths = [], []
+    started = time.perf_counter()
+    for start in range(0, len(prompts), batch_size):
+        chunk = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
+                 for p in prompts[start: start + batch_size]]
+        batch = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=False)
+        output = model.generate(**batch, do_sample=False, max_new_tokens=max_new_tokens,
+                                pad_token_id=tokenizer.pad_token_id)
+        for row in output[:, batch["input_ids"].shape[1]:]:
+            ids = [t for t in row.tolist() if t != tokenizer.pad_token_id]
+            lengths.append(len(ids))
+            texts.append(tokenizer.decode(ids, skip_special_tokens=True))
+    return texts, lengths, (time.perf_counter() - started) / max(len(prompts), 1)
+
+
+def _distance(a: str, b: str) -> int:
+    return abs(LEVELS.index(a) - LEVELS.index(b))
+
+
+def score_plans(rows: list[dict], replies: list[str], lengths: list[int], length_limit: int) -> tuple[dict, list]:
+    """Planning metrics of one variant, and the range each question is answered from."""
+    plans = [parse_plan(text) for text in replies]
+    ranges = [p.levels if p.valid else FALLBACK_RANGE for p in plans]
+    exact = [float(p.levels == (r["level_min"], r["level_max"])) for p, r in zip(plans, rows)]
+    gold = [float(p.levels == (r["gold_level_min"], r["gold_level_max"])) if r["gold_level_min"] else None
+            for p, r in zip(plans, rows)]
+    within = [float(p.valid and _distance(p.level_min, r["level_min"]) <= 1 and _distance(p.level_max, r["level_max"])
+                    <= 1) for p, r in zip(plans, rows)]
+    metrics = {"accuracy": mean(exact), "accuracy_gold": mean(gold), "within_one_level": mean(within),
+               "format_valid": mean([float(p.valid) for p in plans]),
+               "median_completion_tokens": percentile(lengths, 50), "p90_completion_tokens": percentile(lengths, 90),
+               "over_length": mean([float(n > length_limit) for n in lengths])}
+    return metrics, ranges
+
+
+def run(config: EvalPlannerConfig) -> dict:
+    variants = config.selected()
+    data = PlannerDataConfig(labels=config.data, corpus=config.corpus, hierarchy=config.hierarchy,
+                             metadata_tokens=config.metadata_tokens, val_fraction=config.val_fraction)
+    train_rows, val_rows, chunks = planner_rows(data, base_model_of(next(iter(variants.values()))))
+    rows = (val_rows or train_rows)[: config.limit or None]
+    evidence = {q.id: q.evidence for q in load_corpus(config.corpus)[1]}
+    report: dict = {"n_questions": len(rows), "split": "validation documents" if val_rows else "all (no split)",
+                    "variants": {}, "checkpoints": variants, "config": to_dict(config)}
+    with ExitStack() as stack:
+        tracker = stack.enter_context(start_run(config.tracking, "eval planner", config))
+        retrievers = client = None
+        if config.qa:
+            client = Client.from_url(stack.enter_context(serve_in_background(config.serve)))
+            retrievers = DocumentRetrievers(chunks, client)
+        for name, checkpoint in variants.items():
+            model, tokenizer, _ = load_policy(checkpoint)
+            replies, lengths, seconds = generate_plans(model, tokenizer, [r["prompt"] for r in rows],
+                                                       config.max_new_tokens, config.batch_size)
+            metrics, ranges = score_plans(rows, replies, lengths, config.length_limit)
+            metrics["seconds_per_plan"] = round(seconds, 3)
+            if retrievers is not None:
+                correct, recall = [], []
+                for row, (low, high) in zip(rows, ranges):
+                    reply, read = retrievers[row["doc_id"]].answer(row["question"], low, high, k=config.k)
+                    correct.append(float(is_correct(clean_answer(reply.text), row["answers"], row["question"],
+                                                    config.correctness, client)))
+                    recall.append(recall_at_k(read, evidence.get(row["example_id"], []), config.k))
+                metrics["qa_accuracy"], metrics[f"recall@{config.k}"] = mean(correct), mean(recall)
+            metrics["examples"] = [{"id": r["example_id"], "label": [r["level_min"], r["level_max"]], "reply": text}
+                                   for r, text in zip(rows[:5], replies[:5])]
+            report["variants"][name] = metrics
+            tracker.log({f"{name}/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
+            del model
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.json").write_text(json.dumps(report, indent=2))
+    plot_planner_comparison(report["variants"], out / "planner_comparison.png")
+    if len(variants) > 1:
+        curves = {name: training_history(checkpoint) for name, checkpoint in variants.items()}
+        plot_training_curves({k: v for k, v in curves.items() if v}, out / "training_curves.png")
+    _print(report)
+    return report
+
+
+def base_model_of(checkpoint: str) -> str:
+    """The base model of a checkpoint, without loading it (its tokenizer builds the prompts)."""
+    manifest = Path(checkpoint) / "overstory.json"
+    return json.loads(manifest.read_text()).get("base_model", checkpoint) if manifest.exists() else checkpoint
+
+
+def training_history(checkpoint: str) -> list[dict]:
+    """Per-step training records a recipe wrote beside ``checkpoint`` (``<run>/final`` -> ``<run>/metrics.json``)."""
+    metrics = Path(checkpoint).parent / "metrics.json"
+    if not Path(checkpoint).exists() or not metrics.exists():
+        return []
+    return [row for row in json.loads(metrics.read_text()).get("history", []) if "step" in row]
+
+
+def _print(report: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"planner variants on {report['n_questions']} held-out questions")
+    columns = [("accuracy", "acc"), ("accuracy_gold", "acc gold"), ("within_one_level", "within 1"),
+               ("format_valid", "format ok"), ("median_completion_tokens", "median tok"),
+               ("p90_completion_tokens", "p90 tok"), ("seconds_per_plan", "s/plan"), ("qa_accuracy", "QA acc"),
+               ("recall@5", "recall@5")]
+    table.add_column("variant")
+    for _, title in columns:
+        table.add_column(title, justify="right")
+    for name, metrics in report["variants"].items():
+        table.add_row(name, *("-" if metrics.get(key) is None else f"{metrics[key]:.3g}" for key, _ in columns))
+    Console(width=140).print(table)

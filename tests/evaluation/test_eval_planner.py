@@ -1,0 +1,56 @@
+"""`overstory eval planner` on real SQuAD questions: the base SmolLM2 next to a LoRA SFT planner, with SmartChunk QA."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from evaluation.planner import EvalPlannerConfig, score_plans
+from models.planner import plan_json
+from overstory.cli import main
+from overstory.config import ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "configs/eval/planner.yaml"
+
+
+def test_score_plans_counts_exact_gold_within_one_and_format() -> None:
+    rows = [{"level_min": "sentence", "level_max": "paragraph", "gold_level_min": "sentence",
+             "gold_level_max": "sentence"},
+            {"level_min": "paragraph", "level_max": "section", "gold_level_min": "", "gold_level_max": ""}]
+    replies = [plan_json("sentence", "paragraph"), "no plan at all"]
+    metrics, ranges = score_plans(rows, replies, [20, 200], length_limit=128)
+    assert metrics["accuracy"] == 0.5 and metrics["accuracy_gold"] == 0.0 and metrics["format_valid"] == 0.5
+    assert metrics["within_one_level"] == 0.5 and metrics["over_length"] == 0.5
+    assert ranges == [("sentence", "paragraph"), ("sentence", "document")]  # invalid plan: full-range fallback
+
+
+def test_compare_needs_known_variants() -> None:
+    with pytest.raises(ConfigError, match="not in variants"):
+        load_config(EvalPlannerConfig, CONFIG, ["compare=base,nope"])
+
+
+@pytest.mark.slow
+def test_eval_planner_compares_base_and_sft(planner_labels: Path, planner_traces: Path, tmp_path: Path) -> None:
+    sft = tmp_path / "sft"
+    assert main(["train", "planner_sft", "--config", str(ROOT / "configs/train/planner_sft.yaml"),
+                 f"traces={planner_traces}", f"out={sft}", "train.max_steps=2", "train.batch_size=4",
+                 "train.logging_steps=1", "tracking.backend=none"]) == 0
+    out = tmp_path / "eval"
+    assert main(["eval", "planner", "--config", str(CONFIG), "--data", str(planner_labels), "--out", str(out),
+                 f"corpus.path={ROOT / 'data/squad/dev-v2.0-articles.json'}", "metadata_tokens=48",
+                 f"variants={{base: builtin:smollm2-135m-instruct, sft: {sft / 'final'}}}", "--compare", "base,sft",
+                 "limit=3", "max_new_tokens=48", "tracking.backend=none"]) == 0
+    report = json.loads((out / "metrics.json").read_text())
+    assert set(report["variants"]) == {"base", "sft"} and report["n_questions"] == 3
+    for metrics in report["variants"].values():
+        assert metrics["accuracy_gold"] is None  # the fixture's labels carry no gold levels
+        for key in ("accuracy", "within_one_level", "format_valid", "median_completion_tokens",
+                    "p90_completion_tokens", "seconds_per_plan", "qa_accuracy", "recall@5"):
+            assert metrics[key] is not None, key
+        assert 0 <= metrics["accuracy"] <= metrics["within_one_level"] <= 1
+    assert report["variants"]["base"]["format_valid"] == 0.0  # measured: the base model never writes the JSON plan
+    assert (out / "planner_comparison.png").stat().st_size > 5_000
+    assert (out / "training_curves.png").stat().st_size > 5_000
