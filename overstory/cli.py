@@ -33,6 +33,10 @@ JOBS: dict[tuple[str, str], tuple[str, str, str, str]] = {
         "data_pipeline.traces", "TracesConfig", "run",
         "planner reasoning traces that justify each pseudo-label, from a pool of teachers; yield per teacher",
     ),
+    ("data", "verl-export"): (
+        "training.verl.export", "VerlExportConfig", "run",
+        "the planner's GRPO prompts and SFT traces as verl parquet (reward entry: training/verl/reward.py)",
+    ),
     ("train", "compressor"): (
         "training.compressor", "CompressorJobConfig", "run",
         "train the chunk compression encoder on summary embeddings (runs under accelerate launch too)",
