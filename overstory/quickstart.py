@@ -9,7 +9,9 @@ same command and report. This stage set:
 - ``retrieval``: recall@5 of BM25, dense and hybrid indexes over paragraphs, for both corpora;
 - ``rag_baseline``: plain retrieve-then-generate through the served stack on one corpus;
 - ``compressor``: summaries of a slice, a short compressor training run, and the comparison of the
-  four ways to embed upper levels (compressor, mean_pool, direct_encode, summarize).
+  four ways to embed upper levels (compressor, mean_pool, direct_encode, summarize);
+- ``planner``: pseudo-labels and traces for a slice of questions, planner SFT and a few STITCH steps on
+  the built-in model, and the base / SFT / STITCH comparison on the held-out documents.
 """
 
 from __future__ import annotations
@@ -27,11 +29,17 @@ from data_pipeline.corpora import CorpusConfig, load_corpus
 from data_pipeline.formats import write_jsonl
 from data_pipeline.hierarchy import HierarchyConfig, build_hierarchies, chunks_at_levels, save_hierarchies
 from data_pipeline.hierarchy_job import level_stats
+from data_pipeline.pseudo_labels import PseudoLabelsConfig
+from data_pipeline.pseudo_labels import run as run_pseudo_labels
 from data_pipeline.summaries import SummariesConfig
 from data_pipeline.summaries import run as run_summaries
+from data_pipeline.traces import TracesConfig
+from data_pipeline.traces import run as run_traces
 from evaluation.compressor import EvalCompressorConfig
 from evaluation.compressor import run as run_evaluation
 from evaluation.metrics import mean, recall_at_k
+from evaluation.planner import EvalPlannerConfig
+from evaluation.planner import run as run_planner_eval
 from evaluation.plots import plot_level_stats
 from evaluation.rag import GenerationConfig, RetrievalConfig, evaluate_rag, select_questions
 from overstory.config import ConfigError
@@ -42,6 +50,12 @@ from serving.config import ServeConfig
 from serving.launch import serve_in_background
 from training.compressor import CompressorJobConfig, CompressorTrainConfig
 from training.compressor import run as run_training
+from training.planner_data import PlannerDataConfig
+from training.planner_grpo import GrpoSettings
+from training.planner_sft import PlannerSftConfig, SftTrainSettings
+from training.planner_sft import run as run_sft
+from training.stitch import StitchConfig, StitchSettings
+from training.stitch import run as run_stitch
 
 console = Console()
 
@@ -58,6 +72,19 @@ class CompressorStageConfig:
 
 
 @dataclass(frozen=True)
+class PlannerStageConfig:
+    """A small planner run: pseudo-labels, template traces, SFT, a few STITCH steps, the comparison."""
+
+    corpus: str = "squad"
+    questions: int = 24
+    max_attempts: int = 2
+    metadata_tokens: int = 128
+    sft_epochs: float = 5
+    stitch_steps: int = 3
+    qa: bool = True  # SmartChunk QA for the predicted ranges in the comparison
+
+
+@dataclass(frozen=True)
 class QuickstartConfig:
     out: str = "runs/quickstart"
     corpora: dict[str, CorpusConfig] = field(default_factory=lambda: {
@@ -71,11 +98,13 @@ class QuickstartConfig:
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     compressor: CompressorStageConfig = field(default_factory=CompressorStageConfig)
+    planner: PlannerStageConfig = field(default_factory=PlannerStageConfig)
     serve: ServeConfig = field(default_factory=lambda: ServeConfig.local())
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
-        for key, name in (("rag_corpus", self.rag_corpus), ("compressor.corpus", self.compressor.corpus)):
+        for key, name in (("rag_corpus", self.rag_corpus), ("compressor.corpus", self.compressor.corpus),
+                          ("planner.corpus", self.planner.corpus)):
             if name not in self.corpora:
                 raise ConfigError(f"{key} {name!r} is not one of corpora: {', '.join(self.corpora)}")
 
@@ -132,7 +161,10 @@ def run(config: QuickstartConfig) -> dict:
             _update_report(report_path, {"rag_baseline": rag_stage})
 
             console.rule(f"[bold]compressor ({config.compressor.corpus})")
-            report = _update_report(report_path, {"compressor": _compressor_stage(config, out / "compressor", url)})
+            _update_report(report_path, {"compressor": _compressor_stage(config, out / "compressor", url)})
+
+            console.rule(f"[bold]planner ({config.planner.corpus})")
+            report = _update_report(report_path, {"planner": _planner_stage(config, out / "planner", url)})
         tracker.summary({f"rag_baseline/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
         methods = report["stages"]["compressor"]["methods"]
         tracker.summary({f"compressor/{method}/{k}": v for method, row in methods.items()
@@ -164,6 +196,42 @@ def _compressor_stage(config: QuickstartConfig, folder: Path, server_url: str) -
             "training": training, "n_questions": evaluation["n_questions"],
             "n_upper_chunks": evaluation["n_upper_chunks"], "methods": evaluation["methods"],
             "plot": str(folder / "eval" / "recall_vs_cost.png")}
+
+
+def _planner_stage(config: QuickstartConfig, folder: Path, server_url: str) -> dict:
+    """Pseudo-labels through the running stack, template-teacher traces, planner SFT, STITCH from the
+    SFT adapter, and base / sft / stitch compared on the held-out documents' questions."""
+    stage, quiet = config.planner, TrackingConfig(backend="none")
+    corpus = config.corpora[stage.corpus]
+    labels = folder / "pseudo_labels.jsonl"
+    counts = run_pseudo_labels(PseudoLabelsConfig(
+        corpus=corpus, out=str(labels), hierarchy=config.hierarchy, max_attempts=stage.max_attempts,
+        limit=stage.questions, server_url=server_url, serve=config.serve, tracking=quiet))
+    if counts["correct"] + counts["skipped"] == 0:
+        return {"pseudo_labels": counts, "skipped": "the backbone answered no question correctly"}
+    traces = folder / "traces.jsonl"
+    yields = run_traces(TracesConfig(labels=str(labels), corpus=corpus, out=str(traces),
+                                     metadata_tokens=stage.metadata_tokens, tracking=quiet))
+    data = PlannerDataConfig(labels=str(labels), corpus=corpus, hierarchy=config.hierarchy,
+                             metadata_tokens=stage.metadata_tokens)
+    sft = run_sft(PlannerSftConfig(traces=str(traces), out=str(folder / "sft"), tracking=quiet,
+                                   train=SftTrainSettings(epochs=stage.sft_epochs, batch_size=4)))
+    stitch = run_stitch(StitchConfig(
+        data=data, traces=str(traces), out=str(folder / "stitch"), model=str(folder / "sft" / "final"),
+        stitch=StitchSettings(steps=stage.stitch_steps, questions_per_step=4, num_generations=4,
+                              imitation_threshold=4, max_completion_tokens=128),
+        grpo=GrpoSettings(num_generations=4, batch_size=4, lr=1e-4), tracking=quiet))
+    variants = {"base": config.serve.roles["planner"].model, "sft": str(folder / "sft" / "final"),
+                "stitch": str(folder / "stitch" / "final")}
+    comparison = run_planner_eval(EvalPlannerConfig(
+        data=str(labels), corpus=corpus, out=str(folder / "eval"), hierarchy=config.hierarchy,
+        metadata_tokens=stage.metadata_tokens, variants=variants, compare="base,sft,stitch", qa=stage.qa,
+        serve=ServeConfig(host=config.serve.host, port=0, roles=config.serve.roles), tracking=quiet))
+    return {"dataset": stage.corpus, "pseudo_labels": counts, "trace_yield": yields, "sft": sft, "stitch": stitch,
+            "n_questions": comparison["n_questions"], "split": comparison["split"],
+            "variants": {name: {k: v for k, v in row.items() if k != "examples"}
+                         for name, row in comparison["variants"].items()},
+            "plots": [str(folder / "eval" / "planner_comparison.png"), str(folder / "eval" / "training_curves.png")]}
 
 
 def _retrieval_stage(loaded: dict, chunks: dict, client: Client,

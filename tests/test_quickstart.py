@@ -19,7 +19,8 @@ def test_quickstart_end_to_end(tmp_path: Path) -> None:
     (out / "report.json").write_text(json.dumps({"stages": {"later_issue": {"x": 1}}}))
     code = main(["quickstart", "--out", str(out), "rag_questions=6", "tracking.backend=jsonl",
                  f"tracking.dir={tmp_path / 'tracking'}", "serve.port=0", "compressor.levels=[section]",
-                 "compressor.max_summary_tokens=8", "compressor.epochs=3"])
+                 "compressor.max_summary_tokens=8", "compressor.epochs=3", "planner.questions=12",
+                 "planner.sft_epochs=1", "planner.stitch_steps=1", "planner.metadata_tokens=48"])
     assert code == 0
     report = json.loads((out / "report.json").read_text())
     stages = report["stages"]
@@ -43,6 +44,11 @@ def test_quickstart_end_to_end(tmp_path: Path) -> None:
     assert compressor["training"]["epochs"] == 3
     assert set(compressor["methods"]) == {"compressor", "mean_pool", "direct_encode", "summarize"}
     assert compressor["n_questions"] > 50 and Path(compressor["plot"]).exists()
+    planner = stages["planner"]
+    assert planner["pseudo_labels"]["correct"] > 0 and planner["trace_yield"]["template"]["kept"] > 0
+    assert planner["stitch"]["steps"] == 1 and set(planner["variants"]) == {"base", "sft", "stitch"}
+    assert planner["variants"]["base"]["format_valid"] == 0.0  # measured: the base model never writes the plan
+    assert all(Path(p).exists() for p in planner["plots"])
     assert (out / "level_stats.png").stat().st_size > 10_000
     assert (out / "hierarchies" / "squad.jsonl").exists()
     predictions = (out / "rag_predictions.jsonl").read_text().splitlines()

@@ -5,7 +5,8 @@ for conversational data), ``completion_ids`` and the dataset's other columns, on
 completion; ``GRPOConfig.reward_weights`` holds the weights (gamma, beta, alpha, ...), so each function
 here returns the unweighted term. STITCH, the verl reward entry and ``eval planner`` call the same
 functions. A reward that cannot be computed returns None (TRL ignores it for that completion, as
-it does NaN); no function here returns NaN or raises on a malformed completion.
+it does NaN); no function here returns NaN or raises on a malformed completion (an empty document
+cannot divide by zero in ``read_share``).
 
 - ``format_reward``: 1 when the reply ends in a JSON plan with valid levels (R_format / gamma).
 - ``length_reward``: -ReLU(completion tokens - L_max) (R_length / beta).
@@ -18,7 +19,6 @@ it does NaN); no function here returns NaN or raises on a malformed completion.
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -114,7 +114,7 @@ def read_share(levels: tuple[str, str], level_tokens: Mapping[str, float], k: in
     """
     low, high = LEVELS.index(levels[0]), LEVELS.index(levels[1])
     per_chunk = sum(level_tokens[level] for level in LEVELS[low: high + 1]) / (high - low + 1)
-    return min(1.0, k * per_chunk / level_tokens["document"])
+    return min(1.0, k * per_chunk / max(level_tokens["document"], 1.0))
 
 
 def make_cost_reward(k: int) -> Callable[..., list[float]]:
@@ -182,12 +182,3 @@ class QAReward:
             correct = self._correct((example, plan.level_min, plan.level_max))
             rewards.append(None if correct is None else float(correct))
         return rewards
-
-
-def finite_or_none(values: Sequence[float | None]) -> list[float | None]:
-    """NaN and infinite rewards become None, which TRL's GRPOTrainer skips instead of propagating.
-
-    >>> finite_or_none([1.0, float("nan"), None, -float("inf")])
-    [1.0, None, None, None]
-    """
-    return [v if v is not None and math.isfinite(v) else None for v in values]
