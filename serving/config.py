@@ -22,8 +22,16 @@ class RoleConfig:
     max_new_tokens: int = 128  # default when a request names no max_tokens
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     max_model_len: int = 0  # 0: the model's own context length
+    # engine vllm: a LoRA adapter (planner_sft output) served on `model`; the role's server port (roles on
+    # one port share one vLLM server and its base model; 0: a port of its own); GPUs and memory per server
+    adapter: str = ""
+    port: int = 0
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.9
 
     def __post_init__(self) -> None:
+        if self.tensor_parallel_size < 1 or not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError("tensor_parallel_size must be >= 1 and gpu_memory_utilization in (0, 1]")
         if self.max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be positive, got {self.max_new_tokens}")
         if self.max_model_len < 0:
@@ -35,7 +43,11 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8000  # 0 picks a free port (tests, background stacks)
     roles: dict[str, RoleConfig] = field(default_factory=dict)
-    engine: Literal["embedded"] = "embedded"
+    # embedded: every role in one transformers server; vllm: chat roles on vLLM's OpenAI server
+    # (serving/vllm.py), embedding and compression roles stay on an embedded server
+    engine: Literal["embedded", "vllm"] = "embedded"
+    vllm_args: list[str] = field(default_factory=list)  # extra flags for every vLLM server
+    log_dir: str = "runs/serve/logs"  # one log file per launched server
     # `overstory serve` records the served stack (roles, models, uptime) here; background servers do not
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 

@@ -1,6 +1,9 @@
-"""Start the embedded server: in the foreground (`overstory serve`) or in a background thread.
+"""Start the served stack: the embedded server in the foreground (`overstory serve`) or in a background
+thread, or, with ``engine: vllm``, vLLM OpenAI servers for the chat roles next to an embedded server for
+the rest.
 
     overstory serve --config configs/serve/local.yaml
+    overstory serve --config configs/serve/<vllm config>.yaml      # engine: vllm
 
 Both claim the listening socket before any model is loaded and hand that same socket to uvicorn,
 so a port in use fails at once with a clear message and a free port (``port=0``) cannot be taken
@@ -9,12 +12,14 @@ by someone else between choosing it and serving on it.
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
 
 import httpx
 import uvicorn
@@ -52,6 +57,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 def run(config: ServeConfig) -> None:
     """Serve the roles of ``config`` until Ctrl-C or SIGTERM (from the main thread); the tracking run
     records the served stack when it starts and the uptime when it stops."""
+    if config.engine == "vllm":
+        return run_vllm_stack(config)
     with _claim_port(config.host, config.port) as sock:
         url = f"http://{config.host}:{sock.getsockname()[1]}/v1"
         engine = EmbeddedEngine(config)
@@ -111,3 +118,50 @@ def _wait_until_up(server: uvicorn.Server, thread: threading.Thread, url: str, c
         time.sleep(0.02)
     if check_health and httpx.get(f"{url}/health", timeout=10).status_code != 200:
         raise RuntimeError(f"the server on {url} started but /health does not answer 200")
+
+
+def _visible_gpus() -> int | None:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else None
+
+
+def run_vllm_stack(config: ServeConfig, poll_s: float = 5.0) -> None:
+    """vLLM servers for the chat roles (one per port, LoRA adapters as modules), the embedded server for the
+    other roles; ``<log_dir>/stack.json`` maps every role to its URL (``Client.from_url(mapping)`` reads it).
+    Runs until Ctrl-C or SIGTERM, or until a vLLM server dies (its log tail is shown); stops them all."""
+    from serving.vllm import ServerDied, log_tail, plan_servers, require_vllm, start_server, stop_server, vllm_command
+
+    require_vllm()
+    servers, rest = plan_servers(config, available_gpus=_visible_gpus())
+    for server in servers:  # a taken port fails now, not after minutes of model loading
+        _claim_port(config.host, server.port).close()
+    log_dir = Path(config.log_dir)
+    processes: list = []
+    roles: dict[str, str] = {}
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        with ExitStack() as stack:
+            if rest is not None:
+                url = stack.enter_context(serve_in_background(rest))
+                roles.update({role: url for role in rest.roles})
+            for server in servers:
+                url = f"http://{config.host}:{server.port}"
+                log = log_dir / f"vllm-{server.port}.log"
+                print(f"starting vLLM for {', '.join(server.roles)} on {url} (log: {log})", flush=True)
+                processes.append((start_server(vllm_command(server, config.host, config.vllm_args), url, log), log))
+                roles.update({role: url for role in server.roles})
+            (log_dir / "stack.json").write_text(json.dumps(roles, indent=2))
+            print(f"serving {json.dumps(roles)}; stack written to {log_dir / 'stack.json'}", flush=True)
+            while True:
+                for process, log in processes:
+                    if process.poll() is not None:
+                        raise ServerDied(f"a vLLM server exited with code {process.returncode}; last lines of "
+                                         f"{log}:\n{log_tail(log)}")
+                time.sleep(poll_s)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for process, _ in processes:
+            stop_server(process)

