@@ -35,7 +35,7 @@ def checkpoint_kind(folder: str | Path) -> str:
     manifest = Path(folder) / "overstory.json"
     if not manifest.exists():
         raise FileNotFoundError(f"{folder} is not a compressor checkpoint (overstory.json missing); train one with "
-                                f"`overstory train compressor` or `overstory train text-compressor`")
+                                f"`overstory train compressor` or `overstory train text_compressor`")
     kind = json.loads(manifest.read_text()).get("kind", "set-compressor")
     if kind not in KINDS:
         raise ValueError(f"{folder}: unknown compressor kind {kind!r} in overstory.json (expected one of {KINDS})")
