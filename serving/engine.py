@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -43,10 +43,21 @@ class BadRequest(ValueError):
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token with its log-probability under the model's raw distribution (before
+    temperature and top-p, as vLLM reports by default) and the ``top`` most likely alternatives."""
+
+    token: str
+    logprob: float
+    top: list[tuple[str, float]]
+
+
+@dataclass(frozen=True)
 class Completion:
     text: str
     finish_reason: str  # "stop" (end of sequence or a stop string) or "length" (max_tokens reached)
     completion_tokens: int
+    logprobs: list[TokenLogprob] | None = None  # one per completion token, when the request asked for them
 
 
 @dataclass(frozen=True)
@@ -63,6 +74,18 @@ class GenerationResult:
 class EmbeddingResult:
     embeddings: np.ndarray
     prompt_tokens: int
+
+
+def _token_logprobs(tokenizer, logits: torch.Tensor, tokens: torch.Tensor, top: int) -> list[TokenLogprob]:
+    """Log-probabilities of ``tokens`` under raw per-step ``logits`` (steps x vocab), with ``top`` alternatives."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    best = logprobs.topk(top, dim=-1) if top else None
+    result = []
+    for step, token in enumerate(tokens[: len(logprobs)].tolist()):
+        alternatives = [] if best is None else [
+            (tokenizer.decode([i]), float(v)) for v, i in zip(best.values[step].tolist(), best.indices[step].tolist())]
+        result.append(TokenLogprob(tokenizer.decode([token]), float(logprobs[step, token]), alternatives))
+    return result
 
 
 class _ChatModel:
@@ -109,9 +132,11 @@ class EmbeddedEngine:
         self._models: dict[str, object] = {}
         self._context: dict[str, int] = {}  # per role: roles sharing a model may cap its context differently
         for role_name, role in config.roles.items():
-            key = (role.model, role.kind, role.dtype)
+            # a role with a LoRA adapter loads base + adapter from the adapter folder (PEFT via transformers)
+            source = role.adapter or role.model
+            key = (source, role.kind, role.dtype)
             if key not in loaded:
-                loaded[key] = _MODEL_KINDS[role.kind](role.model, role)
+                loaded[key] = _MODEL_KINDS[role.kind](source, role)
             model = self._models[role_name] = loaded[key]
             if isinstance(model, _ChatModel):
                 if role.max_model_len > model.context:
@@ -152,7 +177,9 @@ class EmbeddedEngine:
 
     def _generate(self, role: str, lm: _ChatModel, prompts: list[str], max_tokens: int | None = None,
                   temperature: float = 1.0, top_p: float = 1.0, n: int = 1, stop: list[str] | None = None,
-                  seed: int | None = None) -> GenerationResult:
+                  seed: int | None = None, logprobs: int | None = None) -> GenerationResult:
+        """``logprobs``: None for none, k >= 0 for each generated token's log-probability and its k best
+        alternatives."""
         if n < 1 or temperature < 0 or not 0 < top_p <= 1:
             raise BadRequest("need n >= 1, temperature >= 0 and 0 < top_p <= 1")
         max_tokens = max_tokens or self.config.roles[role].max_new_tokens
@@ -173,6 +200,7 @@ class EmbeddedEngine:
             temperature=None if greedy else temperature, top_p=None if greedy else top_p, top_k=None,
             stop_strings=list(stop) if stop else None,
             eos_token_id=lm.tokenizer.eos_token_id, pad_token_id=lm.tokenizer.pad_token_id,
+            output_logits=logprobs is not None, return_dict_in_generate=True,
         )
         rng = nullcontext() if greedy else _SAMPLING_LOCK
         with lm.lock, rng, torch.inference_mode():
@@ -180,7 +208,13 @@ class EmbeddedEngine:
                 torch.manual_seed(seed)
             output = lm.model.generate(**inputs, generation_config=config, tokenizer=lm.tokenizer)
         width = inputs["input_ids"].shape[1]
-        choices = [self._decode(lm, row[width:], max_tokens, stop) for row in output]
+        choices = []
+        for r, row in enumerate(output.sequences):
+            choice = self._decode(lm, row[width:], max_tokens, stop)
+            if logprobs is not None:
+                steps = torch.stack([step[r] for step in output.logits[:choice.completion_tokens]])
+                choice = replace(choice, logprobs=_token_logprobs(lm.tokenizer, steps, row[width:], logprobs))
+            choices.append(choice)
         if greedy:
             choices = [choice for choice in choices for _ in range(n)]
         return GenerationResult(choices, sum(len(ids) for ids in encoded))

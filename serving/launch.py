@@ -126,20 +126,21 @@ def _visible_gpus() -> int | None:
     return torch.cuda.device_count() if torch.cuda.is_available() else None
 
 
-def run_vllm_stack(config: ServeConfig, poll_s: float = 5.0) -> None:
-    """vLLM servers for the chat roles (one per port, LoRA adapters as modules), the embedded server for the
-    other roles; ``<log_dir>/stack.json`` maps every role to its URL (``Client.from_url(mapping)`` reads it).
-    Runs until Ctrl-C or SIGTERM, or until a vLLM server dies (its log tail is shown); stops them all."""
-    from serving.vllm import ServerDied, log_tail, plan_servers, require_vllm, start_server, stop_server, vllm_command
+@contextmanager
+def vllm_stack(config: ServeConfig) -> Iterator[tuple[dict[str, str], list]]:
+    """Start vLLM servers for the chat roles (one per port, LoRA adapters as modules) and the embedded
+    server for the other roles; yields (role -> URL, [(process, log path)]) once every server answers
+    /health, and stops them all on exit. ``<log_dir>/stack.json`` holds the role -> URL mapping
+    (``Client.from_url(mapping)`` reads it)."""
+    from serving.vllm import plan_servers, require_vllm, start_server, stop_server, vllm_command
 
-    require_vllm()
+    python = require_vllm(config.vllm_python)
     servers, rest = plan_servers(config, available_gpus=_visible_gpus())
     for server in servers:  # a taken port fails now, not after minutes of model loading
         _claim_port(config.host, server.port).close()
     log_dir = Path(config.log_dir)
     processes: list = []
     roles: dict[str, str] = {}
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         with ExitStack() as stack:
             if rest is not None:
@@ -149,10 +150,25 @@ def run_vllm_stack(config: ServeConfig, poll_s: float = 5.0) -> None:
                 url = f"http://{config.host}:{server.port}"
                 log = log_dir / f"vllm-{server.port}.log"
                 print(f"starting vLLM for {', '.join(server.roles)} on {url} (log: {log})", flush=True)
-                processes.append((start_server(vllm_command(server, config.host, config.vllm_args), url, log), log))
+                command = vllm_command(server, config.host, config.vllm_args, python=python)
+                processes.append((start_server(command, url, log, env=config.vllm_env), log))
                 roles.update({role: url for role in server.roles})
             (log_dir / "stack.json").write_text(json.dumps(roles, indent=2))
-            print(f"serving {json.dumps(roles)}; stack written to {log_dir / 'stack.json'}", flush=True)
+            yield roles, processes
+    finally:
+        for process, _ in processes:
+            stop_server(process)
+
+
+def run_vllm_stack(config: ServeConfig, poll_s: float = 5.0) -> None:
+    """``overstory serve`` with ``engine: vllm``: :func:`vllm_stack` until Ctrl-C or SIGTERM, or until a vLLM
+    server dies (its log tail is shown)."""
+    from serving.vllm import ServerDied, log_tail
+
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        with vllm_stack(config) as (roles, processes):
+            print(f"serving {json.dumps(roles)}; stack written to {Path(config.log_dir) / 'stack.json'}", flush=True)
             while True:
                 for process, log in processes:
                     if process.poll() is not None:
@@ -163,5 +179,3 @@ def run_vllm_stack(config: ServeConfig, poll_s: float = 5.0) -> None:
         pass
     finally:
         signal.signal(signal.SIGTERM, previous)
-        for process, _ in processes:
-            stop_server(process)

@@ -21,7 +21,14 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from serving.config import ServeConfig
-from serving.engine import BadRequest, EmbeddedEngine, GenerationResult, RequestTooLarge, UnknownModel
+from serving.engine import (
+    BadRequest,
+    EmbeddedEngine,
+    GenerationResult,
+    RequestTooLarge,
+    TokenLogprob,
+    UnknownModel,
+)
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +57,14 @@ class _Sampling(BaseModel):
 class ChatRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)  # OpenAI's newer name for max_tokens
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
 
 
 class CompletionRequest(_Sampling):
     prompt: str | list[str]  # a list runs as one batch; choices come prompt by prompt
+    logprobs: int | None = Field(default=None, ge=0, le=20)  # the legacy API: k alternatives per token
+    echo: bool = False
 
 
 class EmbeddingRequest(BaseModel):
@@ -98,29 +109,58 @@ def _check_stream(request: _Sampling) -> None:
         raise ApiError(400, "streaming is not supported by the embedded engine; send stream=false", param="stream")
 
 
+def _chat_logprobs(logprobs: list[TokenLogprob] | None) -> dict[str, Any] | None:
+    """OpenAI's chat shape: {"content": [{token, logprob, bytes, top_logprobs: [...]}, ...]}."""
+    if logprobs is None:
+        return None
+
+    def entry(token: str, logprob: float) -> dict[str, Any]:
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+    return {"content": [{**entry(t.token, t.logprob), "top_logprobs": [entry(*alt) for alt in t.top]}
+                        for t in logprobs]}
+
+
+def _completion_logprobs(logprobs: list[TokenLogprob] | None) -> dict[str, Any] | None:
+    """The legacy completions shape: parallel lists of tokens, their logprobs, top alternatives, offsets."""
+    if logprobs is None:
+        return None
+    offsets = [0]
+    for t in logprobs[:-1]:
+        offsets.append(offsets[-1] + len(t.token))
+    return {"tokens": [t.token for t in logprobs], "token_logprobs": [t.logprob for t in logprobs],
+            "top_logprobs": [dict(t.top) for t in logprobs], "text_offset": offsets}
+
+
 def handle_chat(engine: EmbeddedEngine, request: ChatRequest) -> dict[str, Any]:
     _check_stream(request)
     sampling = request.sampling()
     sampling["max_tokens"] = request.max_completion_tokens or request.max_tokens
+    if request.top_logprobs and not request.logprobs:
+        raise ApiError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
+    sampling["logprobs"] = (request.top_logprobs or 0) if request.logprobs else None
     result: GenerationResult = _run(engine.chat, request.model, [m.model_dump() for m in request.messages],
                                     **sampling)
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
         "model": request.model,
-        "choices": [{"index": i, "message": {"role": "assistant", "content": c.text}, "finish_reason": c.finish_reason}
-                    for i, c in enumerate(result.choices)],
+        "choices": [{"index": i, "message": {"role": "assistant", "content": c.text}, "finish_reason": c.finish_reason,
+                     "logprobs": _chat_logprobs(c.logprobs)} for i, c in enumerate(result.choices)],
         "usage": _usage(result.prompt_tokens, result.completion_tokens),
     }
 
 
 def handle_completion(engine: EmbeddedEngine, request: CompletionRequest) -> dict[str, Any]:
     _check_stream(request)
-    result: GenerationResult = _run(engine.complete, request.model, request.prompt, **request.sampling())
+    if request.echo:
+        raise ApiError(400, "echo is not supported by the embedded engine; send echo=false", param="echo")
+    result: GenerationResult = _run(engine.complete, request.model, request.prompt, **request.sampling(),
+                                    logprobs=request.logprobs)
     return {
         "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
         "model": request.model,
-        "choices": [{"index": i, "text": c.text, "finish_reason": c.finish_reason, "logprobs": None}
-                    for i, c in enumerate(result.choices)],
+        "choices": [{"index": i, "text": c.text, "finish_reason": c.finish_reason,
+                     "logprobs": _completion_logprobs(c.logprobs)} for i, c in enumerate(result.choices)],
         "usage": _usage(result.prompt_tokens, result.completion_tokens),
     }
 

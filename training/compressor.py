@@ -36,6 +36,7 @@ from models.compressor import SetCompressor, SetCompressorConfig, pad_children, 
 from overstory.config import ConfigError, to_dict
 from overstory.tracking import TrackingConfig, start_run
 from training.callbacks import TrainingDiverged
+from training.distributed import accelerator_handlers
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ def evaluate(model: SetCompressor, loader: DataLoader, accelerator: Accelerator)
 
 def run(config: CompressorJobConfig) -> dict:
     # --- setup -------------------------------------------------------------------------------------
-    accelerator = Accelerator()
+    accelerator = Accelerator(kwargs_handlers=accelerator_handlers())
     set_seed(config.train.seed)
     out = Path(config.out)
     records = list(read_jsonl(config.data, SummaryRecord))

@@ -31,6 +31,7 @@ from serving.client import Client
 from serving.config import ServeConfig
 from serving.launch import serve_in_background
 from training.callbacks import StopOnNonFiniteLoss, TrackingCallback
+from training.distributed import process_group_backend
 from training.planner_data import (
     PlannerDataConfig,
     RewardSettings,
@@ -98,7 +99,7 @@ def grpo_args(config: PlannerGrpoConfig, reward_weights: list[float]):
         mask_truncated_completions=settings.mask_truncated_completions, reward_weights=reward_weights,
         logging_steps=settings.logging_steps, logging_nan_inf_filter=False, save_strategy="steps",
         save_steps=settings.save_steps, save_total_limit=2, seed=settings.seed, data_seed=settings.seed,
-        bf16=settings.bf16, deepspeed=settings.deepspeed or None, report_to="none",
+        bf16=settings.bf16, deepspeed=settings.deepspeed or None, report_to="none", ddp_backend=process_group_backend(),
         use_vllm=bool(settings.vllm_server_url), vllm_mode="server",
         vllm_server_base_url=settings.vllm_server_url or None, remove_unused_columns=False)
 

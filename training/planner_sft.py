@@ -27,6 +27,7 @@ from models.registry import SMOLLM2, load_causal_lm
 from overstory.config import ConfigError, to_dict
 from overstory.tracking import TrackingConfig, start_run
 from training.callbacks import StopOnNonFiniteLoss, TrackingCallback
+from training.distributed import process_group_backend
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ def run(config: PlannerSftConfig) -> dict:
         eval_steps=None if every_epoch else config.train.save_steps,
         save_total_limit=2, seed=config.train.seed, data_seed=config.train.seed, bf16=config.train.bf16,
         activation_checkpointing=config.train.gradient_checkpointing, deepspeed=config.train.deepspeed or None,
-        report_to="none", completion_only_loss=True)
+        report_to="none", completion_only_loss=True, ddp_backend=process_group_backend())
     peft_config = LoraConfig(r=config.lora.r, lora_alpha=config.lora.alpha, lora_dropout=config.lora.dropout,
                              target_modules=list(config.lora.target_modules),
                              task_type="CAUSAL_LM") if config.lora.enabled else None

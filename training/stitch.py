@@ -42,6 +42,7 @@ from models.planner import parse_plan
 from models.registry import SMOLLM2
 from overstory.config import ConfigError, to_dict
 from overstory.tracking import TrackingConfig, start_run
+from training.distributed import process_group_backend
 from training.planner_data import PlannerDataConfig, RewardSettings, build_rewards, load_policy, planner_rows
 from training.planner_grpo import GrpoSettings, PlannerGrpoConfig, grpo_args
 from training.planner_sft import LoraSettings, trace_rows
@@ -244,7 +245,7 @@ def run(config: StitchConfig) -> dict:
             sft_args = SFTConfig(output_dir=str(out / "sft"), max_steps=settings.sft_steps,
                                  learning_rate=settings.sft_lr, per_device_train_batch_size=min(8, len(imitation)),
                                  save_strategy="no", report_to="none", logging_steps=1, completion_only_loss=True,
-                                 bf16=config.grpo.bf16, seed=settings.seed)
+                                 bf16=config.grpo.bf16, seed=settings.seed, ddp_backend=process_group_backend())
             sft = SFTTrainer(model=model, args=sft_args, processing_class=tokenizer,
                              train_dataset=Dataset.from_list(trace_rows(imitation)), optimizers=(sft_optimizer, None))
             record["sft_loss"] = sft.train().training_loss

@@ -37,6 +37,7 @@ from models.text_compressor import join_children, save_text_compressor
 from overstory.config import ConfigError, to_dict
 from overstory.tracking import TrackingConfig, start_run
 from training.callbacks import StopOnNonFiniteLoss, TrackingCallback
+from training.distributed import process_group_backend
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,8 @@ def run(config: TextCompressorJobConfig) -> dict:
         load_best_model_at_end=True, metric_for_best_model="eval_loss", greater_is_better=False,
         save_total_limit=2, logging_steps=config.train.logging_steps, logging_nan_inf_filter=False,
         seed=config.train.seed, data_seed=config.train.seed, bf16=config.train.bf16,
-        deepspeed=config.train.deepspeed or None, report_to="none", disable_tqdm=False)
+        deepspeed=config.train.deepspeed or None, report_to="none", disable_tqdm=False,
+        ddp_backend=process_group_backend())
     tracker = start_run(config.tracking, "train text_compressor", config) if args.process_index == 0 else None
     trainer = SentenceTransformerTrainer(
         model=model, args=args, train_dataset=dataset(train_texts, train_records),

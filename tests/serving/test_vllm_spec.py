@@ -71,10 +71,28 @@ def test_adapter_from_another_base_model_is_refused(tmp_path: Path) -> None:
         plan_servers(config)
 
 
-def test_missing_vllm_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_vllm_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("OVERSTORY_VLLM_PYTHON", raising=False)
     monkeypatch.setattr(vllm.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(VllmNotInstalled, match="pip install -e .\\[vllm\\]"):
         run_vllm_stack(ServeConfig(engine="vllm", roles={"generator": RoleConfig(model=BASE)}))
+    with pytest.raises(VllmNotInstalled, match="does not exist"):
+        run_vllm_stack(ServeConfig(engine="vllm", vllm_python=str(tmp_path / "nope" / "python"),
+                                   roles={"generator": RoleConfig(model=BASE)}))
+    # an interpreter that exists but has no vLLM: the main one, asked through the subprocess probe
+    monkeypatch.setenv("OVERSTORY_VLLM_PYTHON", str(tmp_path / "python"))
+    (tmp_path / "python").symlink_to(sys.executable)
+    with pytest.raises(VllmNotInstalled, match="cannot import vLLM"):
+        run_vllm_stack(ServeConfig(engine="vllm", roles={"generator": RoleConfig(model=BASE)}))
+
+
+def test_commands_run_the_configured_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    server = plan_servers(ServeConfig(engine="vllm", port=8000, roles={"generator": RoleConfig(model=BASE)}))[0][0]
+    monkeypatch.setenv("OVERSTORY_VLLM_PYTHON", "/opt/vllm/bin/python")
+    assert vllm_command(server, "127.0.0.1")[0] == "/opt/vllm/bin/python"
+    assert vllm_command(server, "127.0.0.1", python="/elsewhere/python")[0] == "/elsewhere/python"
+    monkeypatch.delenv("OVERSTORY_VLLM_PYTHON")
+    assert vllm_command(server, "127.0.0.1")[0] == sys.executable
 
 
 def test_a_server_that_dies_during_start_up_shows_its_log_tail(tmp_path: Path) -> None:

