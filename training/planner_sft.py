@@ -124,6 +124,10 @@ def run(config: PlannerSftConfig) -> dict:
         eval_dataset=Dataset.from_list(trace_rows(val_traces)) if val_traces else None,
         callbacks=[StopOnNonFiniteLoss(f"lower train.lr (now {config.train.lr}) or check the traces"),
                    *([TrackingCallback(tracker)] if tracker else [])])
+    if len(trainer.train_dataset) == 0:  # TRL drops traces whose completion truncation cut away entirely
+        raise ValueError(f"all {len(train_traces)} training traces lose their whole completion at "
+                         f"train.max_length={config.train.max_length} tokens (the prompt alone fills it); "
+                         f"raise train.max_length or shorten the traces' metadata")
 
     # --- train -------------------------------------------------------------------------------------
     started = time.perf_counter()

@@ -30,7 +30,7 @@ def planner_adapter(planner_traces, tmp_path_factory):
     from overstory.cli import main
 
     out = tmp_path_factory.mktemp("planner_adapter")
-    assert main(["train", "planner_sft", "--config", str(ROOT / "configs/train/planner_sft.yaml"), f"traces={planner_traces}",
-                 f"out={out}", "train.max_steps=3", "train.lr=1e-3", "train.batch_size=4", "train.max_length=384",
-                 "train.val_fraction=0", "tracking.backend=none"]) == 0
+    assert main(["train", "planner_sft", "--config", str(ROOT / "configs/train/planner_sft.yaml"),
+                 f"traces={planner_traces}", f"out={out}", "train.max_steps=3", "train.lr=1e-3",
+                 "train.batch_size=4", "train.max_length=384", "train.val_fraction=0", "tracking.backend=none"]) == 0
     return str(out / "final")

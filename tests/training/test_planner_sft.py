@@ -60,3 +60,8 @@ def test_empty_traces_are_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(ValueError, match="no traces"):
         _sft(tmp_path / "empty.jsonl", tmp_path / "x")
+
+
+def test_a_max_length_that_cuts_every_completion_is_a_clear_error(planner_traces: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="lose their whole completion at train.max_length=16"):
+        _sft(planner_traces, tmp_path / "sft", "train.max_length=16", "train.max_steps=1")
