@@ -47,19 +47,41 @@ def plot_level_stats(chunks_by_corpus: Mapping[str, Sequence[Chunk]], path: str 
 
 
 def plot_serve_bench(rows: Sequence[Mapping], path: str | Path) -> Path:
-    """Requests/s and p50/p95 latency against concurrency, in-process next to HTTP."""
+    """Requests/s and p50/p95 latency against concurrency, one line per serving engine."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     levels = [r["concurrency"] for r in rows]
     fig, (ax_rps, ax_lat) = plt.subplots(1, 2, figsize=(11, 4))
-    for key, label, style in (("in_process", "in-process", "o-"), ("http", "HTTP (embedded server)", "s--")):
-        ax_rps.plot(levels, [r[key]["requests_per_s"] for r in rows], style, label=label)
-        ax_lat.plot(levels, [r[key]["p50_s"] for r in rows], style, label=f"{label} p50")
-        ax_lat.plot(levels, [r[key]["p95_s"] for r in rows], style, alpha=0.5, label=f"{label} p95")
+    for engine, style in zip(rows[0]["engines"], ("o-", "s--", "^-.")):
+        ax_rps.plot(levels, [r["engines"][engine]["requests_per_s"] for r in rows], style, label=engine)
+        ax_lat.plot(levels, [r["engines"][engine]["p50_s"] for r in rows], style, label=f"{engine} p50")
+        ax_lat.plot(levels, [r["engines"][engine]["p95_s"] for r in rows], style, alpha=0.5, label=f"{engine} p95")
     for ax, title, unit in ((ax_rps, "throughput", "requests / s"), (ax_lat, "latency", "seconds")):
         ax.set_xticks(levels)
         ax.set_xlabel("concurrency")
         ax.set_ylabel(unit)
+        ax.set_title(title)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_train_bench(results: Mapping[str, Mapping[str, Mapping]], path: str | Path) -> Path:
+    """Samples/s and peak memory per recipe, one bar per launcher."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    recipes = list(results)
+    launchers = list(next(iter(results.values())))
+    width = 0.8 / len(launchers)
+    fig, (ax_speed, ax_memory) = plt.subplots(1, 2, figsize=(11, 4))
+    for i, launcher in enumerate(launchers):
+        xs = [r + (i - (len(launchers) - 1) / 2) * width for r in range(len(recipes))]
+        ax_speed.bar(xs, [results[r][launcher]["samples_per_s"] for r in recipes], width, label=launcher)
+        ax_memory.bar(xs, [results[r][launcher]["peak_rss_mib"] / 1024 for r in recipes], width, label=launcher)
+    for ax, title in ((ax_speed, "training samples / s"), (ax_memory, "peak resident memory (GiB, all processes)")):
+        ax.set_xticks(range(len(recipes)), recipes)
         ax.set_title(title)
         ax.legend(fontsize=8)
     fig.tight_layout()

@@ -75,7 +75,11 @@ JOBS: dict[tuple[str, str], tuple[str, str, str, str]] = {
     ),
     ("bench", "serve"): (
         "serving.bench", "ServeBenchConfig", "run",
-        "requests/s and latency percentiles of the embedded server next to in-process generation",
+        "requests/s and latency percentiles per serving engine (in-process, embedded, vLLM), load phase",
+    ),
+    ("bench", "train"): (
+        "training.bench", "TrainBenchConfig", "run",
+        "training samples/s and peak memory per recipe, one process against DDP and DeepSpeed launchers",
     ),
     ("quickstart", ""): (
         "overstory.quickstart", "QuickstartConfig", "run",

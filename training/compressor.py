@@ -159,7 +159,7 @@ def run(config: CompressorJobConfig) -> dict:
         task = progress.add_task("training", total=config.train.epochs, completed=state["epoch"])
         for epoch in range(state["epoch"], config.train.epochs):
             model.train()
-            epoch_loss, batches = 0.0, 0
+            epoch_loss, batches, samples, epoch_started = 0.0, 0, 0, time.perf_counter()
             for batch in train_loader:
                 loss = compressor_loss(model(batch["children"], batch["mask"]), batch["target"], config.train.loss)
                 if not torch.isfinite(loss):
@@ -172,8 +172,11 @@ def run(config: CompressorJobConfig) -> dict:
                 scheduler.step()
                 optimizer.zero_grad()
                 epoch_loss, batches, state["step"] = epoch_loss + loss.item(), batches + 1, state["step"] + 1
+                samples += len(batch["target"]) * accelerator.num_processes
             metrics = {"epoch": epoch + 1, "train_loss": epoch_loss / max(batches, 1),
-                       "lr": scheduler.get_last_lr()[0], **evaluate(model, val_loader, accelerator)}
+                       "lr": scheduler.get_last_lr()[0],
+                       "samples_per_s": round(samples / (time.perf_counter() - epoch_started), 1),
+                       **evaluate(model, val_loader, accelerator)}
             state["history"].append(metrics)
             state["epoch"] = epoch + 1
             # --- save ------------------------------------------------------------------------------

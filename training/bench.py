@@ -1,0 +1,135 @@
+"""`overstory bench train`: each recipe under each launcher, side by side in one run.
+
+    overstory bench train --config configs/bench/train.yaml
+
+Every recipe runs as users run it, in a subprocess: ``python -m overstory.cli train ...`` for one process,
+``accelerate launch --config_file <yaml> -m overstory.cli train ...`` for the others (DDP over gloo, DeepSpeed
+ZeRO-2 over gloo on CPU; the GPU configs on a GPU node). Reported per run: training samples per second
+(from the recipe's own metrics.json: samples seen over the seconds spent training, start-up excluded), wall
+seconds including start-up, and the peak resident memory of the whole process tree; ratios against the
+first launcher. Writes ``bench.json`` and ``bench.png`` to ``out``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from accelerate.commands.config.config_args import ClusterConfig
+from rich.console import Console
+from rich.table import Table
+
+from evaluation.plots import plot_train_bench
+from overstory.config import ConfigError, load_config, to_dict
+from overstory.tracking import TrackingConfig, start_run
+from serving.bench import MemorySampler
+
+
+@dataclass(frozen=True)
+class BenchRecipe:
+    job: str  # a train job name: compressor, text_compressor, planner_sft, ...
+    config: str
+    overrides: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class TrainBenchConfig:
+    recipes: dict[str, BenchRecipe] = field(default_factory=dict)
+    # launcher name -> accelerate config ("" runs one plain process); the first is the baseline
+    launchers: dict[str, str] = field(default_factory=lambda: {
+        "1 process": "", "2 proc DDP": "configs/accelerate/cpu-2proc.yaml",
+        "2 proc ZeRO-2": "configs/accelerate/cpu-2proc-zero2.yaml"})
+    out: str = "runs/bench/train"
+    timeout_s: int = 1800
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    def __post_init__(self) -> None:
+        if not self.recipes or not self.launchers:
+            raise ConfigError("recipes and launchers must each name at least one entry")
+        for name, path in self.launchers.items():
+            if path and not Path(path).is_file():
+                raise ConfigError(f"launchers.{name}: accelerate config {path} not found")
+
+
+def samples_seen(job: str, job_config, metrics: dict, world_size: int) -> int:
+    """Training samples processed, from the recipe's metrics: epochs over the data, or optimizer steps."""
+    if "steps" in metrics:  # Trainer-based recipes: per-device batch x accumulation x processes per step
+        train = job_config.train
+        return metrics["steps"] * train.batch_size * getattr(train, "grad_accum", 1) * world_size
+    return metrics["n_train"] * metrics["epochs"]  # the set compressor shards one pass over the data per epoch
+
+
+def run_one(recipe: BenchRecipe, launcher: str, out: Path, timeout_s: int) -> dict:
+    from overstory.cli import job_config_class
+
+    shutil.rmtree(out, ignore_errors=True)  # a fresh run, not a resumed one
+    job = ["-m", "overstory.cli", "train", recipe.job, "--config", recipe.config, *recipe.overrides, f"out={out}",
+           "tracking.backend=none"]
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", launcher, *job] if launcher \
+        else [sys.executable, *job]
+    world_size = ClusterConfig.from_yaml_file(launcher).num_processes if launcher else 1
+    log = out.parent / f"{out.name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    with log.open("w") as log_file:
+        process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
+        with MemorySampler([process.pid], every_s=0.25) as memory:
+            try:
+                code = process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                raise
+    wall = time.perf_counter() - started
+    if code != 0:
+        raise RuntimeError(f"{' '.join(command)} exited with {code}; last lines of {log}:\n"
+                           + "\n".join(log.read_text(errors="replace").splitlines()[-25:]))
+    metrics = json.loads((out / "metrics.json").read_text())
+    job_config = load_config(job_config_class("train", recipe.job), recipe.config, recipe.overrides)
+    samples = samples_seen(recipe.job, job_config, metrics, world_size)
+    return {"processes": world_size, "samples": samples, "train_seconds": metrics["seconds"],
+            "wall_seconds": round(wall, 1),
+            "samples_per_s": round(samples / max(metrics["seconds"], 1e-6), 2),
+            "peak_rss_mib": round(max(memory.samples), 1)}
+
+
+def run(config: TrainBenchConfig) -> dict:
+    out = Path(config.out)
+    baseline = next(iter(config.launchers))
+    results: dict[str, dict[str, dict]] = {}
+    with start_run(config.tracking, "bench train", config) as tracker:
+        for recipe_name, recipe in config.recipes.items():
+            results[recipe_name] = {}
+            for launcher_name, launcher in config.launchers.items():
+                print(f"{recipe_name} with {launcher_name} ...", flush=True)
+                slug = launcher_name.replace(" ", "_")
+                row = run_one(recipe, launcher, out / recipe_name / slug, config.timeout_s)
+                results[recipe_name][launcher_name] = row
+                tracker.log({f"{recipe_name}/{slug}/{k}": v for k, v in row.items()})
+            base = results[recipe_name][baseline]
+            for row in results[recipe_name].values():
+                row["throughput_ratio"] = round(row["samples_per_s"] / base["samples_per_s"], 3)
+                row["memory_ratio"] = round(row["peak_rss_mib"] / base["peak_rss_mib"], 3)
+    result = {"config": to_dict(config), "baseline": baseline, "results": results}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(result, indent=2))
+    plot_train_bench(results, out / "bench.png")
+    _print(results, baseline)
+    return result
+
+
+def _print(results: dict[str, dict[str, dict]], baseline: str) -> None:
+    table = Table(title=f"training throughput and peak memory; ratios against {baseline}")
+    for column in ("recipe", "launcher", "samples/s", "train s", "wall s", "peak RSS MiB", "samples/s ratio",
+                   "memory ratio"):
+        table.add_column(column, justify="right")
+    for recipe, rows in results.items():
+        for launcher, r in rows.items():
+            table.add_row(recipe, launcher, f"{r['samples_per_s']:.2f}", f"{r['train_seconds']:.1f}",
+                          f"{r['wall_seconds']:.1f}", f"{r['peak_rss_mib']:.0f}", f"{r['throughput_ratio']:.3f}",
+                          f"{r['memory_ratio']:.3f}")
+    Console(width=120).print(table)
