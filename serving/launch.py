@@ -139,6 +139,7 @@ def vllm_stack(config: ServeConfig) -> Iterator[tuple[dict[str, str], list]]:
     for server in servers:  # a taken port fails now, not after minutes of model loading
         _claim_port(config.host, server.port).close()
     log_dir = Path(config.log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
     processes: list = []
     roles: dict[str, str] = {}
     try:

@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from evaluation.plots import plot_train_bench
+from overstory.cli import job_config_class
 from overstory.config import ConfigError, load_config, to_dict
 from overstory.tracking import TrackingConfig, start_run
 from serving.bench import MemorySampler
@@ -56,7 +57,7 @@ class TrainBenchConfig:
                 raise ConfigError(f"launchers.{name}: accelerate config {path} not found")
 
 
-def samples_seen(job: str, job_config, metrics: dict, world_size: int) -> int:
+def samples_seen(job_config, metrics: dict, world_size: int) -> int:
     """Training samples processed, from the recipe's metrics: epochs over the data, or optimizer steps."""
     if "steps" in metrics:  # Trainer-based recipes: per-device batch x accumulation x processes per step
         train = job_config.train
@@ -65,8 +66,6 @@ def samples_seen(job: str, job_config, metrics: dict, world_size: int) -> int:
 
 
 def run_one(recipe: BenchRecipe, launcher: str, out: Path, timeout_s: int) -> dict:
-    from overstory.cli import job_config_class
-
     shutil.rmtree(out, ignore_errors=True)  # a fresh run, not a resumed one
     job = ["-m", "overstory.cli", "train", recipe.job, "--config", recipe.config, *recipe.overrides, f"out={out}",
            "tracking.backend=none"]
@@ -90,7 +89,7 @@ def run_one(recipe: BenchRecipe, launcher: str, out: Path, timeout_s: int) -> di
                            + "\n".join(log.read_text(errors="replace").splitlines()[-25:]))
     metrics = json.loads((out / "metrics.json").read_text())
     job_config = load_config(job_config_class("train", recipe.job), recipe.config, recipe.overrides)
-    samples = samples_seen(recipe.job, job_config, metrics, world_size)
+    samples = samples_seen(job_config, metrics, world_size)
     return {"processes": world_size, "samples": samples, "train_seconds": metrics["seconds"],
             "wall_seconds": round(wall, 1),
             "samples_per_s": round(samples / max(metrics["seconds"], 1e-6), 2),
