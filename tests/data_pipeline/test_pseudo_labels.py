@@ -24,8 +24,13 @@ def test_pseudo_labels_on_a_real_slice_and_resume(tmp_path: Path) -> None:
     assert main(args) == 0
     labels = list(read_jsonl(out, PseudoLabel))
     assert len(labels) == 6 and len({label.id for label in labels}) == 6
+    backbone = load_config(PseudoLabelsConfig, CONFIG).serve.roles["generator"].model
     for label in labels:
-        assert 1 <= label.attempts <= 2 and label.retrieved_ids and label.backbone
+        assert label.attempts in (1, 2) and label.backbone == backbone
+        # what the backbone read: distinct chunks of the question's own document, one level per chunk
+        assert len(set(label.retrieved_ids)) == len(label.retrieved_ids) == len(label.retrieved_levels) > 0
+        assert all(chunk_id.startswith(f"{label.doc_id}#") for chunk_id in label.retrieved_ids)
+        assert set(label.retrieved_levels) <= set(LEVELS)
         assert label.gold_level_min in LEVELS and label.gold_level_max in LEVELS
         if label.correct:  # the label spans exactly the levels that were read
             assert LEVELS.index(label.level_min) <= LEVELS.index(label.level_max)

@@ -109,8 +109,11 @@ def test_completion_logprobs_match_transformers(stack, reference: dict, role: st
     assert result.text == text
     assert len(result.token_logprobs) == result.usage["completion_tokens"] == len(logprobs)
     assert np.allclose(result.token_logprobs, logprobs, atol=5e-3), (result.token_logprobs, logprobs)
-    for top, chosen in zip(result.raw["choices"][0]["logprobs"]["top_logprobs"], result.token_logprobs):
-        assert 1 <= len(top) <= 2 and max(top.values()) == pytest.approx(chosen, abs=1e-4)  # greedy takes the best
+    tokens = result.raw["choices"][0]["logprobs"]["tokens"]
+    for top, token, chosen in zip(result.raw["choices"][0]["logprobs"]["top_logprobs"], tokens, result.token_logprobs):
+        # greedy decoding picks the most likely token: it heads the alternatives, with its own log-probability
+        assert max(top, key=top.get) == token and top[token] == pytest.approx(chosen, abs=1e-4)
+        assert len(top) == 2 and min(top.values()) < chosen
 
 
 def test_the_adapter_is_what_answers_for_the_planner(stack) -> None:

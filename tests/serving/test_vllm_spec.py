@@ -42,8 +42,8 @@ def test_roles_on_one_port_share_a_server_with_lora_modules(tmp_path: Path) -> N
     assert shared.lora_modules == {"planner": planner, "scorer": scorer} and shared.served_names == []
     assert rest is not None and list(rest.roles) == ["embedder"] and rest.port == 8000
 
-    command = vllm_command(shared, "0.0.0.0", ["--enforce-eager"])
-    assert command[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+    command = vllm_command(shared, "0.0.0.0", ["--enforce-eager"], python="/opt/vllm/bin/python")
+    assert command[:3] == ["/opt/vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
     text = " ".join(command)
     assert f"--model {BASE}" in text and "--port 8010" in text and "--dtype bfloat16" in text
     assert f"--lora-modules planner={planner} scorer={scorer}" in text and "--max-lora-rank 32" in text
