@@ -13,11 +13,19 @@ import matplotlib.pyplot as plt  # noqa: E402
 from data_pipeline.formats import LEVELS, Chunk  # noqa: E402
 
 
+def _save(fig, path: str | Path) -> Path:
+    """Lay out ``fig``, write it to ``path`` as a PNG (creating the folder) and free it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def plot_level_stats(chunks_by_corpus: Mapping[str, Sequence[Chunk]], path: str | Path) -> Path:
     """Two panels per corpus-level grid: chunk counts per level (log scale) and the token-length
     distribution per level (box plot), one colour per corpus."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig, (ax_count, ax_tokens) = plt.subplots(1, 2, figsize=(12, 4.5))
     names = list(chunks_by_corpus)
     width = 0.8 / max(len(names), 1)
@@ -40,16 +48,11 @@ def plot_level_stats(chunks_by_corpus: Mapping[str, Sequence[Chunk]], path: str 
     ax_count.legend()
     ax_tokens.set_title("tokens per chunk (box: quartiles, whiskers: 1.5 IQR)")
     ax_tokens.set_ylabel("tokens")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_serve_bench(rows: Sequence[Mapping], path: str | Path) -> Path:
     """Requests/s and p50/p95 latency against concurrency, one line per serving engine."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     levels = [r["concurrency"] for r in rows]
     fig, (ax_rps, ax_lat) = plt.subplots(1, 2, figsize=(11, 4))
     for engine, style in zip(rows[0]["engines"], ("o-", "s--", "^-.")):
@@ -62,16 +65,11 @@ def plot_serve_bench(rows: Sequence[Mapping], path: str | Path) -> Path:
         ax.set_ylabel(unit)
         ax.set_title(title)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_train_bench(results: Mapping[str, Mapping[str, Mapping]], path: str | Path) -> Path:
     """Samples/s and peak memory per recipe, one bar per launcher."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     recipes = list(results)
     launchers = list(next(iter(results.values())))
     width = 0.8 / len(launchers)
@@ -84,16 +82,11 @@ def plot_train_bench(results: Mapping[str, Mapping[str, Mapping]], path: str | P
         ax.set_xticks(range(len(recipes)), recipes)
         ax.set_title(title)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_recall_vs_cost(results: Mapping[str, Mapping], k: int, path: str | Path) -> Path:
     """recall@k against the seconds spent embedding the upper levels, one point per method (log x)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     for method, row in results.items():
         recall = row.get(f"recall@{k}")
@@ -105,10 +98,7 @@ def plot_recall_vs_cost(results: Mapping[str, Mapping], k: int, path: str | Path
     ax.set_xlabel("seconds to embed the upper levels (log scale)")
     ax.set_ylabel(f"recall@{k}")
     ax.set_title("upper-level embeddings: quality against build cost")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 PLANNER_BARS = (("accuracy", "accuracy (pseudo-label)"), ("accuracy_gold", "accuracy (gold levels)"),
@@ -118,8 +108,6 @@ PLANNER_BARS = (("accuracy", "accuracy (pseudo-label)"), ("accuracy_gold", "accu
 
 def plot_planner_comparison(variants: Mapping[str, Mapping], path: str | Path) -> Path:
     """Grouped bars: each planner variant's accuracy, format and QA rates on the same questions."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(9, 4.5))
     names = list(variants)
     width = 0.8 / max(len(names), 1)
@@ -131,16 +119,11 @@ def plot_planner_comparison(variants: Mapping[str, Mapping], path: str | Path) -
     ax.set_ylim(0, 1)
     ax.set_title("planner variants, same held-out questions")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_training_curves(histories: Mapping[str, Sequence[Mapping]], path: str | Path) -> Path:
     """Reward (GRPO, STITCH) and training loss / solve rate over steps; dashed lines mark SFT injections."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig, (ax_reward, ax_other) = plt.subplots(1, 2, figsize=(12, 4.5))
     for i, (name, rows) in enumerate(histories.items()):
         colour = f"C{i}"
@@ -163,7 +146,4 @@ def plot_training_curves(histories: Mapping[str, Sequence[Mapping]], path: str |
         ax.set_xlabel("step")
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -24,12 +23,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
-import psutil
 from rich.console import Console
 from rich.table import Table
 
 from evaluation.plots import plot_serve_bench
 from overstory.config import ConfigError, to_dict
+from overstory.memory import MemorySampler
 from overstory.tracking import TrackingConfig, start_run
 from serving.client import Client, ClientError
 from serving.config import ServeConfig
@@ -52,10 +51,6 @@ class ServeBenchConfig:
     # bounded load phase on every HTTP engine: this many requests at load_concurrency (0: no load phase)
     load_requests: int = 0
     load_concurrency: int = 8
-    # engine vllm: extra server flags, environment and interpreter (see ServeConfig)
-    vllm_args: list[str] = field(default_factory=lambda: ["--enforce-eager"])
-    vllm_env: dict[str, str] = field(default_factory=lambda: {"VLLM_CPU_KVCACHE_SPACE": "2"})
-    vllm_python: str = ""
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
@@ -87,39 +82,6 @@ def measure(client: Client, role: str, prompts: list[list[dict]], concurrency: i
             "completion_tokens_per_s": round(sum(r[1] for r in results) / wall, 1),
             "p50_s": round(float(np.percentile(latencies, 50)), 4),
             "p95_s": round(float(np.percentile(latencies, 95)), 4)}
-
-
-class MemorySampler:
-    """Resident memory (MiB) of a set of processes and their children, sampled every ``every_s`` seconds."""
-
-    def __init__(self, pids: list[int], every_s: float = 0.5):
-        self.processes = [psutil.Process(pid) for pid in pids]
-        self.every_s, self.samples = every_s, []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def rss_mib(self) -> float:
-        total = 0
-        for process in self.processes:
-            for p in [process, *process.children(recursive=True)]:
-                try:
-                    total += p.memory_info().rss
-                except psutil.NoSuchProcess:
-                    pass
-        return total / 2**20
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            self.samples.append(self.rss_mib())
-            self._stop.wait(self.every_s)
-
-    def __enter__(self) -> MemorySampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def load_phase(client: Client, role: str, prompts: list[list[dict]], requests: int, concurrency: int,
@@ -159,9 +121,9 @@ def engine_clients(config: ServeBenchConfig) -> Iterator[dict[str, tuple[Client,
                 clients["embedded"] = (Client.from_url(url), [os.getpid()])
         if "vllm" in config.engines:
             role = replace(config.serve.roles[config.role], port=free_port())
+            # serve.vllm_args / vllm_env / vllm_python say how vLLM runs (see ServeConfig)
             vllm_config = replace(config.serve, engine="vllm", port=0, roles={config.role: role},
-                                  vllm_args=config.vllm_args, vllm_env=config.vllm_env,
-                                  vllm_python=config.vllm_python, log_dir=str(Path(config.out) / "logs"))
+                                  log_dir=str(Path(config.out) / "logs"))
             roles, processes = stack.enter_context(vllm_stack(vllm_config))
             clients["vllm"] = (Client.from_url(roles, timeout_s=600), [p.pid for p, _ in processes])
         yield {name: clients[name] for name in config.engines}

@@ -27,8 +27,8 @@ from rich.table import Table
 from evaluation.plots import plot_train_bench
 from overstory.cli import job_config_class
 from overstory.config import ConfigError, load_config, to_dict
+from overstory.memory import MemorySampler
 from overstory.tracking import TrackingConfig, start_run
-from serving.bench import MemorySampler
 
 
 @dataclass(frozen=True)

