@@ -35,7 +35,7 @@ from retrieval.answer import clean_answer
 from retrieval.smartchunk import DocumentRetrievers
 from serving.client import Client, ClientError
 from serving.config import ServeConfig
-from serving.launch import serve_in_background
+from serving.launch import stack_in_background
 
 JUDGE_PROMPT = ("Question: {question}\nReference answer: {reference}\nProposed answer: {prediction}\n"
                 "Does the proposed answer mean the same as the reference answer? Reply yes or no.")
@@ -184,7 +184,7 @@ def run(config: PseudoLabelsConfig) -> dict:
         out = stack.enter_context(JsonlAppender(config.out))
         todo = [(q, d) for q, d in todo_all if q.id not in out]
         counts["skipped"] = len(todo_all) - len(todo)
-        url = config.server_url or (stack.enter_context(serve_in_background(config.serve)) if todo else "")
+        url = config.server_url or (stack.enter_context(stack_in_background(config.serve)) if todo else "")
         client = Client.from_url(url) if todo else None
         retrievers = DocumentRetrievers(chunks, client, upper=config.upper) if todo else None
         progress = stack.enter_context(Progress())

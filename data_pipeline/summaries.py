@@ -29,7 +29,7 @@ from overstory.config import ConfigError
 from overstory.tracking import TrackingConfig, start_run
 from serving.client import Client, ClientError
 from serving.config import ServeConfig
-from serving.launch import serve_in_background
+from serving.launch import stack_in_background
 
 # SmartChunk, section 4 (compression encoder): summaries of at most n = 128 tokens.
 SUMMARY_PROMPT = "Summarize the following text in at most {n} tokens: {text}"
@@ -161,7 +161,7 @@ def run(config: SummariesConfig) -> dict:
         failures = stack.enter_context(JsonlAppender(failures_path(config.out)))
         todo = [c for c in targets if c.id not in out]
         counts["skipped"] = len(targets) - len(todo)
-        url = config.server_url or (stack.enter_context(serve_in_background(config.serve)) if todo else "")
+        url = config.server_url or (stack.enter_context(stack_in_background(config.serve)) if todo else "")
         client = Client.from_url(url) if todo else None
         progress = stack.enter_context(Progress())
         task = progress.add_task("summarising", total=len(todo))

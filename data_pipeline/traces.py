@@ -39,7 +39,7 @@ from overstory.config import ConfigError
 from overstory.tracking import TrackingConfig, start_run
 from serving.client import Client, ClientError
 from serving.config import CHAT_ROLES, ServeConfig
-from serving.launch import serve_in_background
+from serving.launch import stack_in_background
 
 STYLES = {
     "concise": ("You are writing the reply of a retrieval planner. The correct choice for this question is "
@@ -177,7 +177,7 @@ def run(config: TracesConfig) -> dict:
                 if f"{label.id}/{name}" not in out and f"{label.id}/{name}" not in failures]
         needs_stack = any(config.teachers[n].kind == "llm" and not config.teachers[n].server_url for _, n in jobs)
         needs_stack = needs_stack or (config.rewrite and any(t.kind == "llm" for t in config.teachers.values()))
-        url = config.server_url or (stack.enter_context(serve_in_background(config.serve)) if jobs and needs_stack
+        url = config.server_url or (stack.enter_context(stack_in_background(config.serve)) if jobs and needs_stack
                                     else "")
         clients = {"_job": Client.from_url(url)} if url else {}
         for name, teacher in config.teachers.items():

@@ -106,9 +106,13 @@ PLANNER_BARS = (("accuracy", "accuracy (pseudo-label)"), ("accuracy_gold", "accu
                 ("qa_accuracy", "QA accuracy"))
 
 
-def plot_planner_comparison(variants: Mapping[str, Mapping], path: str | Path) -> Path:
-    """Grouped bars: each planner variant's accuracy, format and QA rates on the same questions."""
+def plot_planner_comparison(variants: Mapping[str, Mapping], path: str | Path,
+                            majority_accuracy: float | None = None) -> Path:
+    """Grouped bars: each planner variant's accuracy, format and QA rates on the same questions; a dotted
+    line marks the accuracy of always answering the most common training label."""
     fig, ax = plt.subplots(figsize=(9, 4.5))
+    if majority_accuracy is not None:
+        ax.axhline(majority_accuracy, color="grey", linestyle=":", label="majority label (accuracy)")
     names = list(variants)
     width = 0.8 / max(len(names), 1)
     for i, name in enumerate(names):

@@ -30,7 +30,7 @@ from retrieval.answer import answer_messages, clean_answer
 from retrieval.index import IndexKind, build_index
 from serving.client import Client
 from serving.config import ServeConfig
-from serving.launch import serve_in_background
+from serving.launch import stack_in_background
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,7 @@ def run(config: RagEvalConfig) -> dict:
         raise ConfigError(f"corpus {config.corpus.path} has no questions to evaluate")
     chunks = build_hierarchies(documents, config.hierarchy)
     with ExitStack() as stack, start_run(config.tracking, "eval rag", config) as run_, Progress() as progress:
-        url = config.server_url or stack.enter_context(serve_in_background(config.serve))
+        url = config.server_url or stack.enter_context(stack_in_background(config.serve))
         client = Client.from_url(url)
         index = index_for(chunks, client, config.retrieval)
         metrics, records = evaluate_rag(questions, index, client, config.retrieval, config.generation, progress)

@@ -9,11 +9,13 @@ and single-process jobs. Both record requests, failures, retries, tokens and lat
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
@@ -214,8 +216,15 @@ class Client:
 
     @classmethod
     def from_url(cls, url: str | Mapping[str, str], **http_options: Any) -> Client:
-        """A client for an OpenAI-compatible server at ``url`` (with or without the /v1 suffix), or for a
-        mapping role -> URL; ``http_options`` go to ``HttpBackend`` (timeout_s, max_retries, backoff_s...)."""
+        """A client for an OpenAI-compatible server at ``url`` (with or without the /v1 suffix), for a
+        mapping role -> URL, or for the ``stack.json`` that ``overstory serve --engine vllm`` writes (a
+        path ending in .json); ``http_options`` go to ``HttpBackend`` (timeout_s, max_retries, backoff_s...)."""
+        if isinstance(url, str) and url.endswith(".json"):
+            path = Path(url)
+            if not path.is_file():
+                raise FileNotFoundError(f"{url}: no such stack file (`overstory serve --engine vllm` writes "
+                                        "<log_dir>/stack.json)")
+            url = json.loads(path.read_text())
         return cls(HttpBackend(url, **http_options))
 
     @classmethod

@@ -161,6 +161,19 @@ def vllm_stack(config: ServeConfig) -> Iterator[tuple[dict[str, str], list]]:
             stop_server(process)
 
 
+@contextmanager
+def stack_in_background(config: ServeConfig) -> Iterator[str | dict[str, str]]:
+    """The stack a job needs for its roles, on the configured engine, for as long as the job runs: the
+    embedded server's URL, or with ``engine: vllm`` the role -> URL mapping of :func:`vllm_stack`. Either
+    goes to ``Client.from_url``, so a data job, a reward and an evaluation run unchanged on both engines."""
+    if config.engine == "vllm":
+        with vllm_stack(config) as (roles, _):
+            yield roles
+    else:
+        with serve_in_background(config) as url:
+            yield url
+
+
 def run_vllm_stack(config: ServeConfig, poll_s: float = 5.0) -> None:
     """``overstory serve`` with ``engine: vllm``: :func:`vllm_stack` until Ctrl-C or SIGTERM, or until a vLLM
     server dies (its log tail is shown)."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -95,12 +96,15 @@ def plan_servers(config: ServeConfig, available_gpus: int | None = None) -> tupl
     """The vLLM servers for the chat roles and the embedded config for the rest (None when nothing is left).
 
     ``available_gpus``: checked against the tensor-parallel sizes when given (the launcher passes the
-    CUDA device count; the CPU build of vLLM runs every server on the CPU and passes None).
+    CUDA device count; the CPU build of vLLM runs every server on the CPU and passes None). A role without a
+    port gets the next one after ``port``; in a background stack (``port: 0``) chat roles without a port
+    share one server per base model on a free port.
     """
     servers: dict[int, VllmServer] = {}
     embedded: dict[str, RoleConfig] = {}
     next_port = config.port + 1
     taken = {role.port for role in config.roles.values() if role.port} | {config.port}
+    auto_ports: dict[str, int] = {}
     for name, role in config.roles.items():
         if name not in CHAT_ROLES:
             embedded[name] = role
@@ -109,7 +113,12 @@ def plan_servers(config: ServeConfig, available_gpus: int | None = None) -> tupl
             raise ConfigError(f"roles.{name}.adapter {role.adapter} was trained on {adapter_base(role.adapter)}, "
                               f"not on roles.{name}.model {role.model}")
         port = role.port
-        if not port:
+        if not port and not config.port:  # a background stack (port 0): one server per base model, free ports
+            port = next((p for model, p in auto_ports.items() if _same_model(model, role.model)), 0)
+            if not port:
+                port = auto_ports[role.model] = _free_port(config.host, taken)
+                taken.add(port)
+        elif not port:
             while next_port in taken:
                 next_port += 1
             port, next_port = next_port, next_port + 1
@@ -139,6 +148,16 @@ def plan_servers(config: ServeConfig, available_gpus: int | None = None) -> tupl
     return list(servers.values()), rest
 
 
+def _free_port(host: str, taken: set[int]) -> int:
+    """A port nobody listens on now and no other server of this stack was given."""
+    while True:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+            sock.bind((host, 0))
+            port = sock.getsockname()[1]
+        if port not in taken:
+            return port
+
+
 def vllm_command(server: VllmServer, host: str, extra_args: list[str] = (), python: str = "") -> list[str]:
     """The command line of one vLLM OpenAI server, run by ``python`` (default: see :func:`vllm_python`)."""
     command = [vllm_python(python), "-m", "vllm.entrypoints.openai.api_server", "--model", resolve(server.model),
@@ -165,6 +184,18 @@ def log_tail(path: Path, lines: int = 30) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+def _stop_with_parent() -> None:
+    """In the server's process, before vLLM starts: ask Linux to send it SIGTERM when the job that started it
+    dies, so a job killed mid-run (SIGTERM, SIGKILL, OOM) leaves no vLLM server holding memory and ports.
+    Elsewhere this does nothing (``stop_server`` still stops servers when the job ends normally)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def start_server(command: list[str], url: str, log_path: Path, timeout_s: float = 900.0, poll_s: float = 1.0,
                  env: dict[str, str] | None = None):
     """Start ``command`` (with ``env`` added to this environment) with its output in ``log_path`` and wait
@@ -178,7 +209,7 @@ def start_server(command: list[str], url: str, log_path: Path, timeout_s: float 
 
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_stop_with_parent,
                                    env={**os.environ, **{k: str(v) for k, v in (env or {}).items()}})
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

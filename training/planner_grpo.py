@@ -29,7 +29,7 @@ from overstory.config import ConfigError, to_dict
 from overstory.tracking import TrackingConfig, start_run
 from serving.client import Client
 from serving.config import ServeConfig
-from serving.launch import serve_in_background
+from serving.launch import stack_in_background
 from training.callbacks import StopOnNonFiniteLoss, TrackingCallback
 from training.distributed import process_group_backend
 from training.planner_data import (
@@ -85,12 +85,13 @@ class PlannerGrpoConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
 
-def grpo_args(config: PlannerGrpoConfig, reward_weights: list[float]):
-    """TRL's GRPOConfig for this run (shared with STITCH, which runs the same GRPO updates)."""
+def grpo_args(config: PlannerGrpoConfig, reward_weights: list[float], **overrides):
+    """TRL's GRPOConfig for this run (shared with STITCH, which runs the same GRPO updates and passes its
+    batch shape as ``overrides``: GRPOConfig derives the generation batch from them when it is built)."""
     from trl import GRPOConfig
 
     settings = config.train
-    return GRPOConfig(
+    return GRPOConfig(**{**dict(
         output_dir=str(Path(config.out) / "checkpoints"), max_steps=settings.max_steps, learning_rate=settings.lr,
         per_device_train_batch_size=settings.batch_size, gradient_accumulation_steps=settings.grad_accum,
         num_generations=settings.num_generations, max_completion_length=settings.max_completion_length,
@@ -101,7 +102,7 @@ def grpo_args(config: PlannerGrpoConfig, reward_weights: list[float]):
         save_steps=settings.save_steps, save_total_limit=2, seed=settings.seed, data_seed=settings.seed,
         bf16=settings.bf16, deepspeed=settings.deepspeed or None, report_to="none", ddp_backend=process_group_backend(),
         use_vllm=bool(settings.vllm_server_url), vllm_mode="server",
-        vllm_server_base_url=settings.vllm_server_url or None, remove_unused_columns=False)
+        vllm_server_base_url=settings.vllm_server_url or None, remove_unused_columns=False), **overrides})
 
 
 def run(config: PlannerGrpoConfig) -> dict:
@@ -117,7 +118,7 @@ def run(config: PlannerGrpoConfig) -> dict:
     with ExitStack() as stack:
         judge = None
         if config.rewards.qa:
-            client = Client.from_url(stack.enter_context(serve_in_background(config.serve)))
+            client = Client.from_url(stack.enter_context(stack_in_background(config.serve)))
             judge = make_qa_judge(train_rows, chunks, client, config.correctness, config.rewards.k)
         reward_funcs, weights = build_rewards(config.rewards, judge)
         args = grpo_args(config, weights)

@@ -232,10 +232,12 @@ def run(config: StitchConfig) -> dict:
                   "rl_buffer": len(routing.rl), "imitation_buffer": len(state["imitation"]),
                   "success_rate": state["success_rate"], "sft_injection": False}
         if routing.rl:  # GRPO on the RL buffer (TRL regenerates on-policy rollouts of these prompts)
-            args = grpo_args(grpo_config, weights)
-            args.max_steps, args.save_strategy = settings.grpo_steps, "no"
-            args.per_device_train_batch_size = settings.num_generations * max(1, min(len(routing.rl), 2))
-            args.num_generations = settings.num_generations
+            # one generation batch = G rollouts of every buffered prompt, one prompt per micro-batch, one
+            # optimizer step per ``grpo_steps``: the whole buffer shapes each update
+            args = grpo_args(grpo_config, weights, max_steps=settings.grpo_steps, save_strategy="no",
+                             num_generations=settings.num_generations,
+                             per_device_train_batch_size=settings.num_generations,
+                             gradient_accumulation_steps=len(routing.rl))
             trainer = GRPOTrainer(model=model, reward_funcs=reward_funcs, args=args, processing_class=tokenizer,
                                   train_dataset=Dataset.from_list(routing.rl), optimizers=(grpo_optimizer, None))
             trainer.train()

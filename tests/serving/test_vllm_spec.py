@@ -6,7 +6,11 @@ vLLM itself is not installed in this environment; these tests check what oversto
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +18,7 @@ import pytest
 from overstory.config import ConfigError
 from serving import vllm
 from serving.config import RoleConfig, ServeConfig
-from serving.launch import run_vllm_stack
+from serving.launch import free_port, run_vllm_stack
 from serving.vllm import ServerDied, VllmNotInstalled, plan_servers, start_server, vllm_command
 
 BASE = "Qwen/Qwen2.5-1.5B-Instruct"
@@ -100,3 +104,42 @@ def test_a_server_that_dies_during_start_up_shows_its_log_tail(tmp_path: Path) -
     command = [sys.executable, "-c", "import sys; print('loading weights'); print('CUDA out of memory'); sys.exit(3)"]
     with pytest.raises(ServerDied, match="(?s)exited with code 3.*CUDA out of memory"):
         start_server(command, "http://127.0.0.1:9", tmp_path / "vllm.log", timeout_s=30, poll_s=0.05)
+
+
+def test_a_background_stack_shares_one_server_per_base_model_on_free_ports() -> None:
+    config = ServeConfig(engine="vllm", port=0, roles={
+        "generator": RoleConfig(model=BASE), "planner": RoleConfig(model=BASE), "scorer": RoleConfig(model="other"),
+        "embedder": RoleConfig(model="builtin:all-minilm-l6-v2", kind="embedding")})
+    servers, rest = plan_servers(config)
+    assert [s.served_names for s in servers] == [["generator", "planner"], ["scorer"]]
+    assert all(s.port > 0 for s in servers) and servers[0].port != servers[1].port
+    assert rest is not None and rest.port == 0
+
+
+def test_a_launched_server_stops_when_the_job_that_started_it_dies(tmp_path: Path) -> None:
+    # a stand-in server (not vLLM: it answers /health the way vLLM does); the job is killed with SIGKILL,
+    # so no cleanup code of the job runs, and Linux's parent-death signal must stop the server
+    port = free_port()
+    server = (f"import http.server as h\nclass H(h.BaseHTTPRequestHandler):\n def do_GET(self):\n"
+              f"  self.send_response(200); self.end_headers()\nh.HTTPServer(('127.0.0.1', {port}), H).serve_forever()")
+    job = (f"import os, signal, sys\nfrom pathlib import Path\nfrom serving.vllm import start_server\n"
+           f"p = start_server([sys.executable, '-c', {server!r}], 'http://127.0.0.1:{port}', "
+           f"Path({str(tmp_path / 'server.log')!r}), timeout_s=60, poll_s=0.1)\n"
+           f"print(p.pid, flush=True)\nos.kill(os.getpid(), signal.SIGKILL)")
+    done = subprocess.run([sys.executable, "-c", job], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    server_pid = int(done.stdout.split()[0])
+    deadline = time.monotonic() + 10
+    while _alive(server_pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(server_pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    status = Path(f"/proc/{pid}/status")  # a zombie (exited, not yet reaped by init) counts as stopped
+    return not (status.exists() and "State:\tZ" in status.read_text())
