@@ -52,5 +52,7 @@ def test_eval_planner_compares_base_and_sft(planner_labels: Path, planner_traces
             assert metrics[key] is not None, key
         assert 0 <= metrics["accuracy"] <= metrics["within_one_level"] <= 1
     assert report["variants"]["base"]["format_valid"] == 0.0  # measured: the base model never writes the JSON plan
+    majority = report["majority_baseline"]  # the reference row: the training labels' most common range
+    assert len(majority["label"]) == 2 and 0 <= majority["accuracy"] <= majority["within_one_level"] <= 1
     assert (out / "planner_comparison.png").stat().st_size > 5_000
     assert (out / "training_curves.png").stat().st_size > 5_000

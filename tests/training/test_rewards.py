@@ -1,0 +1,56 @@
+"""Every planner reward on malformed rollouts: a number (or None for "no signal"), never NaN, never an exception."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from training.rewards import QAReward, align_reward, format_reward, make_cost_reward, make_length_reward
+
+TOKENS = {"sentence": 30.0, "paragraph": 120.0, "subsection": 250.0, "section": 900.0, "document": 5000.0}
+# shapes seen from untrained and partly trained SmolLM2-135M rollouts, plus the edge cases of the issue
+MALFORMED = [
+    "", "   ", "{", "}{", "null", "[]", '{"largest_chunk_size": null, "smallest_chunk_size": 3}',
+    '{"largest_chunk_size": "chapter", "smallest_chunk_size": "word"}',  # unknown level names
+    '{"largest_chunk_size": "sentence", "smallest_chunk_size": "document"}',  # reversed range
+    "The answer is in the document. " * 200,  # long, no JSON
+    [{"role": "assistant", "content": None}],  # conversational, empty message
+    [{"role": "assistant", "content": '{"largest_chunk_size": "Sections", "smallest_chunk_size": "para"}'}],
+]
+
+
+def _finite_or_none(values: list) -> bool:
+    return all(v is None or (isinstance(v, float) and math.isfinite(v)) for v in values)
+
+
+def test_rewards_on_malformed_rollouts_are_finite() -> None:
+    n = len(MALFORMED)
+    columns = {"level_min": ["sentence"] * n, "level_max": ["section"] * n, "level_tokens": [TOKENS] * n,
+               "example_id": [f"q{i}" for i in range(n)], "completion_ids": [[1] * (i * 40) for i in range(n)]}
+    qa = QAReward(lambda example_id, low, high: low == "sentence")
+    for reward in (format_reward, align_reward, make_cost_reward(5), make_length_reward(128), qa):
+        values = reward(MALFORMED, **columns)
+        assert len(values) == n and _finite_or_none(values), reward
+    formats = format_reward(MALFORMED)
+    assert formats[8] == formats[11] == 1.0  # the reversed range is swapped, plural/abbreviated names normalised
+    assert sum(formats) == 2.0
+
+
+def test_degenerate_documents_and_failing_judges_give_no_nan() -> None:
+    plan = '{"largest_chunk_size": "section", "smallest_chunk_size": "sentence"}'
+    empty = dict.fromkeys(TOKENS, 0.0)
+    nan_tokens = {**TOKENS, "document": float("nan")}
+    assert _finite_or_none(make_cost_reward(5)([plan, plan], level_tokens=[empty, nan_tokens]))
+
+    def judge(example_id: str, low: str, high: str) -> bool:
+        raise TimeoutError("generator timed out")
+
+    assert QAReward(judge)([plan], example_id=["q"]) == [None]  # no signal, not a wrong answer
+
+
+def test_length_reward_needs_token_ids() -> None:
+    with pytest.raises(ValueError, match="completion_ids"):
+        make_length_reward(128)(["x"])
+    with pytest.raises(ValueError, match="positive"):
+        make_length_reward(0)
