@@ -229,7 +229,8 @@ def _planner_stage(config: QuickstartConfig, folder: Path, server_url: str) -> d
         serve=ServeConfig(host=config.serve.host, port=0, roles=config.serve.roles), tracking=quiet))
     return {"dataset": stage.corpus, "pseudo_labels": counts, "trace_yield": yields, "sft": sft, "stitch": stitch,
             "n_questions": comparison["n_questions"], "split": comparison["split"],
-            "majority_baseline": comparison["majority_baseline"], "variants": {name: {k: v for k, v in row.items() if k != "examples"}
+            "majority_baseline": comparison["majority_baseline"],
+            "variants": {name: {k: v for k, v in row.items() if k != "examples"}
                          for name, row in comparison["variants"].items()},
             "plots": [str(folder / "eval" / "planner_comparison.png"), str(folder / "eval" / "training_curves.png")]}
 

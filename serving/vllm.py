@@ -187,7 +187,9 @@ def log_tail(path: Path, lines: int = 30) -> str:
 def _stop_with_parent() -> None:
     """In the server's process, before vLLM starts: ask Linux to send it SIGTERM when the job that started it
     dies, so a job killed mid-run (SIGTERM, SIGKILL, OOM) leaves no vLLM server holding memory and ports.
-    Elsewhere this does nothing (``stop_server`` still stops servers when the job ends normally)."""
+    Linux sends it when the *thread* that started the server ends, so start servers from a thread that lives
+    as long as they should (every caller here uses the job's main thread). Elsewhere this does nothing
+    (``stop_server`` still stops servers when the job ends normally)."""
     if sys.platform.startswith("linux"):
         import ctypes
         import signal

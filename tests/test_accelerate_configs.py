@@ -15,6 +15,8 @@ from accelerate.utils import DeepSpeedPlugin
 
 from overstory.cli import JOBS, job_config_class
 from overstory.config import load_config
+from training.planner_grpo import grpo_args
+from training.planner_sft import sft_args
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs" / "accelerate").glob("*.yaml"))
@@ -48,9 +50,50 @@ def test_accelerate_config_and_its_recipe(path: Path) -> None:
                                  gradient_accumulation_steps=settings["gradient_accumulation_steps"],
                                  zero3_init_flag=settings["zero3_init_flag"])
         assert plugin.deepspeed_config["zero_optimization"]["stage"] == settings["zero_stage"]
+        if (group, job) in TRAINER_ARGS:  # what the Trainer does with this plugin at start-up, short of a GPU
+            mismatches = _trainer_deepspeed_mismatches(settings, TRAINER_ARGS[group, job](job_config))
+            assert not mismatches, f"{path} + {job_config_path}: the Trainer would refuse {mismatches}"
     if config.mixed_precision == "bf16" and group == "train" and job != "compressor":
         # the Trainer-based recipes take bf16 from their own config; the set compressor's loop from accelerate
         assert _bf16(job_config), f"{path} launches {job} in bf16 but the recipe's config trains in fp32"
+
+
+# The Trainer recipes' arguments as a launch builds them (use_cpu: bf16 arguments are refused without a GPU,
+# and no DeepSpeed field depends on the device).
+TRAINER_ARGS = {("train", "planner_sft"): lambda config: sft_args(config, evaluate=True, use_cpu=True),
+                ("train", "planner_grpo"): lambda config: grpo_args(config, [1.0], use_cpu=True)}
+
+
+def _trainer_deepspeed_mismatches(settings: dict, args) -> list[str]:
+    """The DeepSpeed values that disagree with the Trainer's arguments, found the way transformers checks them
+    when a Trainer starts under an accelerate DeepSpeed config (``accelerate launch`` passes the config's
+    gradient_accumulation_steps through ACCELERATE_GRADIENT_ACCUMULATION_STEPS)."""
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", str(settings["gradient_accumulation_steps"]))
+        plugin = DeepSpeedPlugin(zero_stage=settings["zero_stage"], gradient_clipping=settings["gradient_clipping"],
+                                 zero3_init_flag=settings["zero3_init_flag"])
+    trainer_view = HfTrainerDeepSpeedConfig(plugin.hf_ds_config.config)
+    trainer_view.trainer_config_process(args)
+    return trainer_view.mismatches
+
+
+def test_trainer_recipes_at_paper_scale_are_checked_against_deepspeed() -> None:
+    """The check above covers both Trainer recipes, and it catches a fixed gradient_accumulation_steps that
+    differs from the recipe's (the paper-scale GRPO config accumulates 4 micro-batches per optimizer step)."""
+    launched = set()
+    for path in CONFIGS:
+        match = LAUNCH.fullmatch(path.read_text().splitlines()[0])
+        if ClusterConfig.from_yaml_file(str(path)).distributed_type == "DEEPSPEED":
+            launched.add((match.group(2), match.group(3)))
+    assert set(TRAINER_ARGS) <= launched
+    paper_config = ROOT / "configs/train/planner_grpo-qwen2.5-1.5b.yaml"
+    paper = load_config(job_config_class("train", "planner_grpo"), paper_config)
+    assert paper.train.grad_accum == 4 and paper.train.lr == 1e-6 and paper.train.num_generations == 8
+    fixed = {"zero_stage": 3, "gradient_clipping": 1.0, "zero3_init_flag": True, "gradient_accumulation_steps": 1}
+    mismatches = _trainer_deepspeed_mismatches(fixed, grpo_args(paper, [1.0], use_cpu=True))
+    assert any("gradient_accumulation_steps" in m for m in mismatches)
 
 
 def test_there_are_configs_for_every_scale() -> None:

@@ -50,6 +50,10 @@ class GrpoSettings:
     num_generations: int = 8  # rollouts per prompt (G)
     batch_size: int = 8  # completions per device per step (a multiple of num_generations)
     grad_accum: int = 1
+    # micro-batches per generation batch: rollouts are generated for per-device batch x processes x this many
+    # micro-batches at once, then trained on in steps_per_generation / grad_accum optimizer steps (the paper's
+    # prompt batch 256 with mini-batch 64); 0: grad_accum, one optimizer step per generation
+    steps_per_generation: int = 0
     max_completion_length: int = 128
     temperature: float = 1.0
     loss_type: Literal["dapo", "grpo", "dr_grpo", "bnpo"] = "dapo"
@@ -67,6 +71,9 @@ class GrpoSettings:
     def __post_init__(self) -> None:
         if self.num_generations < 2:
             raise ConfigError("train.num_generations must be >= 2 (advantages are relative within a group)")
+        if self.steps_per_generation and self.steps_per_generation % self.grad_accum:
+            raise ConfigError(f"train.steps_per_generation ({self.steps_per_generation}) must be a multiple of "
+                              f"train.grad_accum ({self.grad_accum}): whole optimizer steps per generation batch")
         if self.batch_size % self.num_generations:
             raise ConfigError(f"train.batch_size ({self.batch_size}) must be a multiple of train.num_generations "
                               f"({self.num_generations})")
@@ -82,6 +89,9 @@ class PlannerGrpoConfig:
     correctness: CorrectnessConfig = field(default_factory=CorrectnessConfig)  # for R_QA
     train: GrpoSettings = field(default_factory=GrpoSettings)
     serve: ServeConfig = field(default_factory=lambda: ServeConfig.local(port=0))  # R_QA's generator
+    # R_QA on a running stack instead (a URL or the stack.json of `overstory serve`): what multi-process runs
+    # use, so that every rank asks the same servers rather than starting a stack of its own
+    server_url: str = ""
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
 
@@ -94,6 +104,7 @@ def grpo_args(config: PlannerGrpoConfig, reward_weights: list[float], **override
     return GRPOConfig(**{**dict(
         output_dir=str(Path(config.out) / "checkpoints"), max_steps=settings.max_steps, learning_rate=settings.lr,
         per_device_train_batch_size=settings.batch_size, gradient_accumulation_steps=settings.grad_accum,
+        steps_per_generation=settings.steps_per_generation or None,
         num_generations=settings.num_generations, max_completion_length=settings.max_completion_length,
         temperature=settings.temperature, loss_type=settings.loss_type, epsilon=settings.epsilon,
         epsilon_high=settings.epsilon_high, beta=settings.beta,
@@ -118,7 +129,7 @@ def run(config: PlannerGrpoConfig) -> dict:
     with ExitStack() as stack:
         judge = None
         if config.rewards.qa:
-            client = Client.from_url(stack.enter_context(stack_in_background(config.serve)))
+            client = Client.from_url(config.server_url or stack.enter_context(stack_in_background(config.serve)))
             judge = make_qa_judge(train_rows, chunks, client, config.correctness, config.rewards.k)
         reward_funcs, weights = build_rewards(config.rewards, judge)
         args = grpo_args(config, weights)

@@ -83,11 +83,32 @@ def trace_rows(traces: list[PlannerTrace]) -> list[dict]:
     return [{"prompt": t.prompt, "completion": [{"role": "assistant", "content": t.completion}]} for t in traces]
 
 
+def sft_args(config: PlannerSftConfig, evaluate: bool, **overrides):
+    """TRL's SFTConfig for this run; ``evaluate``: there are validation traces. ``overrides`` go to SFTConfig
+    (tests build the arguments a launch would, e.g. with ``use_cpu=True`` where bf16 needs a GPU)."""
+    from trl import SFTConfig
+
+    every_epoch = config.train.save_steps <= 0
+    return SFTConfig(**{**dict(
+        output_dir=str(Path(config.out) / "checkpoints"), num_train_epochs=config.train.epochs,
+        max_steps=config.train.max_steps, learning_rate=config.train.lr,
+        per_device_train_batch_size=config.train.batch_size, per_device_eval_batch_size=config.train.batch_size,
+        gradient_accumulation_steps=config.train.grad_accum,
+        warmup_steps=config.train.warmup_ratio, weight_decay=config.train.weight_decay,  # a float < 1 is a ratio
+        max_length=config.train.max_length, logging_steps=config.train.logging_steps, logging_nan_inf_filter=False,
+        save_strategy="epoch" if every_epoch else "steps", save_steps=config.train.save_steps or 500,
+        eval_strategy=("epoch" if every_epoch else "steps") if evaluate else "no",
+        eval_steps=None if every_epoch else config.train.save_steps,
+        save_total_limit=2, seed=config.train.seed, data_seed=config.train.seed, bf16=config.train.bf16,
+        activation_checkpointing=config.train.gradient_checkpointing, deepspeed=config.train.deepspeed or None,
+        report_to="none", completion_only_loss=True, ddp_backend=process_group_backend()), **overrides})
+
+
 def run(config: PlannerSftConfig) -> dict:
     from datasets import Dataset
     from peft import LoraConfig
     from transformers.trainer_utils import get_last_checkpoint
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTTrainer
 
     # --- setup -------------------------------------------------------------------------------------
     out = Path(config.out)
@@ -101,19 +122,7 @@ def run(config: PlannerSftConfig) -> dict:
         raise ValueError(f"the document split left no training traces ({len(traces)} traces from "
                          f"{len({t.doc_id for t in traces})} documents); lower train.val_fraction")
     model, tokenizer = load_causal_lm(config.model)
-    every_epoch = config.train.save_steps <= 0
-    args = SFTConfig(
-        output_dir=str(out / "checkpoints"), num_train_epochs=config.train.epochs, max_steps=config.train.max_steps,
-        learning_rate=config.train.lr, per_device_train_batch_size=config.train.batch_size,
-        per_device_eval_batch_size=config.train.batch_size, gradient_accumulation_steps=config.train.grad_accum,
-        warmup_steps=config.train.warmup_ratio, weight_decay=config.train.weight_decay,  # a float < 1 is a ratio
-        max_length=config.train.max_length, logging_steps=config.train.logging_steps, logging_nan_inf_filter=False,
-        save_strategy="epoch" if every_epoch else "steps", save_steps=config.train.save_steps or 500,
-        eval_strategy=("epoch" if every_epoch else "steps") if val_traces else "no",
-        eval_steps=None if every_epoch else config.train.save_steps,
-        save_total_limit=2, seed=config.train.seed, data_seed=config.train.seed, bf16=config.train.bf16,
-        activation_checkpointing=config.train.gradient_checkpointing, deepspeed=config.train.deepspeed or None,
-        report_to="none", completion_only_loss=True, ddp_backend=process_group_backend())
+    args = sft_args(config, evaluate=bool(val_traces))
     peft_config = LoraConfig(r=config.lora.r, lora_alpha=config.lora.alpha, lora_dropout=config.lora.dropout,
                              target_modules=list(config.lora.target_modules),
                              task_type="CAUSAL_LM") if config.lora.enabled else None

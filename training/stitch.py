@@ -237,7 +237,7 @@ def run(config: StitchConfig) -> dict:
             args = grpo_args(grpo_config, weights, max_steps=settings.grpo_steps, save_strategy="no",
                              num_generations=settings.num_generations,
                              per_device_train_batch_size=settings.num_generations,
-                             gradient_accumulation_steps=len(routing.rl))
+                             gradient_accumulation_steps=len(routing.rl), steps_per_generation=None)
             trainer = GRPOTrainer(model=model, reward_funcs=reward_funcs, args=args, processing_class=tokenizer,
                                   train_dataset=Dataset.from_list(routing.rl), optimizers=(grpo_optimizer, None))
             trainer.train()
