@@ -106,6 +106,11 @@ def _distance(a: str, b: str) -> int:
     return abs(LEVELS.index(a) - LEVELS.index(b))
 
 
+def _within_one(levels: tuple[str, str], row: dict) -> bool:
+    """Both ends of the range within one level of the row's label."""
+    return _distance(levels[0], row["level_min"]) <= 1 and _distance(levels[1], row["level_max"]) <= 1
+
+
 def score_plans(rows: list[dict], replies: list[str], lengths: list[int], length_limit: int) -> tuple[dict, list]:
     """Planning metrics of one variant, and the range each question is answered from."""
     plans = [parse_plan(text) for text in replies]
@@ -113,8 +118,7 @@ def score_plans(rows: list[dict], replies: list[str], lengths: list[int], length
     exact = [float(p.levels == (r["level_min"], r["level_max"])) for p, r in zip(plans, rows)]
     gold = [float(p.levels == (r["gold_level_min"], r["gold_level_max"])) if r["gold_level_min"] else None
             for p, r in zip(plans, rows)]
-    within = [float(p.valid and _distance(p.level_min, r["level_min"]) <= 1 and _distance(p.level_max, r["level_max"])
-                    <= 1) for p, r in zip(plans, rows)]
+    within = [float(p.valid and _within_one(p.levels, r)) for p, r in zip(plans, rows)]
     metrics = {"accuracy": mean(exact), "accuracy_gold": mean(gold), "within_one_level": mean(within),
                "format_valid": mean([float(p.valid) for p in plans]),
                "median_completion_tokens": percentile(lengths, 50), "p90_completion_tokens": percentile(lengths, 90),
@@ -189,8 +193,7 @@ def majority_baseline(train_rows: list[dict], rows: list[dict]) -> dict:
     low, high = counts.most_common(1)[0][0]
     return {"label": [low, high],
             "accuracy": mean([float((r["level_min"], r["level_max"]) == (low, high)) for r in rows]),
-            "within_one_level": mean([float(_distance(low, r["level_min"]) <= 1 and _distance(high, r["level_max"])
-                                            <= 1) for r in rows])}
+            "within_one_level": mean([float(_within_one((low, high), r)) for r in rows])}
 
 
 def base_model_of(checkpoint: str) -> str:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -149,13 +148,13 @@ def plan_servers(config: ServeConfig, available_gpus: int | None = None) -> tupl
 
 
 def _free_port(host: str, taken: set[int]) -> int:
-    """A port nobody listens on now and no other server of this stack was given."""
-    while True:
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
-            sock.bind((host, 0))
-            port = sock.getsockname()[1]
-        if port not in taken:
-            return port
+    """A port nobody listens on now (``serving.launch.free_port``) that no other server of this stack was given."""
+    from serving.launch import free_port  # imported here: launch loads the embedded engine, this module must not
+
+    port = free_port(host)
+    while port in taken:
+        port = free_port(host)
+    return port
 
 
 def vllm_command(server: VllmServer, host: str, extra_args: list[str] = (), python: str = "") -> list[str]:
