@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from data_pipeline.formats import Document, QAExample, Span
-from overstory.config import ConfigError
+from overstory.core.config import ConfigError
+from overstory.data_pipeline.formats import Document, QAExample, Span
 
 log = logging.getLogger(__name__)
 

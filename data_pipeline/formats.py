@@ -25,6 +25,18 @@ def check_level(name: str) -> str:
     return name
 
 
+def level_range(level_min: str, level_max: str) -> list[str]:
+    """Levels from ``level_min`` to ``level_max`` inclusive (the planner's output format).
+
+    >>> level_range("paragraph", "section")
+    ['paragraph', 'subsection', 'section']
+    """
+    lo, hi = LEVEL_RANK[check_level(level_min)], LEVEL_RANK[check_level(level_max)]
+    if lo > hi:
+        raise ValueError(f"level_min {level_min!r} is larger than level_max {level_max!r}")
+    return list(LEVELS[lo: hi + 1])
+
+
 @dataclass(frozen=True)
 class Document:
     id: str
@@ -117,6 +129,7 @@ class PseudoLabel:
     correctness: str  # the rule that judged it: exact, f1, contains or judge
     gold_level_min: str | None = None
     gold_level_max: str | None = None
+    evidence: list[Span] = field(default_factory=list)  # the question's evidence spans (recall@k in evaluations)
 
 
 @dataclass(frozen=True)
@@ -155,9 +168,9 @@ def to_record(obj: Any) -> dict[str, Any]:
 
 
 def from_record(cls: type[R], record: dict[str, Any]) -> R:
-    """Plain dict -> dataclass; knows the nested Span list of QAExample."""
-    if cls is QAExample:
-        record = {**record, "evidence": [Span(**s) for s in record.get("evidence", [])]}
+    """Plain dict -> dataclass; knows the nested ``evidence`` Span lists (QAExample, PseudoLabel)."""
+    if "evidence" in record and any(f.name == "evidence" for f in dataclasses.fields(cls)):
+        record = {**record, "evidence": [Span(**s) for s in record["evidence"]]}
     return cls(**record)
 
 

@@ -22,9 +22,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from data_pipeline.formats import LEVEL_RANK, LEVELS, Chunk, Document, check_level, read_jsonl, write_jsonl
-from models.registry import SMOLLM2, load_tokenizer
-from overstory.config import ConfigError
+from overstory.core.config import ConfigError
+from overstory.data_pipeline.formats import LEVELS, Chunk, Document, check_level, read_jsonl, write_jsonl
+from overstory.models.registry import SMOLLM2, load_tokenizer
 
 LEVEL_CODES = {"sentence": "s", "paragraph": "p", "subsection": "ss", "section": "sec", "document": "doc"}
 
@@ -246,18 +246,6 @@ def build_hierarchies(documents: Iterable[Document], cfg: HierarchyConfig) -> li
     return [chunk for doc in documents for chunk in build_hierarchy(doc, tokenizer, cfg)]
 
 
-def level_range(level_min: str, level_max: str) -> list[str]:
-    """Levels from ``level_min`` to ``level_max`` inclusive (the planner's output format).
-
-    >>> level_range("paragraph", "section")
-    ['paragraph', 'subsection', 'section']
-    """
-    lo, hi = LEVEL_RANK[check_level(level_min)], LEVEL_RANK[check_level(level_max)]
-    if lo > hi:
-        raise ValueError(f"level_min {level_min!r} is larger than level_max {level_max!r}")
-    return list(LEVELS[lo: hi + 1])
-
-
 def chunks_at_levels(chunks: Iterable[Chunk], levels: str | Iterable[str]) -> list[Chunk]:
     """The chunks whose level is one of ``levels`` (a name or several), in their original order;
     an unknown level name raises a ValueError listing the valid ones."""
@@ -273,3 +261,16 @@ def save_hierarchies(path: str | Path, chunks: Iterable[Chunk]) -> int:
 def load_hierarchies(path: str | Path) -> list[Chunk]:
     """Chunks from a JSONL written by ``save_hierarchies`` or the hierarchy job, equal to the originals."""
     return list(read_jsonl(path, Chunk))
+
+
+def stored_hierarchy_path(out: str | Path) -> Path:
+    """Where a data job keeps the hierarchy its records refer to: ``<out stem>.hierarchy.jsonl`` beside ``out``.
+
+    The summaries and pseudo-labels jobs store it, so the recipes and evaluations that read their output see
+    exactly the chunk ids and documents those records were made from, without the corpus or the chunking code.
+
+    >>> stored_hierarchy_path("runs/data/pseudo_labels/squad.jsonl").as_posix()
+    'runs/data/pseudo_labels/squad.hierarchy.jsonl'
+    """
+    out = Path(out)
+    return out.with_name(out.stem + ".hierarchy.jsonl")

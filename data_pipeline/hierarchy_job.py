@@ -20,11 +20,11 @@ from rich.console import Console
 from rich.progress import track
 from rich.table import Table
 
-from data_pipeline.corpora import CorpusConfig, load_corpus
-from data_pipeline.formats import LEVEL_RANK, LEVELS, Chunk, JsonlAppender, read_jsonl, write_jsonl
-from data_pipeline.hierarchy import HierarchyConfig, build_hierarchy, cached_tokenizer, load_hierarchies
-from overstory.config import ConfigError, to_dict
-from overstory.tracking import TrackingConfig, start_run
+from overstory.core.config import ConfigError, to_dict
+from overstory.core.tracking import TrackingConfig, start_run
+from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
+from overstory.data_pipeline.formats import LEVEL_RANK, LEVELS, Chunk, JsonlAppender, read_jsonl, write_jsonl
+from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchy, cached_tokenizer, load_hierarchies
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,9 @@ is kept with ``correct: false`` and no label, so its cost is visible and a rerun
 Correctness is configurable: exact match, token F1 above a threshold, answer contained in the reply,
 or an LLM judge (the ``scorer`` role answers yes/no). For SQuAD the gold levels derived from the
 answer span are stored too (``gold_level_min``/``gold_level_max``), so label quality itself can be
-measured. Output is a resumable JSONL of ``PseudoLabel`` records (ids already written are skipped).
+measured. Output is a resumable JSONL of ``PseudoLabel`` records (ids already written are skipped), with the
+question's evidence spans, and beside it the hierarchy it labelled on (``<out stem>.hierarchy.jsonl``), which
+the traces job, the planner recipes and ``eval planner`` read instead of rebuilding it.
 """
 
 from __future__ import annotations
@@ -25,30 +27,23 @@ from typing import Literal
 
 from rich.progress import Progress
 
-from data_pipeline.corpora import CorpusConfig, load_corpus
-from data_pipeline.formats import LEVELS, Chunk, JsonlAppender, PseudoLabel, QAExample, Span
-from data_pipeline.hierarchy import HierarchyConfig, build_hierarchies
-from evaluation.metrics import contains_match, exact_match, token_f1
-from overstory.config import ConfigError
-from overstory.tracking import TrackingConfig, start_run
-from retrieval.answer import clean_answer
-from retrieval.smartchunk import DocumentRetrievers
-from serving.client import Client, ClientError
-from serving.config import ServeConfig
-from serving.launch import stack_in_background
-
-JUDGE_PROMPT = ("Question: {question}\nReference answer: {reference}\nProposed answer: {prediction}\n"
-                "Does the proposed answer mean the same as the reference answer? Reply yes or no.")
-
-
-@dataclass(frozen=True)
-class CorrectnessConfig:
-    rule: Literal["exact", "f1", "contains", "judge"] = "contains"
-    f1_threshold: float = 0.5  # rule f1: correct when token F1 >= this
-
-    def __post_init__(self) -> None:
-        if not 0 < self.f1_threshold <= 1:
-            raise ConfigError(f"correctness.f1_threshold must be in (0, 1], got {self.f1_threshold}")
+from overstory.core.config import ConfigError
+from overstory.core.tracking import TrackingConfig, start_run
+from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
+from overstory.data_pipeline.formats import LEVELS, Chunk, Document, JsonlAppender, PseudoLabel, QAExample, Span
+from overstory.data_pipeline.hierarchy import (
+    HierarchyConfig,
+    build_hierarchies,
+    load_hierarchies,
+    save_hierarchies,
+    stored_hierarchy_path,
+)
+from overstory.retrieval.answer import clean_answer
+from overstory.retrieval.judge import CorrectnessConfig, is_correct
+from overstory.retrieval.smartchunk import DocumentRetrievers
+from overstory.serving.client import Client, ClientError
+from overstory.serving.config import ServeConfig
+from overstory.serving.launch import stack_in_background
 
 
 @dataclass(frozen=True)
@@ -74,28 +69,6 @@ class PseudoLabelsConfig:
             raise ConfigError("k, max_attempts and concurrency must be positive and k_step >= 0")
         if self.upper == "compressor" and "compressor" not in self.serve.roles and not self.server_url:
             raise ConfigError("upper: 'compressor' needs a compressor role in serve.roles")
-
-
-def is_correct(prediction: str, answers: list[str], question: str, config: CorrectnessConfig,
-               client: Client | None = None) -> bool:
-    """Judge the backbone's answer with the configured rule.
-
-    >>> is_correct("It was the Normans", ["Normans"], "Who?", CorrectnessConfig("contains"))
-    True
-    >>> is_correct("Normans of France", ["Normans"], "Who?", CorrectnessConfig("f1", f1_threshold=0.8))
-    False
-    """
-    if config.rule == "exact":
-        return exact_match(prediction, answers) == 1.0
-    if config.rule == "f1":
-        return token_f1(prediction, answers) >= config.f1_threshold
-    if config.rule == "contains":
-        return contains_match(prediction, answers) == 1.0
-    if client is None:
-        raise ValueError("the judge rule needs a client with a scorer role")
-    reply = client.chat("scorer", [{"role": "user", "content": JUDGE_PROMPT.format(
-        question=question, reference=" / ".join(answers), prediction=prediction)}], max_tokens=3, temperature=0)
-    return reply.text.strip().lower().startswith("yes")
 
 
 def gold_levels(spans: list[Span], chunks: list[Chunk]) -> tuple[str | None, str | None]:
@@ -138,7 +111,7 @@ def label_question(example: QAExample, doc_id: str, retrievers: DocumentRetrieve
                 correct=correct, attempts=attempt, retrieved_ids=[c.id for c in chunks],
                 retrieved_levels=[c.level for c in chunks], answer=answer,
                 backbone=config.serve.roles["generator"].model, correctness=config.correctness.rule,
-                gold_level_min=gold_min, gold_level_max=gold_max)
+                gold_level_min=gold_min, gold_level_max=gold_max, evidence=list(example.evidence))
     raise AssertionError("unreachable: the last attempt always returns")
 
 
@@ -164,6 +137,20 @@ def round_robin_by_document(pairs: list[tuple[QAExample, str]]) -> list[tuple[QA
     return ordered
 
 
+def labelled_documents_hierarchy(documents: list[Document], needed: set[str],
+                                 config: PseudoLabelsConfig) -> list[Chunk]:
+    """The hierarchy of the documents to label, stored beside the labels (``stored_hierarchy_path``): what the
+    traces job, the planner recipes and ``eval planner`` read. A rerun keeps the stored chunks of documents it
+    already has (the labels written so far refer to their ids) and adds the documents it lacks."""
+    path = stored_hierarchy_path(config.out)
+    stored = load_hierarchies(path) if path.exists() else []
+    have = {c.doc_id for c in stored}
+    added = build_hierarchies([d for d in documents if d.id in needed - have], config.hierarchy)
+    if added or not path.exists():
+        save_hierarchies(path, [*stored, *added])
+    return [c for c in [*stored, *added] if c.doc_id in needed]
+
+
 def run(config: PseudoLabelsConfig) -> dict:
     documents, questions = load_corpus(config.corpus)
     todo_all = single_document_questions(questions)
@@ -172,8 +159,7 @@ def run(config: PseudoLabelsConfig) -> dict:
                          f"SmartChunk plans per document (HotpotQA's two-document questions are not labelled)")
     if config.limit:
         todo_all = round_robin_by_document(todo_all)[: config.limit]
-    needed = {doc_id for _, doc_id in todo_all}
-    chunks = build_hierarchies([d for d in documents if d.id in needed], config.hierarchy)
+    chunks = labelled_documents_hierarchy(documents, {doc_id for _, doc_id in todo_all}, config)
     by_doc: dict[str, list[Chunk]] = {}
     for chunk in chunks:
         by_doc.setdefault(chunk.doc_id, []).append(chunk)

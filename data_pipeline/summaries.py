@@ -22,14 +22,20 @@ from pathlib import Path
 
 from rich.progress import Progress
 
-from data_pipeline.corpora import CorpusConfig, load_corpus
-from data_pipeline.formats import Chunk, FailureRecord, JsonlAppender, SummaryRecord, check_level
-from data_pipeline.hierarchy import HierarchyConfig, build_hierarchies, load_hierarchies, save_hierarchies
-from overstory.config import ConfigError
-from overstory.tracking import TrackingConfig, start_run
-from serving.client import Client, ClientError
-from serving.config import ServeConfig
-from serving.launch import stack_in_background
+from overstory.core.config import ConfigError
+from overstory.core.tracking import TrackingConfig, start_run
+from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
+from overstory.data_pipeline.formats import Chunk, FailureRecord, JsonlAppender, SummaryRecord, check_level
+from overstory.data_pipeline.hierarchy import (
+    HierarchyConfig,
+    build_hierarchies,
+    load_hierarchies,
+    save_hierarchies,
+    stored_hierarchy_path,
+)
+from overstory.serving.client import Client, ClientError
+from overstory.serving.config import ServeConfig
+from overstory.serving.launch import stack_in_background
 
 # SmartChunk, section 4 (compression encoder): summaries of at most n = 128 tokens.
 SUMMARY_PROMPT = "Summarize the following text in at most {n} tokens: {text}"
@@ -133,16 +139,10 @@ def failures_path(out: str | Path) -> Path:
     return out.with_name(out.stem + ".failures.jsonl")
 
 
-def hierarchy_path(out: str | Path) -> Path:
-    """Where the summaries job keeps the hierarchy it summarised, next to its output."""
-    out = Path(out)
-    return out.with_name(out.stem + ".hierarchy.jsonl")
-
-
 def run(config: SummariesConfig) -> dict:
     # The hierarchy is stored beside the summaries: a resumed run and later jobs (training, evaluation)
     # see exactly the chunk ids that were summarised, whatever the chunking code does meanwhile.
-    kept = hierarchy_path(config.out)
+    kept = stored_hierarchy_path(config.out)
     if kept.exists():
         chunks = load_hierarchies(kept)
     else:

@@ -31,15 +31,15 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from data_pipeline.corpora import CorpusConfig, load_corpus
-from data_pipeline.formats import FailureRecord, JsonlAppender, PlannerTrace, PseudoLabel, read_jsonl
-from data_pipeline.hierarchy import cached_tokenizer
-from models.planner import document_metadata, parse_plan, plan_json, planner_messages
-from overstory.config import ConfigError
-from overstory.tracking import TrackingConfig, start_run
-from serving.client import Client, ClientError
-from serving.config import CHAT_ROLES, ServeConfig
-from serving.launch import stack_in_background
+from overstory.core.config import ConfigError
+from overstory.core.tracking import TrackingConfig, start_run
+from overstory.data_pipeline.formats import FailureRecord, JsonlAppender, PlannerTrace, PseudoLabel
+from overstory.data_pipeline.hierarchy import cached_tokenizer
+from overstory.data_pipeline.planner_examples import correct_labels, labelled_hierarchy, planner_metadata
+from overstory.models.planner import parse_plan, plan_json, planner_messages
+from overstory.serving.client import Client, ClientError
+from overstory.serving.config import CHAT_ROLES, ServeConfig
+from overstory.serving.launch import stack_in_background
 
 STYLES = {
     "concise": ("You are writing the reply of a retrieval planner. The correct choice for this question is "
@@ -71,8 +71,8 @@ class TeacherConfig:
 @dataclass(frozen=True)
 class TracesConfig:
     labels: str  # pseudo-label JSONL (`overstory data pseudo-labels`)
-    corpus: CorpusConfig
     out: str
+    hierarchy: str = ""  # the chunks the labels refer to; empty: the one stored beside the labels
     teachers: dict[str, TeacherConfig] = field(default_factory=lambda: {"template": TeacherConfig(kind="template")})
     planner_tokenizer: str = "builtin:smollm2-135m-instruct"
     metadata_tokens: int = 1000  # how much of the document the planner reads
@@ -150,18 +150,10 @@ def trace_for(label: PseudoLabel, teacher_name: str, teacher: TeacherConfig, pro
 
 
 def run(config: TracesConfig) -> dict:
-    labels = [label for label in read_jsonl(config.labels, PseudoLabel) if label.correct]
-    if config.limit:
-        labels = labels[: config.limit]
-    if not labels:
-        raise ValueError(f"{config.labels} holds no correct pseudo-labels to justify")
-    documents = {d.id: d for d in load_corpus(config.corpus)[0]}
-    missing = sorted({label.doc_id for label in labels} - set(documents))
-    if missing:
-        raise ValueError(f"{len(missing)} labelled documents (e.g. {missing[0]}) are not in the corpus {config.corpus}")
+    labels = correct_labels(config.labels)[: config.limit or None]
+    metadata = planner_metadata(labelled_hierarchy(config.labels, config.hierarchy), {lb.doc_id for lb in labels},
+                                config.planner_tokenizer, config.metadata_tokens)
     tokenizer = cached_tokenizer(config.planner_tokenizer)
-    metadata = {doc_id: document_metadata(documents[doc_id].title, documents[doc_id].text, tokenizer,
-                                          config.metadata_tokens) for doc_id in {label.doc_id for label in labels}}
 
     def count_tokens(text: str) -> int:
         return len(tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -31,20 +31,20 @@ from pathlib import Path
 
 import numpy as np
 
-from data_pipeline.corpora import CorpusConfig, load_corpus
-from data_pipeline.formats import SummaryRecord, read_jsonl
-from data_pipeline.hierarchy import HierarchyConfig, build_hierarchies, load_hierarchies
-from data_pipeline.splits import split_by_document
-from data_pipeline.summaries import SummariesConfig, SummaryFailed, hierarchy_path, summarise
-from evaluation.metrics import mean, recall_at_k
-from evaluation.plots import plot_recall_vs_cost
-from models.text_compressor import checkpoint_kind
-from overstory.config import ConfigError, to_dict
-from overstory.tracking import TrackingConfig, start_run
-from retrieval.index import DenseIndex, chunk_text_for_index
-from serving.client import Client
-from serving.config import RoleConfig, ServeConfig
-from serving.launch import serve_in_background
+from overstory.core.config import ConfigError, to_dict
+from overstory.core.tracking import TrackingConfig, start_run
+from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
+from overstory.data_pipeline.formats import SummaryRecord, read_jsonl
+from overstory.data_pipeline.hierarchy import load_hierarchies, stored_hierarchy_path
+from overstory.data_pipeline.splits import split_by_document
+from overstory.data_pipeline.summaries import SummariesConfig, SummaryFailed, summarise
+from overstory.evaluation.plots import plot_recall_vs_cost
+from overstory.models.text_compressor import checkpoint_kind
+from overstory.retrieval.index import DenseIndex, chunk_text_for_index
+from overstory.retrieval.metrics import mean, recall_at_k
+from overstory.serving.client import Client
+from overstory.serving.config import RoleConfig, ServeConfig
+from overstory.serving.launch import serve_in_background
 
 BASELINES = ("compressor", "mean_pool", "direct_encode", "summarize")
 
@@ -55,7 +55,6 @@ class EvalCompressorConfig:
     data: str
     corpus: CorpusConfig
     out: str
-    hierarchy: HierarchyConfig = field(default_factory=HierarchyConfig)
     # further compressors to compare, each a method row of its own: {name: checkpoint folder}
     extra_checkpoints: dict[str, str] = field(default_factory=dict)
     val_fraction: float = 0.2  # must match the training run's train.val_fraction
@@ -82,14 +81,15 @@ def run(config: EvalCompressorConfig) -> dict:
     kinds = {name: checkpoint_kind(folder) for name, folder in checkpoints.items()}  # fails before models load
     records = list(read_jsonl(config.data, SummaryRecord))
     _, held_out = split_by_document(records, config.val_fraction)
-    documents, questions = load_corpus(config.corpus)
-    kept = hierarchy_path(config.data)  # the hierarchy the summaries were made from, when it was kept
-    chunks = {c.id: c for c in (load_hierarchies(kept) if kept.exists()
-                                else build_hierarchies(documents, config.hierarchy))}
+    questions = load_corpus(config.corpus)[1]  # the questions and their evidence; the chunks come from the data job
+    kept = stored_hierarchy_path(config.data)
+    if not kept.exists():
+        raise ValueError(f"{kept} not found: `overstory data summaries` stores the hierarchy it summarised there; "
+                         f"rerun it (it resumes) to write the hierarchy beside {config.data}")
+    chunks = {c.id: c for c in load_hierarchies(kept)}
     missing = [r.id for r in held_out if r.id not in chunks]
     if missing:
-        raise ValueError(f"{len(missing)} summarised chunks (e.g. {missing[0]}) are not in the corpus hierarchy; "
-                         f"use the corpus and hierarchy settings the summaries were made with")
+        raise ValueError(f"{len(missing)} summarised chunks (e.g. {missing[0]}) are not in {kept}")
     upper = [chunks[r.id] for r in held_out]
     held_docs = {r.doc_id for r in held_out}
     test_questions = [q for q in questions if q.evidence and {s.doc_id for s in q.evidence} <= held_docs]

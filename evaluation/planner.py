@@ -27,36 +27,34 @@ from pathlib import Path
 
 import torch
 
-from data_pipeline.corpora import CorpusConfig, load_corpus
-from data_pipeline.formats import LEVELS
-from data_pipeline.hierarchy import HierarchyConfig
-from data_pipeline.pseudo_labels import CorrectnessConfig, is_correct
-from evaluation.metrics import mean, percentile, recall_at_k
-from evaluation.plots import plot_planner_comparison, plot_training_curves
-from models.planner import parse_plan
-from overstory.config import ConfigError, to_dict
-from overstory.tracking import TrackingConfig, start_run
-from retrieval.answer import clean_answer
-from retrieval.smartchunk import DocumentRetrievers
-from serving.client import Client
-from serving.config import ServeConfig
-from serving.launch import stack_in_background
-from training.planner_data import PlannerDataConfig, load_policy, planner_rows
+from overstory.core.config import ConfigError, to_dict
+from overstory.core.tracking import TrackingConfig, start_run
+from overstory.data_pipeline.formats import LEVELS, PseudoLabel, read_jsonl
+from overstory.data_pipeline.planner_examples import PlannerDataConfig, planner_rows
+from overstory.evaluation.plots import plot_planner_comparison, plot_training_curves
+from overstory.models.planner import parse_plan
+from overstory.models.registry import base_model_of, load_lm_checkpoint
+from overstory.retrieval.answer import clean_answer
+from overstory.retrieval.judge import CorrectnessConfig, is_correct
+from overstory.retrieval.metrics import mean, percentile, recall_at_k
+from overstory.retrieval.smartchunk import DocumentRetrievers
+from overstory.serving.client import Client
+from overstory.serving.config import ServeConfig
+from overstory.serving.launch import stack_in_background
 
 FALLBACK_RANGE = ("sentence", "document")
 
 
 @dataclass(frozen=True)
 class EvalPlannerConfig:
-    data: str  # pseudo-label JSONL
-    corpus: CorpusConfig
+    data: str  # pseudo-label JSONL (`overstory data pseudo-labels`)
     out: str
     checkpoint: str = ""  # one planner (adapter folder, full model folder or model name)
     # named variants for --compare, e.g. {base: builtin:..., sft: runs/train/planner_sft/final}
     variants: dict[str, str] = field(default_factory=dict)
     compare: str = ""  # comma-separated names from `variants`; empty: evaluate `checkpoint`
-    hierarchy: HierarchyConfig = field(default_factory=HierarchyConfig)
-    metadata_tokens: int = 1000
+    hierarchy: str = ""  # the chunks the labels refer to; empty: the one stored beside the labels
+    metadata_tokens: int = 1000  # how much of the document the planner reads (as in training)
     val_fraction: float = 0.2  # must match the training runs' data.val_fraction
     max_new_tokens: int = 160
     length_limit: int = 128  # L_max: completions above it count as over-long
@@ -128,11 +126,11 @@ def score_plans(rows: list[dict], replies: list[str], lengths: list[int], length
 
 def run(config: EvalPlannerConfig) -> dict:
     variants = config.selected()
-    data = PlannerDataConfig(labels=config.data, corpus=config.corpus, hierarchy=config.hierarchy,
-                             metadata_tokens=config.metadata_tokens, val_fraction=config.val_fraction)
+    data = PlannerDataConfig(labels=config.data, hierarchy=config.hierarchy, metadata_tokens=config.metadata_tokens,
+                             val_fraction=config.val_fraction)
     train_rows, val_rows, chunks = planner_rows(data, base_model_of(next(iter(variants.values()))))
     rows = (val_rows or train_rows)[: config.limit or None]
-    evidence = {q.id: q.evidence for q in load_corpus(config.corpus)[1]}
+    evidence = {label.id: label.evidence for label in read_jsonl(config.data, PseudoLabel)}
     report: dict = {"n_questions": len(rows), "split": "validation documents" if val_rows else "all (no split)",
                     "majority_baseline": majority_baseline(train_rows, rows), "variants": {},
                     "checkpoints": variants, "config": to_dict(config)}
@@ -144,7 +142,7 @@ def run(config: EvalPlannerConfig) -> dict:
             client = Client.from_url(stack.enter_context(stack_in_background(config.serve)))
             retrievers = DocumentRetrievers(chunks, client)
         for name, checkpoint in variants.items():
-            model, tokenizer, _ = load_policy(checkpoint)
+            model, tokenizer, _ = load_lm_checkpoint(checkpoint)
             replies, lengths, seconds = generate_plans(model, tokenizer, [r["prompt"] for r in rows],
                                                        config.max_new_tokens, config.batch_size)
             metrics, ranges = score_plans(rows, replies, lengths, config.length_limit)
@@ -194,12 +192,6 @@ def majority_baseline(train_rows: list[dict], rows: list[dict]) -> dict:
     return {"label": [low, high],
             "accuracy": mean([float((r["level_min"], r["level_max"]) == (low, high)) for r in rows]),
             "within_one_level": mean([float(_within_one((low, high), r)) for r in rows])}
-
-
-def base_model_of(checkpoint: str) -> str:
-    """The base model of a checkpoint, without loading it (its tokenizer builds the prompts)."""
-    manifest = Path(checkpoint) / "overstory.json"
-    return json.loads(manifest.read_text()).get("base_model", checkpoint) if manifest.exists() else checkpoint
 
 
 def training_history(checkpoint: str) -> list[dict]:

@@ -5,22 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from data_pipeline.formats import LEVELS, Chunk  # noqa: E402
-
-
-def _save(fig, path: str | Path) -> Path:
-    """Lay out ``fig``, write it to ``path`` as a PNG (creating the folder) and free it."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+from overstory.core.plots import plt, save_figure
+from overstory.data_pipeline.formats import LEVELS, Chunk
 
 
 def plot_level_stats(chunks_by_corpus: Mapping[str, Sequence[Chunk]], path: str | Path) -> Path:
@@ -48,41 +34,7 @@ def plot_level_stats(chunks_by_corpus: Mapping[str, Sequence[Chunk]], path: str 
     ax_count.legend()
     ax_tokens.set_title("tokens per chunk (box: quartiles, whiskers: 1.5 IQR)")
     ax_tokens.set_ylabel("tokens")
-    return _save(fig, path)
-
-
-def plot_serve_bench(rows: Sequence[Mapping], path: str | Path) -> Path:
-    """Requests/s and p50/p95 latency against concurrency, one line per serving engine."""
-    levels = [r["concurrency"] for r in rows]
-    fig, (ax_rps, ax_lat) = plt.subplots(1, 2, figsize=(11, 4))
-    for engine, style in zip(rows[0]["engines"], ("o-", "s--", "^-.")):
-        ax_rps.plot(levels, [r["engines"][engine]["requests_per_s"] for r in rows], style, label=engine)
-        ax_lat.plot(levels, [r["engines"][engine]["p50_s"] for r in rows], style, label=f"{engine} p50")
-        ax_lat.plot(levels, [r["engines"][engine]["p95_s"] for r in rows], style, alpha=0.5, label=f"{engine} p95")
-    for ax, title, unit in ((ax_rps, "throughput", "requests / s"), (ax_lat, "latency", "seconds")):
-        ax.set_xticks(levels)
-        ax.set_xlabel("concurrency")
-        ax.set_ylabel(unit)
-        ax.set_title(title)
-        ax.legend(fontsize=8)
-    return _save(fig, path)
-
-
-def plot_train_bench(results: Mapping[str, Mapping[str, Mapping]], path: str | Path) -> Path:
-    """Samples/s and peak memory per recipe, one bar per launcher."""
-    recipes = list(results)
-    launchers = list(next(iter(results.values())))
-    width = 0.8 / len(launchers)
-    fig, (ax_speed, ax_memory) = plt.subplots(1, 2, figsize=(11, 4))
-    for i, launcher in enumerate(launchers):
-        xs = [r + (i - (len(launchers) - 1) / 2) * width for r in range(len(recipes))]
-        ax_speed.bar(xs, [results[r][launcher]["samples_per_s"] for r in recipes], width, label=launcher)
-        ax_memory.bar(xs, [results[r][launcher]["peak_rss_mib"] / 1024 for r in recipes], width, label=launcher)
-    for ax, title in ((ax_speed, "training samples / s"), (ax_memory, "peak resident memory (GiB, all processes)")):
-        ax.set_xticks(range(len(recipes)), recipes)
-        ax.set_title(title)
-        ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_recall_vs_cost(results: Mapping[str, Mapping], k: int, path: str | Path) -> Path:
@@ -98,7 +50,7 @@ def plot_recall_vs_cost(results: Mapping[str, Mapping], k: int, path: str | Path
     ax.set_xlabel("seconds to embed the upper levels (log scale)")
     ax.set_ylabel(f"recall@{k}")
     ax.set_title("upper-level embeddings: quality against build cost")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 PLANNER_BARS = (("accuracy", "accuracy (pseudo-label)"), ("accuracy_gold", "accuracy (gold levels)"),
@@ -123,7 +75,7 @@ def plot_planner_comparison(variants: Mapping[str, Mapping], path: str | Path,
     ax.set_ylim(0, 1)
     ax.set_title("planner variants, same held-out questions")
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_training_curves(histories: Mapping[str, Sequence[Mapping]], path: str | Path) -> Path:
@@ -150,4 +102,4 @@ def plot_training_curves(histories: Mapping[str, Sequence[Mapping]], path: str |
         ax.set_xlabel("step")
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)

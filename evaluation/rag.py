@@ -20,17 +20,17 @@ from pathlib import Path
 
 from rich.progress import Progress
 
-from data_pipeline.corpora import CorpusConfig, load_corpus
-from data_pipeline.formats import Chunk, QAExample, write_jsonl
-from data_pipeline.hierarchy import HierarchyConfig, build_hierarchies, chunks_at_levels
-from evaluation.metrics import contains_match, exact_match, mean, recall_at_k, token_f1
-from overstory.config import ConfigError, to_dict
-from overstory.tracking import TrackingConfig, start_run
-from retrieval.answer import answer_messages, clean_answer
-from retrieval.index import IndexKind, build_index
-from serving.client import Client
-from serving.config import ServeConfig
-from serving.launch import stack_in_background
+from overstory.core.config import ConfigError, to_dict
+from overstory.core.tracking import TrackingConfig, start_run
+from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
+from overstory.data_pipeline.formats import Chunk, QAExample, write_jsonl
+from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies, chunks_at_levels
+from overstory.retrieval.answer import answer_messages, clean_answer
+from overstory.retrieval.index import IndexKind, build_index
+from overstory.retrieval.metrics import contains_match, exact_match, mean, recall_at_k, token_f1
+from overstory.serving.client import Client
+from overstory.serving.config import ServeConfig
+from overstory.serving.launch import stack_in_background
 
 
 @dataclass(frozen=True)

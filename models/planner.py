@@ -22,7 +22,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from data_pipeline.formats import LEVELS
+from overstory.data_pipeline.formats import LEVELS
 
 SYSTEM_PROMPT = (
     "You choose how a retrieval system reads a document to answer a question. The document is split into "

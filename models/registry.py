@@ -140,3 +140,30 @@ def load_sentence_encoder(name: str, device: str = "cpu"):
         return SentenceTransformer(path, device=device)
     except OSError as exc:
         raise _offline_hint(name, exc) from exc
+
+
+def base_model_of(checkpoint: str) -> str:
+    """The base model of a checkpoint without loading it: the ``overstory.json`` manifest's ``base_model``, a
+    PEFT adapter's ``base_model_name_or_path``, or the name itself (a base model or a full checkpoint)."""
+    folder = Path(checkpoint)
+    if (folder / "overstory.json").exists():
+        return json.loads((folder / "overstory.json").read_text()).get("base_model", checkpoint)
+    if (folder / "adapter_config.json").exists():
+        return json.loads((folder / "adapter_config.json").read_text())["base_model_name_or_path"]
+    return checkpoint
+
+
+def load_lm_checkpoint(name: str, dtype: torch.dtype | None = None):
+    """(model, tokenizer, base model name) for a base model, a full checkpoint, or a PEFT adapter folder (a
+    planner_sft / planner_grpo / stitch output), which is loaded on its base and kept trainable so that a
+    later recipe can continue training it."""
+    kwargs = {"dtype": dtype} if dtype else {}
+    folder = Path(name)
+    if (folder / "adapter_config.json").exists():
+        from peft import PeftModel
+
+        base = base_model_of(name)
+        model, tokenizer = load_causal_lm(base, **kwargs)
+        return PeftModel.from_pretrained(model, folder, is_trainable=True), tokenizer, base
+    model, tokenizer = load_causal_lm(name, **kwargs)
+    return model, tokenizer, name

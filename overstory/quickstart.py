@@ -25,37 +25,37 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from data_pipeline.corpora import CorpusConfig, load_corpus
-from data_pipeline.formats import write_jsonl
-from data_pipeline.hierarchy import HierarchyConfig, build_hierarchies, chunks_at_levels, save_hierarchies
-from data_pipeline.hierarchy_job import level_stats
-from data_pipeline.pseudo_labels import PseudoLabelsConfig
-from data_pipeline.pseudo_labels import run as run_pseudo_labels
-from data_pipeline.summaries import SummariesConfig
-from data_pipeline.summaries import run as run_summaries
-from data_pipeline.traces import TracesConfig
-from data_pipeline.traces import run as run_traces
-from evaluation.compressor import EvalCompressorConfig
-from evaluation.compressor import run as run_evaluation
-from evaluation.metrics import mean, recall_at_k
-from evaluation.planner import EvalPlannerConfig
-from evaluation.planner import run as run_planner_eval
-from evaluation.plots import plot_level_stats
-from evaluation.rag import GenerationConfig, RetrievalConfig, evaluate_rag, select_questions
-from overstory.config import ConfigError
-from overstory.tracking import TrackingConfig, start_run
-from retrieval.index import BM25Index, DenseIndex, HybridIndex
-from serving.client import Client
-from serving.config import ServeConfig
-from serving.launch import serve_in_background
-from training.compressor import CompressorJobConfig, CompressorTrainConfig
-from training.compressor import run as run_training
-from training.planner_data import PlannerDataConfig
-from training.planner_grpo import GrpoSettings
-from training.planner_sft import PlannerSftConfig, SftTrainSettings
-from training.planner_sft import run as run_sft
-from training.stitch import StitchConfig, StitchSettings
-from training.stitch import run as run_stitch
+from overstory.core.config import ConfigError
+from overstory.core.tracking import TrackingConfig, start_run
+from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
+from overstory.data_pipeline.formats import write_jsonl
+from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies, chunks_at_levels, save_hierarchies
+from overstory.data_pipeline.hierarchy_job import level_stats
+from overstory.data_pipeline.planner_examples import PlannerDataConfig
+from overstory.data_pipeline.pseudo_labels import PseudoLabelsConfig
+from overstory.data_pipeline.pseudo_labels import run as run_pseudo_labels
+from overstory.data_pipeline.summaries import SummariesConfig
+from overstory.data_pipeline.summaries import run as run_summaries
+from overstory.data_pipeline.traces import TracesConfig
+from overstory.data_pipeline.traces import run as run_traces
+from overstory.evaluation.compressor import EvalCompressorConfig
+from overstory.evaluation.compressor import run as run_evaluation
+from overstory.evaluation.planner import EvalPlannerConfig
+from overstory.evaluation.planner import run as run_planner_eval
+from overstory.evaluation.plots import plot_level_stats
+from overstory.evaluation.rag import GenerationConfig, RetrievalConfig, evaluate_rag, select_questions
+from overstory.retrieval.index import BM25Index, DenseIndex, HybridIndex
+from overstory.retrieval.metrics import mean, recall_at_k
+from overstory.serving.client import Client
+from overstory.serving.config import ServeConfig
+from overstory.serving.launch import serve_in_background
+from overstory.training.compressor import CompressorJobConfig, CompressorTrainConfig
+from overstory.training.compressor import run as run_training
+from overstory.training.planner_common import GrpoSettings
+from overstory.training.planner_sft import PlannerSftConfig, SftTrainSettings
+from overstory.training.planner_sft import run as run_sft
+from overstory.training.stitch import StitchConfig, StitchSettings
+from overstory.training.stitch import run as run_stitch
 
 console = Console()
 
@@ -190,7 +190,7 @@ def _compressor_stage(config: QuickstartConfig, folder: Path, server_url: str) -
         train=CompressorTrainConfig(epochs=stage.epochs, lr=stage.lr, batch_size=16)))
     evaluation = run_evaluation(EvalCompressorConfig(
         checkpoint=str(folder / "model" / "best"), data=str(summaries), corpus=corpus, out=str(folder / "eval"),
-        hierarchy=config.hierarchy, max_summary_tokens=stage.max_summary_tokens, tracking=quiet,
+        max_summary_tokens=stage.max_summary_tokens, tracking=quiet,
         serve=ServeConfig(host=config.serve.host, port=0, roles=config.serve.roles)))
     return {"dataset": stage.corpus, "levels": list(stage.levels), "summaries": counts,
             "training": training, "n_questions": evaluation["n_questions"],
@@ -210,10 +210,9 @@ def _planner_stage(config: QuickstartConfig, folder: Path, server_url: str) -> d
     if counts["correct"] + counts["skipped"] == 0:
         return {"pseudo_labels": counts, "skipped": "the backbone answered no question correctly"}
     traces = folder / "traces.jsonl"
-    yields = run_traces(TracesConfig(labels=str(labels), corpus=corpus, out=str(traces),
+    yields = run_traces(TracesConfig(labels=str(labels), out=str(traces),
                                      metadata_tokens=stage.metadata_tokens, tracking=quiet))
-    data = PlannerDataConfig(labels=str(labels), corpus=corpus, hierarchy=config.hierarchy,
-                             metadata_tokens=stage.metadata_tokens)
+    data = PlannerDataConfig(labels=str(labels), metadata_tokens=stage.metadata_tokens)
     sft = run_sft(PlannerSftConfig(traces=str(traces), out=str(folder / "sft"), tracking=quiet,
                                    train=SftTrainSettings(epochs=stage.sft_epochs, batch_size=4)))
     stitch = run_stitch(StitchConfig(
@@ -224,8 +223,8 @@ def _planner_stage(config: QuickstartConfig, folder: Path, server_url: str) -> d
     variants = {"base": config.serve.roles["planner"].model, "sft": str(folder / "sft" / "final"),
                 "stitch": str(folder / "stitch" / "final")}
     comparison = run_planner_eval(EvalPlannerConfig(
-        data=str(labels), corpus=corpus, out=str(folder / "eval"), hierarchy=config.hierarchy,
-        metadata_tokens=stage.metadata_tokens, variants=variants, compare="base,sft,stitch", qa=stage.qa,
+        data=str(labels), out=str(folder / "eval"), metadata_tokens=stage.metadata_tokens, variants=variants,
+        compare="base,sft,stitch", qa=stage.qa,
         serve=ServeConfig(host=config.serve.host, port=0, roles=config.serve.roles), tracking=quiet))
     return {"dataset": stage.corpus, "pseudo_labels": counts, "trace_yield": yields, "sft": sft, "stitch": stitch,
             "n_questions": comparison["n_questions"], "split": comparison["split"],

@@ -17,11 +17,10 @@ from typing import Literal
 
 import numpy as np
 
-from data_pipeline.formats import LEVEL_RANK, Chunk, check_level
-from data_pipeline.hierarchy import level_range
-from retrieval.answer import answer_messages
-from retrieval.index import DenseIndex, Hit, chunk_text_for_index
-from serving.client import ChatResult, Client
+from overstory.data_pipeline.formats import LEVEL_RANK, Chunk, check_level, level_range
+from overstory.retrieval.answer import answer_messages
+from overstory.retrieval.index import DenseIndex, Hit, chunk_text_for_index
+from overstory.serving.client import ChatResult, Client
 
 
 class SmartChunkRetriever:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
@@ -26,14 +26,14 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from evaluation.plots import plot_serve_bench
-from overstory.config import ConfigError, to_dict
-from overstory.memory import MemorySampler
-from overstory.tracking import TrackingConfig, start_run
-from serving.client import Client, ClientError
-from serving.config import ServeConfig
-from serving.engine import EmbeddedEngine
-from serving.launch import free_port, serve_in_background, vllm_stack
+from overstory.core.config import ConfigError, to_dict
+from overstory.core.memory import MemorySampler
+from overstory.core.plots import plt, save_figure
+from overstory.core.tracking import TrackingConfig, start_run
+from overstory.serving.client import Client, ClientError
+from overstory.serving.config import ServeConfig
+from overstory.serving.engine import EmbeddedEngine
+from overstory.serving.launch import free_port, serve_in_background, vllm_stack
 
 ENGINES = ("in_process", "embedded", "vllm")
 
@@ -177,3 +177,20 @@ def _print(rows: list[dict], load: dict, config: ServeBenchConfig) -> None:
         print(f"load {name}: {r['requests']} requests at concurrency {r['concurrency']} in {r['wall_s']} s, "
               f"{r['failed']} failed; server RSS {r['rss_first_quarter_mib']} MiB (first quarter) -> "
               f"{r['rss_last_quarter_mib']} MiB (last quarter), peak {r['rss_peak_mib']} MiB")
+
+
+def plot_serve_bench(rows: Sequence[Mapping], path: str | Path) -> Path:
+    """Requests/s and p50/p95 latency against concurrency, one line per serving engine."""
+    levels = [r["concurrency"] for r in rows]
+    fig, (ax_rps, ax_lat) = plt.subplots(1, 2, figsize=(11, 4))
+    for engine, style in zip(rows[0]["engines"], ("o-", "s--", "^-.")):
+        ax_rps.plot(levels, [r["engines"][engine]["requests_per_s"] for r in rows], style, label=engine)
+        ax_lat.plot(levels, [r["engines"][engine]["p50_s"] for r in rows], style, label=f"{engine} p50")
+        ax_lat.plot(levels, [r["engines"][engine]["p95_s"] for r in rows], style, alpha=0.5, label=f"{engine} p95")
+    for ax, title, unit in ((ax_rps, "throughput", "requests / s"), (ax_lat, "latency", "seconds")):
+        ax.set_xticks(levels)
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel(unit)
+        ax.set_title(title)
+        ax.legend(fontsize=8)
+    return save_figure(fig, path)

@@ -3,8 +3,9 @@
 ``Client.from_url(url)`` talks to any OpenAI-compatible server (the embedded one, vLLM) with
 timeouts and bounded retries (exponential backoff with jitter on connection errors, timeouts,
 429 and 5xx; other 4xx fail at once with the server's reason). ``Client.in_process(engine)``
-calls an ``EmbeddedEngine`` directly through the same request handlers as the server, for tests
-and single-process jobs. Both record requests, failures, retries, tokens and latency per role.
+calls an ``EmbeddedEngine`` directly through the same request handlers as the server, for tests and
+single-process jobs (``serving/in_process.py``, imported only then: an HTTP client never loads torch).
+Both record requests, failures, retries, tokens and latency per role.
 """
 
 from __future__ import annotations
@@ -16,14 +17,13 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 import numpy as np
-from pydantic import ValidationError
 
-from serving import server
-from serving.engine import EmbeddedEngine
+if TYPE_CHECKING:  # the HTTP client never loads torch or the engine; in_process() imports them when asked
+    from overstory.serving.engine import EmbeddedEngine
 
 
 class ClientError(RuntimeError):
@@ -176,36 +176,6 @@ def _reason(response: httpx.Response) -> str:
         return response.text[:500] or response.reason_phrase
 
 
-class InProcessBackend:
-    """Calls the engine through the server's own handlers: same validation, same response shapes."""
-
-    ROUTES = {
-        "/v1/chat/completions": (server.ChatRequest, server.handle_chat),
-        "/v1/completions": (server.CompletionRequest, server.handle_completion),
-        "/v1/embeddings": (server.EmbeddingRequest, server.handle_embeddings),
-        "/v1/compress": (server.CompressRequest, server.handle_compress),
-    }
-
-    def __init__(self, engine: EmbeddedEngine):
-        self.engine = engine
-
-    def post(self, path: str, payload: dict[str, Any]) -> tuple[dict[str, Any], int]:
-        model, handler = self.ROUTES[path]
-        try:
-            return handler(self.engine, model.model_validate(payload)), 0
-        except server.ApiError as exc:
-            raise ClientError(exc.status, exc.message) from exc
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            raise ClientError(400, f"{'.'.join(map(str, first['loc'])) or 'body'}: {first['msg']}") from exc
-
-    def get(self, path: str) -> list[dict[str, Any]]:
-        return [server.handle_models(self.engine) if path == "/v1/models" else server.handle_health(self.engine)]
-
-    def close(self) -> None:
-        pass
-
-
 class Client:
     """Chat, completion, embedding and compression calls by role over one backend, with per-role
     accounting in ``stats``. Thread-safe: share one client across a thread pool."""
@@ -229,6 +199,9 @@ class Client:
 
     @classmethod
     def in_process(cls, engine: EmbeddedEngine) -> Client:
+        """A client that calls ``engine`` in this process, through the server's own request handlers."""
+        from overstory.serving.in_process import InProcessBackend
+
         return cls(InProcessBackend(engine))
 
     def _call(self, role: str, path: str, payload: dict[str, Any]) -> tuple[dict[str, Any], float]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from models.registry import MINILM, SMOLLM2
-from overstory.config import ConfigError
-from overstory.tracking import TrackingConfig
+from overstory.core.config import ConfigError
+from overstory.core.tracking import TrackingConfig
+from overstory.models.registry import MINILM, SMOLLM2
 
 ROLES = ("generator", "planner", "scorer", "embedder", "compressor")
 CHAT_ROLES = ("generator", "planner", "scorer")

@@ -17,11 +17,11 @@ import numpy as np
 import torch
 from transformers import GenerationConfig
 
-from models.compressor import load_compressor, pad_children
-from models.registry import load_causal_lm, load_sentence_encoder
-from models.text_compressor import checkpoint_kind, join_children, load_text_compressor
-from overstory.config import ConfigError
-from serving.config import RoleConfig, ServeConfig
+from overstory.core.config import ConfigError
+from overstory.models.compressor import load_compressor, pad_children
+from overstory.models.registry import load_causal_lm, load_sentence_encoder
+from overstory.models.text_compressor import checkpoint_kind, join_children, load_text_compressor
+from overstory.serving.config import RoleConfig, ServeConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

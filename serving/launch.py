@@ -25,10 +25,10 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
-from overstory.tracking import start_run
-from serving.config import ServeConfig
-from serving.engine import EmbeddedEngine
-from serving.server import create_app
+from overstory.core.tracking import start_run
+from overstory.serving.config import ServeConfig
+from overstory.serving.engine import EmbeddedEngine
+from overstory.serving.server import create_app
 
 
 class PortInUse(RuntimeError):
@@ -132,7 +132,7 @@ def vllm_stack(config: ServeConfig) -> Iterator[tuple[dict[str, str], list]]:
     server for the other roles; yields (role -> URL, [(process, log path)]) once every server answers
     /health, and stops them all on exit. ``<log_dir>/stack.json`` holds the role -> URL mapping
     (``Client.from_url(mapping)`` reads it)."""
-    from serving.vllm import plan_servers, require_vllm, start_server, stop_server, vllm_command
+    from overstory.serving.vllm import plan_servers, require_vllm, start_server, stop_server, vllm_command
 
     python = require_vllm(config.vllm_python)
     servers, rest = plan_servers(config, available_gpus=_visible_gpus())
@@ -177,7 +177,7 @@ def stack_in_background(config: ServeConfig) -> Iterator[str | dict[str, str]]:
 def run_vllm_stack(config: ServeConfig, poll_s: float = 5.0) -> None:
     """``overstory serve`` with ``engine: vllm``: :func:`vllm_stack` until Ctrl-C or SIGTERM, or until a vLLM
     server dies (its log tail is shown)."""
-    from serving.vllm import ServerDied, log_tail
+    from overstory.serving.vllm import ServerDied, log_tail
 
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:

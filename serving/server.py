@@ -20,8 +20,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
-from serving.config import ServeConfig
-from serving.engine import (
+from overstory.serving.config import ServeConfig
+from overstory.serving.engine import (
     BadRequest,
     EmbeddedEngine,
     GenerationResult,

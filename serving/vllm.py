@@ -23,9 +23,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from models.registry import resolve
-from overstory.config import ConfigError
-from serving.config import CHAT_ROLES, RoleConfig, ServeConfig
+from overstory.core.config import ConfigError
+from overstory.models.registry import resolve
+from overstory.serving.config import CHAT_ROLES, RoleConfig, ServeConfig
 
 
 class VllmNotInstalled(RuntimeError):
@@ -149,7 +149,9 @@ def plan_servers(config: ServeConfig, available_gpus: int | None = None) -> tupl
 
 def _free_port(host: str, taken: set[int]) -> int:
     """A port nobody listens on now (``serving.launch.free_port``) that no other server of this stack was given."""
-    from serving.launch import free_port  # imported here: launch loads the embedded engine, this module must not
+    from overstory.serving.launch import (
+        free_port,  # imported here: launch loads the embedded engine, this module must not
+    )
 
     port = free_port(host)
     while port in taken:

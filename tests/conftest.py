@@ -23,12 +23,31 @@ SQUAD = ROOT / "data/squad/dev-v2.0-articles.json"
 
 
 @pytest.fixture(scope="session")
-def planner_labels(tmp_path_factory) -> Path:
+def squad_chunks() -> list:
+    """The hierarchy of the three shipped SQuAD articles (default settings), built once."""
+    from overstory.data_pipeline.corpora import load_corpus
+    from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies
+
+    return build_hierarchies(load_corpus("squad", SQUAD)[0], HierarchyConfig())
+
+
+def store_labels(path: Path, labels: list, chunks: list) -> Path:
+    """Write pseudo-labels and, beside them, the hierarchy they refer to, as the pseudo-labels job does."""
+    from overstory.data_pipeline.formats import write_jsonl
+    from overstory.data_pipeline.hierarchy import save_hierarchies, stored_hierarchy_path
+
+    write_jsonl(path, labels)
+    save_hierarchies(stored_hierarchy_path(path), chunks)
+    return path
+
+
+@pytest.fixture(scope="session")
+def planner_labels(tmp_path_factory, squad_chunks) -> Path:
     """Pseudo-labels for 24 real SQuAD questions over the three articles. The ranges are chosen here,
     cycling through four, so the planner tests see every level (the labelling job has its own test)."""
-    from data_pipeline.corpora import load_corpus
-    from data_pipeline.formats import PseudoLabel, write_jsonl
-    from data_pipeline.pseudo_labels import single_document_questions
+    from overstory.data_pipeline.corpora import load_corpus
+    from overstory.data_pipeline.formats import PseudoLabel
+    from overstory.data_pipeline.pseudo_labels import single_document_questions
 
     picked: dict[str, list] = {}
     for question, doc_id in single_document_questions(load_corpus("squad", SQUAD)[1]):
@@ -37,11 +56,9 @@ def planner_labels(tmp_path_factory) -> Path:
             picked[doc_id].append((question, doc_id))
     ranges = [("sentence", "sentence"), ("sentence", "paragraph"), ("paragraph", "section"), ("sentence", "document")]
     labels = [PseudoLabel(q.id, d, q.question, q.answers, *ranges[i % len(ranges)], True, 1, [], [], q.answers[0],
-                          "builtin:smollm2-135m-instruct", "contains")
+                          "builtin:smollm2-135m-instruct", "contains", evidence=q.evidence)
               for i, (q, d) in enumerate(pair for pairs in picked.values() for pair in pairs)]
-    path = tmp_path_factory.mktemp("planner") / "labels.jsonl"
-    write_jsonl(path, labels)
-    return path
+    return store_labels(tmp_path_factory.mktemp("planner") / "labels.jsonl", labels, squad_chunks)
 
 
 @pytest.fixture(scope="session")
@@ -51,6 +68,6 @@ def planner_traces(planner_labels: Path) -> Path:
 
     folder = planner_labels.parent
     assert main(["data", "traces", "--config", str(ROOT / "configs/data/traces.yaml"),
-                 f"labels={planner_labels}", f"corpus.path={SQUAD}", f"out={folder / 'traces.jsonl'}",
+                 f"labels={planner_labels}", f"out={folder / 'traces.jsonl'}",
                  "teachers={template: {kind: template}}", "metadata_tokens=96", "tracking.backend=none"]) == 0
     return folder / "traces.jsonl"

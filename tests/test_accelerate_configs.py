@@ -14,9 +14,9 @@ from accelerate.commands.config.config_args import ClusterConfig
 from accelerate.utils import DeepSpeedPlugin
 
 from overstory.cli import JOBS, job_config_class
-from overstory.config import load_config
-from training.planner_grpo import grpo_args
-from training.planner_sft import sft_args
+from overstory.core.config import load_config
+from overstory.training.planner_common import grpo_args
+from overstory.training.planner_sft import sft_args
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs" / "accelerate").glob("*.yaml"))
@@ -61,7 +61,7 @@ def test_accelerate_config_and_its_recipe(path: Path) -> None:
 # The Trainer recipes' arguments as a launch builds them (use_cpu: bf16 arguments are refused without a GPU,
 # and no DeepSpeed field depends on the device).
 TRAINER_ARGS = {("train", "planner_sft"): lambda config: sft_args(config, evaluate=True, use_cpu=True),
-                ("train", "planner_grpo"): lambda config: grpo_args(config, [1.0], use_cpu=True)}
+                ("train", "planner_grpo"): lambda config: grpo_args(config.train, config.out, [1.0], use_cpu=True)}
 
 
 def _trainer_deepspeed_mismatches(settings: dict, args) -> list[str]:
@@ -92,7 +92,7 @@ def test_trainer_recipes_at_paper_scale_are_checked_against_deepspeed() -> None:
     paper = load_config(job_config_class("train", "planner_grpo"), paper_config)
     assert paper.train.grad_accum == 4 and paper.train.lr == 1e-6 and paper.train.num_generations == 8
     fixed = {"zero_stage": 3, "gradient_clipping": 1.0, "zero3_init_flag": True, "gradient_accumulation_steps": 1}
-    mismatches = _trainer_deepspeed_mismatches(fixed, grpo_args(paper, [1.0], use_cpu=True))
+    mismatches = _trainer_deepspeed_mismatches(fixed, grpo_args(paper.train, paper.out, [1.0], use_cpu=True))
     assert any("gradient_accumulation_steps" in m for m in mismatches)
 
 

@@ -1,18 +1,33 @@
-"""The command line: every subcommand has --help, config errors exit 2 naming the key."""
+"""The command line: every subcommand has --help listing its own flags and config keys, config errors exit 2
+naming the key."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+import typing
+from dataclasses import dataclass, field
+from typing import Literal
 
 import pytest
 
 from overstory.cli import main
+from overstory.config_help import config_sections
+from overstory.jobs import job_config_class
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "overstory.cli", *args], capture_output=True, text=True,
                           timeout=120)
+
+
+def _help(capsys: pytest.CaptureFixture, *args: str) -> str:
+    """What ``overstory ARGS --help`` prints; argparse exits 0 after printing it."""
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args, "--help"])
+    assert exit_info.value.code == 0
+    return capsys.readouterr().out
 
 
 def test_top_level_help_lists_subcommands() -> None:
@@ -22,14 +37,19 @@ def test_top_level_help_lists_subcommands() -> None:
         assert group in result.stdout
 
 
+def test_top_level_help_imports_no_job() -> None:
+    code = ("import sys; from overstory.cli import build_parser; build_parser().format_help(); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch' or m.startswith('overstory.training')))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
 @pytest.mark.parametrize("args", [["data", "hierarchy"], ["serve"], ["eval", "rag"], ["quickstart"],
                                   ["bench", "serve"]])
 def test_job_help_shows_config_and_overrides(args: list[str], capsys: pytest.CaptureFixture) -> None:
-    with pytest.raises(SystemExit) as exit_info:
-        main([*args, "--help"])
-    assert exit_info.value.code == 0
-    out = capsys.readouterr().out
-    assert "--config" in out and "key.sub=value" in out
+    out = _help(capsys, *args)
+    assert "--config" in out and "key.sub=value" in out and "config keys" in out
 
 
 @pytest.mark.parametrize(("group", "job"), [("data", "hierarchy"), ("data", "summaries"), ("eval", "rag"),
@@ -41,8 +61,86 @@ def test_group_help_lists_its_jobs(group: str, job: str, capsys: pytest.CaptureF
     assert job in capsys.readouterr().out
 
 
+def test_train_help_lists_nested_keys_and_only_its_flags(capsys: pytest.CaptureFixture) -> None:
+    out = _help(capsys, "train", "planner_sft")
+    lr = typing.get_type_hints(job_config_class("train", "planner_sft"))["train"]().lr
+    assert re.search(rf"^  train\.lr +float +{re.escape(str(lr))}\b", out, re.MULTILINE), out
+    assert "--out OUT" in out
+    for flag in ("--engine", "--compare", "--checkpoint", "--data"):
+        assert flag not in out
+
+
+def test_serve_help_gives_engine_choices_and_comments(capsys: pytest.CaptureFixture) -> None:
+    out = _help(capsys, "serve")
+    assert "--engine {embedded,vllm}" in out
+    assert "--checkpoint" not in out and "--out" not in out
+    # port's comment is at the end of its line; engine's on the lines above it
+    assert re.search(r"^  port +int +8000 +0 picks a free port", out, re.MULTILINE), out
+    assert re.search(r"^  engine +\{embedded,vllm\} +embedded +embedded: every role in one", out, re.MULTILINE), out
+    assert re.search(r"^  roles\.<name>\.model +str +required", out, re.MULTILINE), out
+
+
+def test_eval_planner_help_lists_compare(capsys: pytest.CaptureFixture) -> None:
+    out = _help(capsys, "eval", "planner")
+    assert re.search(r"--compare COMPARE +comma-separated names from `variants`", out), out
+    assert "--checkpoint CHECKPOINT" in out and "--engine" not in out
+
+
+def test_flag_becomes_override_between_overrides(capsys: pytest.CaptureFixture) -> None:
+    code = main(["eval", "planner", "data=labels.jsonl", "--compare", "nosuch", "out=runs/x"])
+    assert code == 2
+    assert "compare: nosuch not in variants" in capsys.readouterr().err
+
+
+def test_flag_a_job_lacks_is_refused(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "planner_grpo", "--data", "labels.jsonl"])  # data is a section there, not a value
+    assert exit_info.value.code == 2
+    assert "unrecognized arguments: --data" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--engine", "vlm"])
+    assert exit_info.value.code == 2
+    assert "invalid choice: 'vlm'" in capsys.readouterr().err
+
+
 def test_unknown_key_fails_before_work(capsys: pytest.CaptureFixture) -> None:
     code = main(["eval", "rag", "--config", "configs/eval/rag.yaml", "retrieval.kk=3"])
     err = capsys.readouterr().err
     assert code == 2
     assert "retrieval.kk" in err and "retrieval.k" in err
+
+
+@dataclass(frozen=True)
+class _Inner:
+    """The inner section.
+
+    Only its first docstring line heads the section.
+    """
+
+    rate: float = 0.5  # how fast
+
+
+@dataclass(frozen=True)
+class _Role:
+    model: str
+
+
+@dataclass(frozen=True)
+class _Outer:
+    name: str
+    # chosen mode,
+    # over two lines
+    mode: Literal["a", "b"] = "a"
+    tags: list[str] = field(default_factory=lambda: ["x"])  # trailing
+    plain: int | None = 3
+    inner: _Inner = field(default_factory=lambda: _Inner(rate=0.25))  # what the inner part does
+    roles: dict[str, _Role] = field(default_factory=lambda: {"gen": _Role("m")})
+
+
+def test_config_sections_read_types_defaults_and_comments() -> None:
+    assert config_sections(_Outer) == [
+        ("", [("name", "str", "required", ""), ("mode", "{a,b}", "a", "chosen mode, over two lines"),
+              ("tags", "list[str]", "[x]", "trailing"), ("plain", "int | None", "3", "")]),
+        ("inner (_Inner): The inner section.; what the inner part does", [("inner.rate", "float", "0.25", "how fast")]),
+        ("roles.<name> (_Role; by default gen)", [("roles.<name>.model", "str", "required", "")]),
+    ]

@@ -10,7 +10,7 @@ from typing import Literal
 import pytest
 
 from overstory.cli import JOBS, job_config_class
-from overstory.config import ConfigError, load_config, to_dict
+from overstory.core.config import ConfigError, load_config, to_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from overstory.tracking import TrackingConfig, start_run
+from overstory.core.tracking import TrackingConfig, start_run
 
 
 def test_jsonl_backend(tmp_path: Path) -> None:

@@ -12,11 +12,14 @@ first launcher. Writes ``bench.json`` and ``bench.png`` to ``out``.
 
 from __future__ import annotations
 
+import importlib
 import json
 import shutil
 import subprocess
 import sys
 import time
+import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,11 +27,10 @@ from accelerate.commands.config.config_args import ClusterConfig
 from rich.console import Console
 from rich.table import Table
 
-from evaluation.plots import plot_train_bench
-from overstory.cli import job_config_class
-from overstory.config import ConfigError, load_config, to_dict
-from overstory.memory import MemorySampler
-from overstory.tracking import TrackingConfig, start_run
+from overstory.core.config import ConfigError, load_config, to_dict
+from overstory.core.memory import MemorySampler
+from overstory.core.plots import plt, save_figure
+from overstory.core.tracking import TrackingConfig, start_run
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,12 @@ class TrainBenchConfig:
         for name, path in self.launchers.items():
             if path and not Path(path).is_file():
                 raise ConfigError(f"launchers.{name}: accelerate config {path} not found")
+
+
+def recipe_config_class(job: str) -> type:
+    """The config class of the training recipe ``job``, read off its ``run(config: ...)`` signature (the bench
+    sits beside the recipes and must not import the CLI's job table above it)."""
+    return typing.get_type_hints(importlib.import_module(f"overstory.training.{job}").run)["config"]
 
 
 def samples_seen(job_config, metrics: dict, world_size: int) -> int:
@@ -88,7 +96,7 @@ def run_one(recipe: BenchRecipe, launcher: str, out: Path, timeout_s: int) -> di
         raise RuntimeError(f"{' '.join(command)} exited with {code}; last lines of {log}:\n"
                            + "\n".join(log.read_text(errors="replace").splitlines()[-25:]))
     metrics = json.loads((out / "metrics.json").read_text())
-    job_config = load_config(job_config_class("train", recipe.job), recipe.config, recipe.overrides)
+    job_config = load_config(recipe_config_class(recipe.job), recipe.config, recipe.overrides)
     samples = samples_seen(job_config, metrics, world_size)
     return {"processes": world_size, "samples": samples, "train_seconds": metrics["seconds"],
             "wall_seconds": round(wall, 1),
@@ -132,3 +140,20 @@ def _print(results: dict[str, dict[str, dict]], baseline: str) -> None:
                           f"{r['wall_seconds']:.1f}", f"{r['peak_rss_mib']:.0f}", f"{r['throughput_ratio']:.3f}",
                           f"{r['memory_ratio']:.3f}")
     Console(width=120).print(table)
+
+
+def plot_train_bench(results: Mapping[str, Mapping[str, Mapping]], path: str | Path) -> Path:
+    """Samples/s and peak memory per recipe, one bar per launcher."""
+    recipes = list(results)
+    launchers = list(next(iter(results.values())))
+    width = 0.8 / len(launchers)
+    fig, (ax_speed, ax_memory) = plt.subplots(1, 2, figsize=(11, 4))
+    for i, launcher in enumerate(launchers):
+        xs = [r + (i - (len(launchers) - 1) / 2) * width for r in range(len(recipes))]
+        ax_speed.bar(xs, [results[r][launcher]["samples_per_s"] for r in recipes], width, label=launcher)
+        ax_memory.bar(xs, [results[r][launcher]["peak_rss_mib"] / 1024 for r in recipes], width, label=launcher)
+    for ax, title in ((ax_speed, "training samples / s"), (ax_memory, "peak resident memory (GiB, all processes)")):
+        ax.set_xticks(range(len(recipes)), recipes)
+        ax.set_title(title)
+        ax.legend(fontsize=8)
+    return save_figure(fig, path)

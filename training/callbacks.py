@@ -13,7 +13,7 @@ import math
 
 from transformers import TrainerCallback
 
-from overstory.tracking import Run
+from overstory.core.tracking import Run
 
 
 class TrainingDiverged(RuntimeError):

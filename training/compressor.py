@@ -30,13 +30,13 @@ from rich.progress import Progress
 from torch.utils.data import DataLoader
 from transformers import get_cosine_schedule_with_warmup
 
-from data_pipeline.formats import SummaryRecord, read_jsonl
-from data_pipeline.splits import split_by_document
-from models.compressor import SetCompressor, SetCompressorConfig, pad_children, save_checkpoint
-from overstory.config import ConfigError, to_dict
-from overstory.tracking import TrackingConfig, start_run
-from training.callbacks import TrainingDiverged
-from training.distributed import accelerator_handlers
+from overstory.core.config import ConfigError, to_dict
+from overstory.core.tracking import TrackingConfig, start_run
+from overstory.data_pipeline.formats import SummaryRecord, read_jsonl
+from overstory.data_pipeline.splits import split_by_document
+from overstory.models.compressor import SetCompressor, SetCompressorConfig, pad_children, save_checkpoint
+from overstory.training.callbacks import TrainingDiverged
+from overstory.training.distributed import accelerator_handlers
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,11 @@ def launched_distributed() -> bool:
     return int(os.environ.get("LOCAL_RANK", -1)) != -1
 
 
+def world_size() -> int:
+    """How many processes the launcher started (1 when run directly)."""
+    return int(os.environ.get("WORLD_SIZE", 1))
+
+
 def process_group_backend() -> str | None:
     """``"gloo"`` for a distributed job on a machine without CUDA, otherwise None (the default)."""
     if launched_distributed() and not torch.cuda.is_available():

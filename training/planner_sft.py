@@ -21,24 +21,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from data_pipeline.formats import PlannerTrace, read_jsonl
-from data_pipeline.splits import split_by_document
-from models.registry import SMOLLM2, load_causal_lm
-from overstory.config import ConfigError, to_dict
-from overstory.tracking import TrackingConfig, start_run
-from training.callbacks import StopOnNonFiniteLoss, TrackingCallback
-from training.distributed import process_group_backend
-
-
-@dataclass(frozen=True)
-class LoraSettings:
-    enabled: bool = True
-    r: int = 16
-    alpha: int = 32
-    dropout: float = 0.05
-    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
-                                                               "gate_proj", "up_proj", "down_proj"])
-    merge: bool = False  # write the merged full model to out/final instead of the adapter
+from overstory.core.config import ConfigError, to_dict
+from overstory.core.tracking import TrackingConfig, start_run
+from overstory.data_pipeline.formats import PlannerTrace, read_jsonl
+from overstory.data_pipeline.splits import split_by_document
+from overstory.models.registry import SMOLLM2, load_causal_lm
+from overstory.training.callbacks import StopOnNonFiniteLoss, TrackingCallback
+from overstory.training.common import LoraSettings, lora_config, newest_checkpoint, save_final
+from overstory.training.distributed import process_group_backend
+from overstory.training.planner_common import trace_rows
 
 
 @dataclass(frozen=True)
@@ -78,11 +69,6 @@ class PlannerSftConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
 
-def trace_rows(traces: list[PlannerTrace]) -> list[dict]:
-    """TRL's conversational prompt-completion rows (the loss covers the completion only)."""
-    return [{"prompt": t.prompt, "completion": [{"role": "assistant", "content": t.completion}]} for t in traces]
-
-
 def sft_args(config: PlannerSftConfig, evaluate: bool, **overrides):
     """TRL's SFTConfig for this run; ``evaluate``: there are validation traces. ``overrides`` go to SFTConfig
     (tests build the arguments a launch would, e.g. with ``use_cpu=True`` where bf16 needs a GPU)."""
@@ -106,8 +92,6 @@ def sft_args(config: PlannerSftConfig, evaluate: bool, **overrides):
 
 def run(config: PlannerSftConfig) -> dict:
     from datasets import Dataset
-    from peft import LoraConfig
-    from transformers.trainer_utils import get_last_checkpoint
     from trl import SFTTrainer
 
     # --- setup -------------------------------------------------------------------------------------
@@ -123,12 +107,9 @@ def run(config: PlannerSftConfig) -> dict:
                          f"{len({t.doc_id for t in traces})} documents); lower train.val_fraction")
     model, tokenizer = load_causal_lm(config.model)
     args = sft_args(config, evaluate=bool(val_traces))
-    peft_config = LoraConfig(r=config.lora.r, lora_alpha=config.lora.alpha, lora_dropout=config.lora.dropout,
-                             target_modules=list(config.lora.target_modules),
-                             task_type="CAUSAL_LM") if config.lora.enabled else None
     tracker = start_run(config.tracking, "train planner_sft", config) if args.process_index == 0 else None
     trainer = SFTTrainer(
-        model=model, args=args, processing_class=tokenizer, peft_config=peft_config,
+        model=model, args=args, processing_class=tokenizer, peft_config=lora_config(config.lora),
         train_dataset=Dataset.from_list(trace_rows(train_traces)),
         eval_dataset=Dataset.from_list(trace_rows(val_traces)) if val_traces else None,
         callbacks=[StopOnNonFiniteLoss(f"lower train.lr (now {config.train.lr}) or check the traces"),
@@ -140,10 +121,7 @@ def run(config: PlannerSftConfig) -> dict:
 
     # --- train -------------------------------------------------------------------------------------
     started = time.perf_counter()
-    last = get_last_checkpoint(args.output_dir) if Path(args.output_dir).exists() else None
-    if last:
-        print(f"resuming from {last}")
-    result = trainer.train(resume_from_checkpoint=last)
+    result = trainer.train(resume_from_checkpoint=newest_checkpoint(args.output_dir))
 
     # --- save --------------------------------------------------------------------------------------
     metrics = {"train_loss": result.training_loss, "steps": trainer.state.global_step,
@@ -151,19 +129,13 @@ def run(config: PlannerSftConfig) -> dict:
                "seconds": round(time.perf_counter() - started, 1)}
     if val_traces:
         metrics["eval_loss"] = trainer.evaluate()["eval_loss"]
-    if args.process_index == 0:
-        final = out / "final"
-        model_out = trainer.model.merge_and_unload() if config.lora.enabled and config.lora.merge else trainer.model
-        model_out.save_pretrained(final)
-        tokenizer.save_pretrained(final)
-        (final / "overstory.json").write_text(json.dumps({
-            "kind": "planner", "base_model": config.model, "adapter": config.lora.enabled and not config.lora.merge,
-            "recipe": "planner_sft", "config": to_dict(config), "traces": config.traces,
-            "traces_sha256": hashlib.sha256(Path(config.traces).read_bytes()).hexdigest()[:16],
-            "teachers": sorted({t.teacher for t in traces}), "metrics": metrics, "tracking_run": tracker.id},
-            indent=2))
-        history = [row for row in trainer.state.log_history]
-        (out / "metrics.json").write_text(json.dumps({**metrics, "history": history}, indent=2))
+    save_final(trainer, tokenizer, out, {
+        "kind": "planner", "base_model": config.model, "adapter": config.lora.enabled and not config.lora.merge,
+        "recipe": "planner_sft", "config": to_dict(config), "traces": config.traces,
+        "traces_sha256": hashlib.sha256(Path(config.traces).read_bytes()).hexdigest()[:16],
+        "teachers": sorted({t.teacher for t in traces}), "tracking_run": tracker.id if tracker else None},
+        metrics, history=trainer.state.log_history, merge_lora=config.lora.enabled and config.lora.merge)
+    if tracker:
         tracker.summary(metrics)
         tracker.finish()
         print(json.dumps(metrics, indent=2))

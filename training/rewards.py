@@ -23,8 +23,8 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from data_pipeline.formats import LEVELS
-from models.planner import Plan, parse_plan
+from overstory.data_pipeline.formats import LEVELS
+from overstory.models.planner import Plan, parse_plan
 
 
 def completion_text(completion: str | Sequence[Mapping[str, str]]) -> str:

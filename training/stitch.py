@@ -37,15 +37,15 @@ from typing import Literal
 
 import torch
 
-from data_pipeline.formats import PlannerTrace, read_jsonl
-from models.planner import parse_plan
-from models.registry import SMOLLM2
-from overstory.config import ConfigError, to_dict
-from overstory.tracking import TrackingConfig, start_run
-from training.distributed import process_group_backend
-from training.planner_data import PlannerDataConfig, RewardSettings, build_rewards, load_policy, planner_rows
-from training.planner_grpo import GrpoSettings, PlannerGrpoConfig, grpo_args
-from training.planner_sft import LoraSettings, trace_rows
+from overstory.core.config import ConfigError, to_dict
+from overstory.core.tracking import TrackingConfig, start_run
+from overstory.data_pipeline.formats import PlannerTrace, read_jsonl
+from overstory.data_pipeline.planner_examples import PlannerDataConfig, planner_rows
+from overstory.models.planner import parse_plan
+from overstory.models.registry import SMOLLM2, load_lm_checkpoint
+from overstory.training.common import LoraSettings, lora_config, write_manifest
+from overstory.training.distributed import process_group_backend, world_size
+from overstory.training.planner_common import GrpoSettings, RewardSettings, build_rewards, grpo_args, trace_rows
 
 # (prompts, number of rollouts each) -> completions, prompt by prompt: the policy, or a stand-in in tests
 RolloutFn = Callable[[list[list[dict[str, str]]], int], list[list[str]]]
@@ -183,28 +183,30 @@ def policy_rollout(model, tokenizer, settings: StitchSettings) -> RolloutFn:
 
 def run(config: StitchConfig) -> dict:
     from datasets import Dataset
-    from peft import LoraConfig, PeftModel, get_peft_model
+    from peft import PeftModel, get_peft_model
     from trl import GRPOTrainer, SFTConfig, SFTTrainer
 
     # --- setup -------------------------------------------------------------------------------------
+    if world_size() > 1:
+        # Each update builds a fresh Trainer around one policy and hands it the optimizers that carry Adam's
+        # moments across updates; DeepSpeed owns the optimizer and refuses that. Scale-out goes through verl.
+        raise ConfigError(f"STITCH runs in one process (WORLD_SIZE is {world_size()}): launch it without "
+                          f"`accelerate launch`, or run its GRPO half at scale with planner_grpo or verl "
+                          f"(training/verl/README.md)")
     settings, out = config.stitch, Path(config.out)
     random.seed(settings.seed)
     torch.manual_seed(settings.seed)
     last = out / "last"
-    model, tokenizer, base = load_policy(str(last) if (last / "adapter_config.json").exists() else config.model)
+    model, tokenizer, base = load_lm_checkpoint(str(last) if (last / "adapter_config.json").exists() else config.model)
     if not isinstance(model, PeftModel):
         if not config.lora.enabled:
             raise ConfigError("stitch trains a LoRA adapter; set lora.enabled: true")
-        model = get_peft_model(model, LoraConfig(r=config.lora.r, lora_alpha=config.lora.alpha,
-                                                 lora_dropout=config.lora.dropout, task_type="CAUSAL_LM",
-                                                 target_modules=list(config.lora.target_modules)))
+        model = get_peft_model(model, lora_config(config.lora))
     rows, _, _ = planner_rows(config.data, base)
     traces = {t.question_id: t for t in read_jsonl(config.traces, PlannerTrace)}
     if not traces:
         raise ValueError(f"{config.traces} holds no traces; STITCH needs expert traces for hints and imitation")
     reward_funcs, weights = build_rewards(config.rewards)
-    grpo_config = PlannerGrpoConfig(data=config.data, out=str(out / "grpo"), model=config.model, lora=config.lora,
-                                    rewards=config.rewards, train=config.grpo)
     trainable = [p for p in model.parameters() if p.requires_grad]
     grpo_optimizer = torch.optim.AdamW(trainable, lr=config.grpo.lr)
     sft_optimizer = torch.optim.AdamW(trainable, lr=settings.sft_lr)
@@ -234,7 +236,7 @@ def run(config: StitchConfig) -> dict:
         if routing.rl:  # GRPO on the RL buffer (TRL regenerates on-policy rollouts of these prompts)
             # one generation batch = G rollouts of every buffered prompt, one prompt per micro-batch, one
             # optimizer step per ``grpo_steps``: the whole buffer shapes each update
-            args = grpo_args(grpo_config, weights, max_steps=settings.grpo_steps, save_strategy="no",
+            args = grpo_args(config.grpo, out / "grpo", weights, max_steps=settings.grpo_steps, save_strategy="no",
                              num_generations=settings.num_generations,
                              per_device_train_batch_size=settings.num_generations,
                              gradient_accumulation_steps=len(routing.rl), steps_per_generation=None)
@@ -271,9 +273,9 @@ def run(config: StitchConfig) -> dict:
     summary = {"steps": state["step"], "sft_injections": sum(r["sft_injection"] for r in state["history"]),
                "final_success_rate": state["success_rate"], "n_prompts": len(rows), "n_traces": len(traces),
                "seconds": round(time.perf_counter() - started, 1)}
-    (final / "overstory.json").write_text(json.dumps({
-        "kind": "planner", "base_model": base, "adapter": True, "recipe": "stitch", "init": config.model,
-        "config": to_dict(config), "metrics": summary, "tracking_run": tracker.id}, indent=2))
+    write_manifest(final, {"kind": "planner", "base_model": base, "adapter": True, "recipe": "stitch",
+                           "init": config.model, "config": to_dict(config), "metrics": summary,
+                           "tracking_run": tracker.id})
     (out / "metrics.json").write_text(json.dumps({**summary, "history": state["history"]}, indent=2))
     tracker.summary(summary)
     tracker.finish()

@@ -28,16 +28,15 @@ from typing import Literal
 
 import numpy as np
 
-from data_pipeline.formats import SummaryRecord, read_jsonl
-from data_pipeline.hierarchy import load_hierarchies
-from data_pipeline.splits import split_by_document
-from data_pipeline.summaries import hierarchy_path
-from models.registry import load_sentence_encoder
-from models.text_compressor import join_children, save_text_compressor
-from overstory.config import ConfigError, to_dict
-from overstory.tracking import TrackingConfig, start_run
-from training.callbacks import StopOnNonFiniteLoss, TrackingCallback
-from training.distributed import process_group_backend
+from overstory.core.config import ConfigError, to_dict
+from overstory.core.tracking import TrackingConfig, start_run
+from overstory.data_pipeline.formats import SummaryRecord, read_jsonl
+from overstory.data_pipeline.hierarchy import load_hierarchies, stored_hierarchy_path
+from overstory.data_pipeline.splits import split_by_document
+from overstory.models.registry import load_sentence_encoder
+from overstory.models.text_compressor import join_children, save_text_compressor
+from overstory.training.callbacks import StopOnNonFiniteLoss, TrackingCallback
+from overstory.training.distributed import process_group_backend
 
 
 @dataclass(frozen=True)
@@ -106,7 +105,7 @@ def run(config: TextCompressorJobConfig) -> dict:
     if not records:
         raise ValueError(f"{config.data} holds no summary records; run `overstory data summaries` first")
     train_records, val_records = split_by_document(records, config.train.val_fraction)
-    texts = group_texts(train_records + val_records, config.hierarchies or hierarchy_path(config.data))
+    texts = group_texts(train_records + val_records, config.hierarchies or stored_hierarchy_path(config.data))
     train_texts, val_texts = texts[: len(train_records)], texts[len(train_records):]
     val_targets = np.array([r.target_embedding for r in val_records], dtype=np.float32)
     encoder = records[0].encoder

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from data_pipeline.hierarchy import HierarchyConfig, cached_tokenizer
+from overstory.data_pipeline.hierarchy import HierarchyConfig, cached_tokenizer
 
 
 @pytest.fixture(scope="session")

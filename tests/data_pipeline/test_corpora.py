@@ -9,8 +9,8 @@ from typing import get_args
 
 import pytest
 
-from data_pipeline.corpora import LOADERS, CorpusConfig, CorpusError, CorpusKind, load_corpus
-from overstory.config import ConfigError
+from overstory.core.config import ConfigError
+from overstory.data_pipeline.corpora import LOADERS, CorpusConfig, CorpusError, CorpusKind, load_corpus
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 SQUAD = DATA / "squad" / "dev-v2.0-articles.json"

@@ -7,18 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from data_pipeline.corpora import load_corpus
-from data_pipeline.formats import LEVEL_RANK, LEVELS, Document
-from data_pipeline.hierarchy import (
+from overstory.core.config import ConfigError
+from overstory.data_pipeline.corpora import load_corpus
+from overstory.data_pipeline.formats import LEVEL_RANK, LEVELS, Document, level_range
+from overstory.data_pipeline.hierarchy import (
     HierarchyConfig,
     build_hierarchies,
     build_hierarchy,
     chunks_at_levels,
-    level_range,
     load_hierarchies,
     save_hierarchies,
 )
-from overstory.config import ConfigError
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 SQUAD = DATA / "squad" / "dev-v2.0-articles.json"

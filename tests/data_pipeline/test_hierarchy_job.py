@@ -8,10 +8,10 @@ from pathlib import Path
 
 import yaml
 
-from data_pipeline.formats import LEVELS
-from data_pipeline.hierarchy import load_hierarchies
-from data_pipeline.hierarchy_job import level_stats
 from overstory.cli import main
+from overstory.data_pipeline.formats import LEVELS
+from overstory.data_pipeline.hierarchy import load_hierarchies
+from overstory.data_pipeline.hierarchy_job import level_stats
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs/data/hierarchy.yaml"

@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from data_pipeline.formats import LEVELS, PseudoLabel, read_jsonl
-from data_pipeline.pseudo_labels import PseudoLabelsConfig
 from overstory.cli import main
-from overstory.config import ConfigError, load_config
+from overstory.core.config import ConfigError, load_config
+from overstory.data_pipeline.formats import LEVELS, PseudoLabel, read_jsonl
+from overstory.data_pipeline.hierarchy import load_hierarchies, stored_hierarchy_path
+from overstory.data_pipeline.pseudo_labels import PseudoLabelsConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs/data/pseudo_labels.yaml"
@@ -41,6 +42,10 @@ def test_pseudo_labels_on_a_real_slice_and_resume(tmp_path: Path) -> None:
             # the second attempt reads from paragraphs upwards and more chunks
             assert "sentence" not in label.retrieved_levels and len(label.retrieved_ids) == 10
     assert any(label.correct for label in labels)  # measured: 2 of 6 with the contains rule
+    # the hierarchy it labelled on is stored beside the labels, holding every chunk the labels name
+    stored = {c.id for c in load_hierarchies(stored_hierarchy_path(out))}
+    assert {i for label in labels for i in label.retrieved_ids} <= stored
+    assert all(label.evidence and label.evidence[0].doc_id == label.doc_id for label in labels)
 
     before = out.read_text()
     assert main(args) == 0  # every id is done: nothing is regenerated

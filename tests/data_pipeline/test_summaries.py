@@ -7,19 +7,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data_pipeline.formats import Chunk, SummaryRecord, read_jsonl
-from data_pipeline.hierarchy import load_hierarchies
-from data_pipeline.summaries import (
+from overstory.cli import main
+from overstory.core.config import ConfigError
+from overstory.data_pipeline.formats import Chunk, SummaryRecord, read_jsonl
+from overstory.data_pipeline.hierarchy import load_hierarchies, stored_hierarchy_path
+from overstory.data_pipeline.summaries import (
     SummariesConfig,
     SummaryFailed,
     SummaryRejected,
     check_summary,
     failures_path,
-    hierarchy_path,
     summarise,
 )
-from overstory.cli import main
-from overstory.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,7 +40,7 @@ def test_real_summaries_and_resume(tmp_path: Path) -> None:
         assert len(record.child_embeddings) == len(record.child_ids) >= 1
         assert np.linalg.norm(record.target_embedding) == pytest.approx(1.0, abs=1e-3)
         assert record.generator == "builtin:smollm2-135m-instruct"
-    kept = hierarchy_path(out)
+    kept = stored_hierarchy_path(out)
     assert {r.id for r in records} <= {c.id for c in load_hierarchies(kept)}
     assert _run(out, "limit=4") == 0  # resumes: only the 4th chunk is new
     again = list(read_jsonl(out, SummaryRecord))

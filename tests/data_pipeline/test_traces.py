@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from data_pipeline.corpora import load_corpus
-from data_pipeline.formats import PlannerTrace, PseudoLabel, read_jsonl, write_jsonl
-from data_pipeline.pseudo_labels import single_document_questions
-from data_pipeline.traces import TracesConfig
-from models.planner import parse_plan
 from overstory.cli import main
-from overstory.config import ConfigError, load_config
+from overstory.core.config import ConfigError, load_config
+from overstory.data_pipeline.corpora import load_corpus
+from overstory.data_pipeline.formats import PlannerTrace, PseudoLabel, read_jsonl, write_jsonl
+from overstory.data_pipeline.hierarchy import save_hierarchies, stored_hierarchy_path
+from overstory.data_pipeline.pseudo_labels import single_document_questions
+from overstory.data_pipeline.traces import TracesConfig
+from overstory.models.planner import parse_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 SQUAD = ROOT / "data/squad/dev-v2.0-articles.json"
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture()
-def labels(tmp_path: Path) -> Path:
+def labels(tmp_path: Path, squad_chunks: list) -> Path:
     """Pseudo-labels for three real questions (the job's input; the labels themselves are chosen here)."""
     _, questions = load_corpus("squad", SQUAD)
     ranges = [("sentence", "paragraph"), ("paragraph", "section"), ("sentence", "sentence")]
@@ -30,12 +31,13 @@ def labels(tmp_path: Path) -> Path:
                for (q, doc_id), (low, high) in zip(single_document_questions(questions), ranges)]
     records.append(PseudoLabel("unsolved", records[0].doc_id, "?", ["x"], None, None, False, 3, [], [], "", "", ""))
     write_jsonl(tmp_path / "labels.jsonl", records)
+    save_hierarchies(stored_hierarchy_path(tmp_path / "labels.jsonl"), squad_chunks)  # as the labelling job does
     return tmp_path / "labels.jsonl"
 
 
 def _traces(labels: Path, out: Path, *extra: str) -> int:
     return main(["data", "traces", "--config", str(ROOT / "configs/data/traces.yaml"), f"labels={labels}",
-                 f"corpus.path={SQUAD}", "--out", str(out), "metadata_tokens=64", "tracking.backend=none", *extra])
+                 "--out", str(out), "metadata_tokens=64", "tracking.backend=none", *extra])
 
 
 def test_teacher_pool_keeps_matching_traces_records_failures_and_resumes(labels: Path, tmp_path: Path) -> None:

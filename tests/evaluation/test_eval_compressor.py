@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from models.compressor import SetCompressor, SetCompressorConfig, save_checkpoint
-from models.registry import MINILM, load_sentence_encoder
-from models.text_compressor import save_text_compressor
 from overstory.cli import main
+from overstory.models.compressor import SetCompressor, SetCompressorConfig, save_checkpoint
+from overstory.models.registry import MINILM, load_sentence_encoder
+from overstory.models.text_compressor import save_text_compressor
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow

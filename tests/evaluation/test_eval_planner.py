@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.planner import EvalPlannerConfig, score_plans
-from models.planner import plan_json
 from overstory.cli import main
-from overstory.config import ConfigError, load_config
+from overstory.core.config import ConfigError, load_config
+from overstory.evaluation.planner import EvalPlannerConfig, score_plans
+from overstory.models.planner import plan_json
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs/eval/planner.yaml"
@@ -40,7 +40,7 @@ def test_eval_planner_compares_base_and_sft(planner_labels: Path, planner_traces
                  "train.logging_steps=1", "tracking.backend=none"]) == 0
     out = tmp_path / "eval"
     assert main(["eval", "planner", "--config", str(CONFIG), "--data", str(planner_labels), "--out", str(out),
-                 f"corpus.path={ROOT / 'data/squad/dev-v2.0-articles.json'}", "metadata_tokens=48",
+                 "metadata_tokens=48",
                  f"variants={{base: builtin:smollm2-135m-instruct, sft: {sft / 'final'}}}", "--compare", "base,sft",
                  "limit=3", "max_new_tokens=48", "tracking.backend=none"]) == 0
     report = json.loads((out / "metrics.json").read_text())

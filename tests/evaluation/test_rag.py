@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from data_pipeline.formats import Chunk
 from overstory.cli import main
-from retrieval.answer import answer_messages, clean_answer
+from overstory.data_pipeline.formats import Chunk
+from overstory.retrieval.answer import answer_messages, clean_answer
 
 ROOT = Path(__file__).resolve().parents[2]
 

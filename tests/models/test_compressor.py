@@ -7,7 +7,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from models.compressor import SetCompressor, SetCompressorConfig, load_compressor, pad_children, save_checkpoint
+from overstory.models.compressor import (
+    SetCompressor,
+    SetCompressorConfig,
+    load_compressor,
+    pad_children,
+    save_checkpoint,
+)
 
 
 @pytest.fixture

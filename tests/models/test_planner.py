@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from models.planner import normalise_level, parse_plan, plan_json, planner_messages
+from overstory.models.planner import normalise_level, parse_plan, plan_json, planner_messages
 
 REPLIES = json.loads((Path(__file__).parent / "data" / "smollm2_base_planner_replies.json").read_text())
 

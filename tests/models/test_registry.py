@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from models import registry
-from models.registry import MINILM, SMOLLM2, ModelNotAvailable, load_sentence_encoder, resolve
+from overstory.models import registry
+from overstory.models.registry import MINILM, SMOLLM2, ModelNotAvailable, load_sentence_encoder, resolve
 
 
 def test_smollm2_converted_once_and_reused() -> None:

@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data_pipeline.corpora import CorpusConfig, load_corpus
-from data_pipeline.formats import Chunk
-from data_pipeline.hierarchy import chunks_at_levels
-from models.registry import MINILM, load_sentence_encoder
-from retrieval.index import BM25Index, DenseIndex, HybridIndex, build_index, load_index
+from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
+from overstory.data_pipeline.formats import Chunk
+from overstory.data_pipeline.hierarchy import chunks_at_levels
+from overstory.models.registry import MINILM, load_sentence_encoder
+from overstory.retrieval.index import BM25Index, DenseIndex, HybridIndex, build_index, load_index
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,15 +7,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data_pipeline.corpora import CorpusConfig, load_corpus
-from data_pipeline.hierarchy import HierarchyConfig, build_hierarchies
-from evaluation.metrics import mean, recall_at_k
-from models.compressor import SetCompressor, SetCompressorConfig, save_checkpoint
-from models.registry import MINILM, SMOLLM2
-from retrieval.smartchunk import SmartChunkRetriever
-from serving.client import Client
-from serving.config import RoleConfig, ServeConfig
-from serving.engine import EmbeddedEngine
+from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
+from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies
+from overstory.models.compressor import SetCompressor, SetCompressorConfig, save_checkpoint
+from overstory.models.registry import MINILM, SMOLLM2
+from overstory.retrieval.metrics import mean, recall_at_k
+from overstory.retrieval.smartchunk import SmartChunkRetriever
+from overstory.serving.client import Client
+from overstory.serving.config import RoleConfig, ServeConfig
+from overstory.serving.engine import EmbeddedEngine
 
 ROOT = Path(__file__).resolve().parents[2]
 

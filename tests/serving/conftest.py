@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from serving.config import ServeConfig
-from serving.engine import EmbeddedEngine
-from serving.launch import serve_in_background
+from overstory.serving.config import ServeConfig
+from overstory.serving.engine import EmbeddedEngine
+from overstory.serving.launch import serve_in_background
 
 ROOT = Path(__file__).resolve().parents[2]
 

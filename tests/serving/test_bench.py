@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from overstory.cli import main
-from overstory.config import ConfigError, load_config
-from serving.bench import ServeBenchConfig
+from overstory.core.config import ConfigError, load_config
+from overstory.serving.bench import ServeBenchConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 

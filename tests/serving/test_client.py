@@ -13,8 +13,8 @@ import pytest
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from serving.client import Client, ClientError
-from serving.launch import free_port, serve_in_background
+from overstory.serving.client import Client, ClientError
+from overstory.serving.launch import free_port, serve_in_background
 
 CHAT_REPLY = {"choices": [{"message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
               "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}

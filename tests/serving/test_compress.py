@@ -8,13 +8,13 @@ import httpx
 import numpy as np
 import pytest
 
-from models.compressor import SetCompressor, SetCompressorConfig, save_checkpoint
-from models.registry import MINILM, load_sentence_encoder
-from models.text_compressor import join_children, save_text_compressor
-from overstory.config import ConfigError
-from serving.client import Client
-from serving.config import RoleConfig, ServeConfig
-from serving.launch import serve_in_background
+from overstory.core.config import ConfigError
+from overstory.models.compressor import SetCompressor, SetCompressorConfig, save_checkpoint
+from overstory.models.registry import MINILM, load_sentence_encoder
+from overstory.models.text_compressor import join_children, save_text_compressor
+from overstory.serving.client import Client
+from overstory.serving.config import RoleConfig, ServeConfig
+from overstory.serving.launch import serve_in_background
 
 GROUPS = [["The Normans were a people of Normandy.", "They descended from Norse raiders."],
           ["P versus NP is a major open problem."]]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from models.registry import SMOLLM2
-from overstory.config import ConfigError
-from serving.config import RoleConfig, ServeConfig
-from serving.engine import BadRequest, EmbeddedEngine, RequestTooLarge
+from overstory.core.config import ConfigError
+from overstory.models.registry import SMOLLM2
+from overstory.serving.config import RoleConfig, ServeConfig
+from overstory.serving.engine import BadRequest, EmbeddedEngine, RequestTooLarge
 
 PROMPTS = ["The capital of France is", "One, two, three,", "Water boils at"]
 

@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 import torch
 
-from models.registry import MINILM, SMOLLM2, load_causal_lm
-from serving.client import Client, ClientError
-from serving.config import RoleConfig, ServeConfig
-from serving.launch import free_port, serve_in_background, stack_in_background
+from overstory.models.registry import MINILM, SMOLLM2, load_causal_lm
+from overstory.serving.client import Client, ClientError
+from overstory.serving.config import RoleConfig, ServeConfig
+from overstory.serving.launch import free_port, serve_in_background, stack_in_background
 
 QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
 PROMPT = "Question: Which river flows through Paris?\nAnswer:"

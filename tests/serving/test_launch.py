@@ -12,9 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from overstory.config import ConfigError
-from serving.config import RoleConfig, ServeConfig
-from serving.launch import PortInUse, free_port, run, serve_in_background
+from overstory.core.config import ConfigError
+from overstory.serving.config import RoleConfig, ServeConfig
+from overstory.serving.launch import PortInUse, free_port, run, serve_in_background
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -6,7 +6,7 @@ import httpx
 import numpy as np
 import pytest
 
-from serving.client import Client, ClientError
+from overstory.serving.client import Client, ClientError
 
 QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
 

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from overstory.config import ConfigError
-from serving import vllm
-from serving.config import RoleConfig, ServeConfig
-from serving.launch import free_port, run_vllm_stack
-from serving.vllm import ServerDied, VllmNotInstalled, plan_servers, start_server, vllm_command
+from overstory.core.config import ConfigError
+from overstory.serving import vllm
+from overstory.serving.config import RoleConfig, ServeConfig
+from overstory.serving.launch import free_port, run_vllm_stack
+from overstory.serving.vllm import ServerDied, VllmNotInstalled, plan_servers, start_server, vllm_command
 
 BASE = "Qwen/Qwen2.5-1.5B-Instruct"
 

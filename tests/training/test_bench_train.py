@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from overstory.cli import main
-from overstory.config import ConfigError, load_config
-from training.bench import TrainBenchConfig
+from overstory.core.config import ConfigError, load_config
+from overstory.training.bench import TrainBenchConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 

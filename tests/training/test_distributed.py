@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from models.compressor import load_compressor
+from overstory.models.compressor import load_compressor
 
 ROOT = Path(__file__).resolve().parents[2]
 ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch"]

@@ -9,8 +9,8 @@ import pytest
 from safetensors.torch import load_file
 
 from overstory.cli import main
-from overstory.config import ConfigError, load_config
-from training.planner_grpo import PlannerGrpoConfig
+from overstory.core.config import ConfigError, load_config
+from overstory.training.planner_grpo import PlannerGrpoConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs/train/planner_grpo.yaml"
@@ -23,7 +23,7 @@ SPREAD = ("rewards.max_completion_tokens=4", "train.mask_truncated_completions=f
 
 def _grpo(labels: Path, out: Path, *extra: str) -> int:
     return main(["train", "planner_grpo", "--config", str(CONFIG), f"data.labels={labels}",
-                 f"data.corpus.path={ROOT / 'data/squad/dev-v2.0-articles.json'}", "data.metadata_tokens=48",
+                 "data.metadata_tokens=48",
                  f"out={out}", "train.num_generations=2", "train.batch_size=4", "train.max_completion_length=24",
                  "train.save_steps=2", "tracking.backend=jsonl", f"tracking.dir={out / 'tracking'}", *extra])
 

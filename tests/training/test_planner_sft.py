@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from models.planner import parse_plan
-from models.registry import load_causal_lm
 from overstory.cli import main
+from overstory.models.planner import parse_plan
+from overstory.models.registry import load_causal_lm
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow

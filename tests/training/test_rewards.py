@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from training.rewards import QAReward, align_reward, format_reward, make_cost_reward, make_length_reward
+from overstory.training.rewards import QAReward, align_reward, format_reward, make_cost_reward, make_length_reward
 
 TOKENS = {"sentence": 30.0, "paragraph": 120.0, "subsection": 250.0, "section": 900.0, "document": 5000.0}
 # shapes seen from untrained and partly trained SmolLM2-135M rollouts, plus the edge cases of the issue

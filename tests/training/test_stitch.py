@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from data_pipeline.formats import PlannerTrace
-from models.planner import plan_json, planner_messages
 from overstory.cli import main
-from training.stitch import StitchSettings, route
+from overstory.data_pipeline.formats import PlannerTrace
+from overstory.models.planner import plan_json, planner_messages
+from overstory.training.stitch import StitchSettings, route
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -64,7 +64,7 @@ def test_stitch_steps_on_the_real_model_inject_sft_and_resume(planner_labels: Pa
                                                               tmp_path: Path) -> None:
     out = tmp_path / "stitch"
     args = ["train", "stitch", "--config", str(ROOT / "configs/train/stitch.yaml"), f"data.labels={planner_labels}",
-            f"data.corpus.path={ROOT / 'data/squad/dev-v2.0-articles.json'}", "data.metadata_tokens=48",
+            "data.metadata_tokens=48",
             f"traces={planner_traces}", f"out={out}", "stitch.questions_per_step=2", "stitch.num_generations=2",
             "stitch.max_completion_tokens=24", "stitch.imitation_threshold=2", "grpo.num_generations=2",
             "grpo.batch_size=2", "grpo.max_completion_length=24", "tracking.backend=jsonl",

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from data_pipeline.formats import SummaryRecord, read_jsonl
-from data_pipeline.splits import split_by_document
-from models.compressor import load_compressor
 from overstory.cli import main
-from overstory.config import load_config
-from training.compressor import CompressorJobConfig, TrainingDiverged, run
+from overstory.core.config import load_config
+from overstory.data_pipeline.formats import SummaryRecord, read_jsonl
+from overstory.data_pipeline.splits import split_by_document
+from overstory.models.compressor import load_compressor
+from overstory.training.compressor import CompressorJobConfig, TrainingDiverged, run
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from models.registry import resolve
-from models.text_compressor import checkpoint_kind, load_text_compressor
 from overstory.cli import main
-from training.callbacks import TrainingDiverged
+from overstory.models.registry import resolve
+from overstory.models.text_compressor import checkpoint_kind, load_text_compressor
+from overstory.training.callbacks import TrainingDiverged
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow

@@ -7,11 +7,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from models.planner import plan_json
-from models.registry import load_tokenizer
 from overstory.cli import main
-from training.rewards import align_reward, format_reward, make_cost_reward, make_length_reward
-from training.verl.reward import compute_score
+from overstory.models.planner import plan_json
+from overstory.models.registry import load_tokenizer
+from overstory.training.rewards import align_reward, format_reward, make_cost_reward, make_length_reward
+from overstory.training.verl.reward import compute_score
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_export_round_trip_and_reward_entry(planner_labels: Path, planner_traces: Path, tmp_path: Path) -> None:
     out = tmp_path / "verl"
     assert main(["data", "verl-export", "--config", str(ROOT / "configs/verl/planner_export.yaml"),
-                 f"data.labels={planner_labels}", f"data.corpus.path={ROOT / 'data/squad/dev-v2.0-articles.json'}",
+                 f"data.labels={planner_labels}",
                  "data.metadata_tokens=64", f"traces={planner_traces}", f"out={out}"]) == 0
     train, val, sft = (pd.read_parquet(out / f"{name}.parquet") for name in ("train", "val", "sft"))
     assert len(train) + len(val) == 24 and len(sft) == 24

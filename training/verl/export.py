@@ -16,9 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from data_pipeline.formats import PlannerTrace, read_jsonl
-from overstory.config import to_dict
-from training.planner_data import PlannerDataConfig, RewardSettings, planner_rows
+from overstory.core.config import to_dict
+from overstory.data_pipeline.formats import PlannerTrace, read_jsonl
+from overstory.data_pipeline.planner_examples import PlannerDataConfig, planner_rows
+from overstory.training.planner_common import RewardSettings
 
 DATA_SOURCE = "overstory/smartchunk_planner"
 

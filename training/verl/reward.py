@@ -12,12 +12,12 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from training.rewards import align_reward, format_reward, make_cost_reward, make_length_reward
+from overstory.training.rewards import align_reward, format_reward, make_cost_reward, make_length_reward
 
 
 @lru_cache(maxsize=4)
 def _tokenizer(name: str):
-    from models.registry import load_tokenizer
+    from overstory.models.registry import load_tokenizer
 
     return load_tokenizer(name)
 

@@ -1,6 +1,6 @@
 """QA and retrieval metrics: pure functions, SQuAD-style answer normalisation.
 
-These are shared by evaluation jobs, the quickstart, and (later) the planner's rewards.
+They live below every job that judges answers: pseudo-labelling, R_QA in training, and the evaluations.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from data_pipeline.formats import Chunk, Span
+from overstory.data_pipeline.formats import Chunk, Span
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = set(string.punctuation)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from overstory.config import ConfigError, to_dict
+from overstory.core.config import ConfigError, to_dict
 
 
 @dataclass(frozen=True)

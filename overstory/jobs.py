@@ -1,0 +1,95 @@
+"""The job table: which module, config class and run function each ``overstory`` subcommand runs.
+
+Module paths are strings so that listing the jobs (``overstory --help``) imports none of them.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+# (group, name) -> (module, config class, run function, description); "serve" and "quickstart" have one job.
+JOBS: dict[tuple[str, str], tuple[str, str, str, str]] = {
+    ("data", "hierarchy"): (
+        "overstory.data_pipeline.hierarchy_job", "HierarchyJobConfig", "run",
+        "build multi-level chunk hierarchies for a corpus; print per-level counts and token statistics",
+    ),
+    ("data", "summaries"): (
+        "overstory.data_pipeline.summaries", "SummariesConfig", "run",
+        "LLM summaries of upper-level chunks plus child and summary embeddings (compressor training data)",
+    ),
+    ("data", "pseudo-labels"): (
+        "overstory.data_pipeline.pseudo_labels", "PseudoLabelsConfig", "run",
+        "planner labels: retrieve over all levels, answer with the backbone, expand until correct",
+    ),
+    ("data", "traces"): (
+        "overstory.data_pipeline.traces", "TracesConfig", "run",
+        "planner reasoning traces that justify each pseudo-label, from a pool of teachers; yield per teacher",
+    ),
+    ("data", "verl-export"): (
+        "overstory.training.verl.export", "VerlExportConfig", "run",
+        "the planner's GRPO prompts and SFT traces as verl parquet (reward entry: training/verl/reward.py)",
+    ),
+    ("train", "compressor"): (
+        "overstory.training.compressor", "CompressorJobConfig", "run",
+        "train the chunk compression encoder on summary embeddings (runs under accelerate launch too)",
+    ),
+    ("train", "text_compressor"): (
+        "overstory.training.text_compressor", "TextCompressorJobConfig", "run",
+        "fine-tune the sentence encoder to embed a group's child texts as its summary (compressor design b)",
+    ),
+    ("train", "planner_sft"): (
+        "overstory.training.planner_sft", "PlannerSftConfig", "run",
+        "supervised fine-tuning of the planner on teacher traces (TRL SFTTrainer; LoRA or full)",
+    ),
+    ("train", "planner_grpo"): (
+        "overstory.training.planner_grpo", "PlannerGrpoConfig", "run",
+        "GRPO with the DAPO loss for the planner (TRL GRPOTrainer) on format/length/alignment/cost/QA rewards",
+    ),
+    ("train", "stitch"): (
+        "overstory.training.stitch", "StitchConfig", "run",
+        "STITCH: GRPO on solvable questions, hinted rollouts, SFT on the imitation buffer (TRL trainers)",
+    ),
+    ("serve", ""): (
+        "overstory.serving.launch", "ServeConfig", "run",
+        "start the embedded OpenAI-compatible server for the roles in a config",
+    ),
+    ("eval", "rag"): (
+        "overstory.evaluation.rag", "RagEvalConfig", "run",
+        "retrieve-then-generate over a QA dataset: recall@k, exact match, token F1, latency",
+    ),
+    ("eval", "compressor"): (
+        "overstory.evaluation.compressor", "EvalCompressorConfig", "run",
+        "compressor vs mean_pool vs direct_encode vs summarize on held-out documents: cosine, recall@k, cost",
+    ),
+    ("eval", "planner"): (
+        "overstory.evaluation.planner", "EvalPlannerConfig", "run",
+        "planner checkpoints: accuracy vs labels and gold levels, format, length, speed, SmartChunk QA; --compare",
+    ),
+    ("bench", "serve"): (
+        "overstory.serving.bench", "ServeBenchConfig", "run",
+        "requests/s and latency percentiles per serving engine (in-process, embedded, vLLM), load phase",
+    ),
+    ("bench", "train"): (
+        "overstory.training.bench", "TrainBenchConfig", "run",
+        "training samples/s and peak memory per recipe, one process against DDP and DeepSpeed launchers",
+    ),
+    ("quickstart", ""): (
+        "overstory.quickstart", "QuickstartConfig", "run",
+        "the main job on the embedded CPU stack; writes report.json and plots",
+    ),
+}
+
+GROUP_HELP = {
+    "data": "offline data generation: chunk hierarchies, summaries, planner pseudo-labels and traces",
+    "train": "training recipes",
+    "serve": "serve models for the retrieval runtime",
+    "eval": "evaluate checkpoints and retrieval strategies",
+    "bench": "benchmarks that print ratios against a baseline measured in the same run",
+    "quickstart": "run the main job end to end on the embedded CPU stack",
+}
+
+
+def job_config_class(group: str, name: str = "") -> type:
+    """The config dataclass of a job; imports the job's module (slow: torch and friends), so only on demand."""
+    module, cls, _, _ = JOBS[(group, name)]
+    return getattr(importlib.import_module(module), cls)
