@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from overstory.core.config import ConfigError
-from overstory.models.registry import resolve
+from overstory.models.registry import base_model_of, resolve
 from overstory.serving.config import CHAT_ROLES, RoleConfig, ServeConfig
 
 
@@ -75,13 +75,9 @@ def require_vllm(python: str = "") -> str:
 
 def adapter_base(adapter: str | Path) -> str:
     """The base model an adapter was trained on (overstory.json, else PEFT's adapter_config.json)."""
-    folder = Path(adapter)
-    manifest, peft_config = folder / "overstory.json", folder / "adapter_config.json"
-    if manifest.exists() and "base_model" in json.loads(manifest.read_text()):
-        return json.loads(manifest.read_text())["base_model"]
-    if peft_config.exists():
-        return json.loads(peft_config.read_text())["base_model_name_or_path"]
-    raise ConfigError(f"{folder} is not a LoRA adapter folder (no adapter_config.json)")
+    if not (Path(adapter) / "adapter_config.json").exists():
+        raise ConfigError(f"{adapter} is not a LoRA adapter folder (no adapter_config.json)")
+    return base_model_of(str(adapter))
 
 
 def _same_model(a: str, b: str) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -107,10 +108,19 @@ OVERSTORY_CONFIGS = sorted(p for p in (ROOT / "configs").rglob("*.yaml")
 
 
 @pytest.mark.parametrize("path", OVERSTORY_CONFIGS, ids=lambda p: str(p.relative_to(ROOT)))
-def test_every_config_loads(path: Path) -> None:
+def test_every_configs_first_line_command_parses_and_loads(path: Path, monkeypatch) -> None:
+    """The first line's command goes through the CLI as a user would type it (flags, overrides and all), up to
+    the point where the job would start: the config it builds must load (a renamed module, key or flag fails)."""
+    from overstory import cli
+
     group, name = _command_of(path)
     assert (group, name) in JOBS, f"{path} names an unknown job {group} {name}"
-    load_config(job_config_class(group, name), path)
+    loaded = []
+    monkeypatch.setattr(cli, "run_job", lambda g, n, config_path, overrides: loaded.append(
+        load_config(job_config_class(g, n), ROOT / config_path, overrides)))
+    monkeypatch.chdir(ROOT)
+    assert cli.main(shlex.split(path.read_text().splitlines()[0].lstrip("# "))[1:]) == 0
+    assert len(loaded) == 1 and isinstance(loaded[0], job_config_class(group, name))
 
 
 def test_every_job_has_a_config_file() -> None:

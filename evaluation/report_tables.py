@@ -1,0 +1,119 @@
+"""Markdown tables from the metrics files the jobs write, so the README's figures can be regenerated.
+
+The README marks each generated table with the file it comes from and the command that wrote it:
+
+    <!-- table: planner runs/eval/planner/metrics.json -->
+    ...the table...
+    <!-- /table -->
+
+``render_readme`` replaces what lies between the markers with a fresh rendering of that file, and leaves a
+table alone when its file does not exist here (a figure measured on another machine stays until rerun).
+``python scripts/render_readme_tables.py`` applies it to README.md; ``--check`` only reports stale tables.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+MARKER = re.compile(r"(<!-- table: (?P<kind>\w+) (?P<path>\S+) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
+
+
+def _fmt(value, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"
+
+
+def planner_table(report: dict) -> str:
+    """``eval planner`` metrics.json: one row per variant, then the majority-label reference.
+
+    >>> print(planner_table({"variants": {"sft": {"accuracy": 0.5, "within_one_level": 0.75, "format_valid": 1.0,
+    ...       "median_completion_tokens": 40.0, "p90_completion_tokens": 44.0, "seconds_per_plan": 1.234}},
+    ...       "majority_baseline": {"label": ["sentence", "section"], "accuracy": 0.25, "within_one_level": 0.5}}))
+    | variant | accuracy vs label | within one level | format valid | strict format | median / p90 tokens | ...
+    | --- | --- | --- | --- | --- | --- | --- | --- |
+    | sft | 0.500 | 0.750 | 1.00 | - | 40 / 44 | 1.23 | - |
+    | reference: always (sentence, section) | 0.250 | 0.500 | - | - | - | - | - |
+    """
+    rows = []
+    for name, m in report["variants"].items():
+        tokens = f"{_fmt(m.get('median_completion_tokens'), 0)} / {_fmt(m.get('p90_completion_tokens'), 0)}"
+        rows.append([name, _fmt(m.get("accuracy")), _fmt(m.get("within_one_level")), _fmt(m.get("format_valid"), 2),
+                     _fmt(m.get("format_valid_strict"), 2), tokens, _fmt(m.get("seconds_per_plan"), 2),
+                     _fmt(m.get("qa_accuracy"))])
+    majority = report["majority_baseline"]
+    rows.append([f"reference: always ({', '.join(majority['label'])})", _fmt(majority["accuracy"]),
+                 _fmt(majority["within_one_level"]), "-", "-", "-", "-", "-"])
+    return _table(["variant", "accuracy vs label", "within one level", "format valid", "strict format",
+                   "median / p90 tokens", "s/plan", "QA accuracy"], rows)
+
+
+def compressor_table(report: dict) -> str:
+    """``eval compressor`` metrics.json: one row per way of embedding the upper levels."""
+    k = report["config"]["k"]
+    rows = [[name, _fmt(m["cosine_to_target"]), _fmt(m.get(f"recall@{k}")), _fmt(m["seconds"], 2),
+             str(m["llm_completion_tokens"] + m["llm_prompt_tokens"]), f"{m['speedup_vs_summarize']}x"]
+            for name, m in report["methods"].items()]
+    return _table(["method", "cosine to e_gt", f"recall@{k}", "seconds", "LLM tokens", "speed-up vs summarize"], rows)
+
+
+def serve_bench_table(report: dict) -> str:
+    """``bench serve`` bench.json: requests/s and latency per concurrency, each engine against the baseline."""
+    engines = list(report["results"][0]["engines"])
+    base = report["baseline"]
+    header = ["concurrency", *[f"{e} req/s" for e in engines],
+              *[f"{e} / {base}" for e in engines if e != base], *[f"{e} p50 / p95 s" for e in engines]]
+    rows = [[str(r["concurrency"]), *[_fmt(r["engines"][e]["requests_per_s"], 2) for e in engines],
+             *[_fmt(r["ratios"][e]["throughput"], 2) for e in engines if e != base],
+             *[f"{_fmt(r['engines'][e]['p50_s'], 2)} / {_fmt(r['engines'][e]['p95_s'], 2)}" for e in engines]]
+            for r in report["results"]]
+    return _table(header, rows)
+
+
+def train_bench_table(report: dict) -> str:
+    """``bench train`` bench.json: samples/s and peak memory per recipe and launcher, ratios to the first."""
+    rows = [[recipe, launcher, _fmt(r["samples_per_s"], 2), _fmt(r["throughput_ratio"], 2),
+             _fmt(r["peak_rss_mib"], 0), _fmt(r["memory_ratio"], 2)]
+            for recipe, launchers in report["results"].items() for launcher, r in launchers.items()]
+    return _table(["recipe", "launcher", "samples/s", "ratio", "peak RSS MiB (all processes)", "ratio"], rows)
+
+
+def quickstart_table(report: dict) -> str:
+    """The quickstart's report.json: seconds per stage."""
+    stages = report["stages"]
+    rows = [[name, _fmt(stage.get("seconds"), 0)] for name, stage in stages.items() if isinstance(stage, dict)]
+    return _table(["stage", "seconds"], rows)
+
+
+RENDERERS: dict[str, Callable[[dict], str]] = {
+    "planner": planner_table, "compressor": compressor_table, "serve_bench": serve_bench_table,
+    "train_bench": train_bench_table, "quickstart": quickstart_table,
+}
+
+
+def render_readme(text: str, root: str | Path = ".") -> tuple[str, list[str]]:
+    """(the README with every table whose file exists re-rendered, a line per table saying what happened)."""
+    notes = []
+
+    def replace(match: re.Match) -> str:
+        path = Path(root) / match["path"]
+        if match["kind"] not in RENDERERS:
+            raise ValueError(f"unknown table kind {match['kind']!r}; known: {', '.join(RENDERERS)}")
+        if not path.exists():
+            notes.append(f"kept {match['kind']}: {match['path']} not found")
+            return match.group(0)
+        body = RENDERERS[match["kind"]](json.loads(path.read_text()))
+        notes.append(f"{'unchanged' if body == match['body'] else 'rendered'} {match['kind']} from {match['path']}")
+        return f"{match.group(1)}{body}{match.group(5)}"
+
+    return MARKER.sub(replace, text), notes

@@ -1,0 +1,23 @@
+"""README tables rendered from metrics files: only the marked block changes, missing files keep their table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from overstory.evaluation.report_tables import render_readme
+
+
+def test_render_replaces_only_marked_tables_whose_file_exists(tmp_path: Path) -> None:
+    (tmp_path / "q").mkdir()
+    (tmp_path / "q" / "report.json").write_text(json.dumps({"stages": {"hierarchy": {"seconds": 12.4},
+                                                                       "planner": {"seconds": 301.0}}}))
+    readme = ("intro\n<!-- table: quickstart q/report.json -->\nold table\n<!-- /table -->\nmiddle\n"
+              "<!-- table: planner missing/metrics.json -->\nkept table\n<!-- /table -->\nend\n")
+    rendered, notes = render_readme(readme, tmp_path)
+    assert "| hierarchy | 12 |\n| planner | 301 |\n<!-- /table -->" in rendered
+    assert "old table" not in rendered and "kept table" in rendered
+    assert rendered.startswith("intro\n") and "\nmiddle\n" in rendered and rendered.endswith("end\n")
+    assert notes == ["rendered quickstart from q/report.json", "kept planner: missing/metrics.json not found"]
+    again, notes = render_readme(rendered, tmp_path)
+    assert again == rendered and notes[0].startswith("unchanged")
