@@ -6,8 +6,10 @@ For every correct pseudo-label, each teacher in the pool is asked to write the p
 for that question: brief reasoning ending in the JSON plan, given the label to justify. Teachers
 are served chat models with a prompt style and a temperature (on a cluster, any OpenAI-compatible
 endpoint via ``server_url``; on CPU the built-in model with different styles), or ``template``, a
-rule-based teacher that states the label's reasons in fixed words (it always yields, which keeps a
-CPU pool non-empty; its traces are marked as such). A trace is kept only when its JSON parses to
+rule-based teacher that reasons in fixed words about what the question asks for and how spread its
+evidence is, and names the label's chunk sizes only in its last sentence (so a STITCH hint, which never
+includes a trace's last sentence, does not state the answer); it always yields, which keeps a CPU pool
+non-empty, and its traces are marked as such. A trace is kept only when its JSON parses to
 exactly the label; one longer than ``max_trace_tokens`` (planner tokenizer) is rewritten by the
 ``planner`` role and kept if the rewrite still matches and fits.
 
@@ -33,7 +35,7 @@ from rich.table import Table
 
 from overstory.core.config import ConfigError
 from overstory.core.tracking import TrackingConfig, start_run
-from overstory.data_pipeline.formats import FailureRecord, JsonlAppender, PlannerTrace, PseudoLabel
+from overstory.data_pipeline.formats import LEVELS, FailureRecord, JsonlAppender, PlannerTrace, PseudoLabel
 from overstory.data_pipeline.hierarchy import cached_tokenizer
 from overstory.data_pipeline.planner_examples import correct_labels, labelled_hierarchy, planner_metadata
 from overstory.models.planner import parse_plan, plan_json, planner_messages
@@ -97,21 +99,46 @@ class TraceRejected(Exception):
         self.record = record
 
 
-def template_trace(level_min: str, level_max: str) -> str:
-    """The rule-based teacher: the label's reasons in fixed words, then the JSON.
+# what a question asks for, from its wh-word (first match wins); no phrase names a chunk size
+_ASKS = [("how many", "a count"), ("how much", "an amount"), ("how long", "a duration or length"),
+         ("when", "a date or time"), ("what year", "a date or time"), ("where", "a place"),
+         ("who", "a person or group"), ("whom", "a person or group"), ("whose", "a person or group"),
+         ("why", "a reason"), ("how", "a way or process"), ("which", "one item among several"),
+         ("what", "a specific thing or fact")]
+# how spread the evidence is, from the label's range (its width), in words that name no chunk size
+_SPREAD = ["The evidence is one compact statement.", "The evidence is one fact; the text near it confirms it.",
+           "The evidence spans a few connected statements.", "The evidence spreads over a long stretch of the text.",
+           "The evidence may lie anywhere in the text."]
 
-    >>> print(template_trace("sentence", "paragraph"))
-    The answer is a specific fact that fits in one sentence; paragraphs add the context around it.
+
+def _asks_for(question: str) -> str:
+    words = question.lower().replace("?", " ").split()
+    text = " ".join(words)
+    for phrase, asks in _ASKS:
+        if f" {phrase} " in f" {text} ":
+            return asks
+    return "a specific thing or fact"
+
+
+def template_trace(level_min: str, level_max: str, question: str = "") -> str:
+    """The rule-based teacher: reasoning about the question, then the evidence, and only in its last sentence the
+    label's chunk sizes, then the JSON. The sentences before the last name no chunk size (the hint STITCH takes
+    from a trace never includes the last sentence, so a hint does not give the label away).
+
+    >>> for line in template_trace("sentence", "paragraph", "When did the Normans reach Normandy?").split(". "):
+    ...     print(line)
+    The question asks for a date or time, in 6 words
+    The evidence is one fact; the text near it confirms it
+    So the smallest chunk size is sentence and the largest is paragraph.
     {"largest_chunk_size": "paragraph", "smallest_chunk_size": "sentence"}
     """
-    if level_min == level_max:
-        reason = f"The answer should sit within one {level_min}, and {level_min}s alone give enough context."
-    elif level_min == "sentence":
-        reason = f"The answer is a specific fact that fits in one sentence; {level_max}s add the context around it."
-    else:
-        reason = (f"The question needs more than a single sentence: a {level_min} at least, "
-                  f"and up to a {level_max} to connect the facts.")
-    return f"{reason}\n{plan_json(level_min, level_max)}"
+    n_words = len(question.split())
+    asks = (f"The question asks for {_asks_for(question)}, in {n_words} words." if question
+            else "The question asks for one piece of information.")
+    spread = _SPREAD[LEVELS.index(level_max) - LEVELS.index(level_min)]
+    sizes = (f"So {level_min} chunks alone are enough." if level_min == level_max
+             else f"So the smallest chunk size is {level_min} and the largest is {level_max}.")
+    return f"{asks} {spread} {sizes}\n{plan_json(level_min, level_max)}"
 
 
 def trace_for(label: PseudoLabel, teacher_name: str, teacher: TeacherConfig, prompt: list[dict[str, str]],
@@ -123,7 +150,7 @@ def trace_for(label: PseudoLabel, teacher_name: str, teacher: TeacherConfig, pro
         return TraceRejected(FailureRecord(trace_id, "traces", error, raw, 1))
 
     if teacher.kind == "template":
-        text = template_trace(label.level_min, label.level_max)
+        text = template_trace(label.level_min, label.level_max, label.question)
     else:
         instruction = STYLES[teacher.style].format(level_min=label.level_min, level_max=label.level_max)
         messages = [prompt[0], {"role": "user", "content": f"{prompt[1]['content']}\n\n{instruction}"}]

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from rich.progress import Progress
 
 from overstory.core.config import ConfigError, to_dict
 from overstory.core.tracking import TrackingConfig, start_run
@@ -60,7 +61,10 @@ class EvalCompressorConfig:
     val_fraction: float = 0.2  # must match the training run's train.val_fraction
     k: int = 5
     max_summary_tokens: int = 128
+    max_input_chars: int = 12000  # as the summaries job's: chunks are cut at this many characters before summarising
     concurrency: int = 2
+    # a running stack with the generator and embedder roles (e.g. the quickstart's); empty: start one from serve
+    server_url: str = ""
     serve: ServeConfig = field(default_factory=lambda: ServeConfig.local(port=0))
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
@@ -99,7 +103,7 @@ def run(config: EvalCompressorConfig) -> dict:
     results: dict[str, dict] = {}
     with ExitStack() as stack:
         tracker = stack.enter_context(start_run(config.tracking, "eval compressor", config))
-        client = Client.from_url(stack.enter_context(serve_in_background(serve)))
+        client = Client.from_url(config.server_url or stack.enter_context(serve_in_background(serve)))
         children = [np.array(r.child_embeddings, dtype=np.float32) for r in held_out]
         child_texts = [[chunks[cid].text for cid in r.child_ids] for r in held_out]
 
@@ -114,7 +118,7 @@ def run(config: EvalCompressorConfig) -> dict:
             return lambda: compressor.compress("compressor", embeddings=children)
 
         summary_config = SummariesConfig(corpus=config.corpus, out="", max_summary_tokens=config.max_summary_tokens,
-                                         serve=serve)
+                                         max_input_chars=config.max_input_chars, serve=serve)
 
         def summarize_all() -> np.ndarray:
             def one(record: SummaryRecord) -> np.ndarray:
@@ -125,8 +129,15 @@ def run(config: EvalCompressorConfig) -> dict:
                     return client.embed("embedder", [chunk_text_for_index(chunk)])[0]
                 return np.array(fresh.target_embedding, dtype=np.float32)
 
-            with ThreadPoolExecutor(max_workers=config.concurrency) as pool:
-                return np.stack(list(pool.map(one, held_out)))
+            with ThreadPoolExecutor(max_workers=config.concurrency) as pool, Progress() as progress:
+                task = progress.add_task("summarize: regenerating summaries", total=len(held_out))
+
+                def counted(record: SummaryRecord) -> np.ndarray:
+                    vector = one(record)
+                    progress.advance(task)
+                    return vector
+
+                return np.stack(list(pool.map(counted, held_out)))
 
         builders = {
             **{name: compress_with(name) for name in checkpoints},
@@ -134,7 +145,8 @@ def run(config: EvalCompressorConfig) -> dict:
             "direct_encode": lambda: client.embed("embedder", [chunk_text_for_index(c) for c in upper]),
             "summarize": summarize_all,
         }
-        for method in builders:
+        for i, method in enumerate(builders, 1):
+            print(f"[{i}/{len(builders)}] {method}: embedding {len(upper)} upper-level chunks", flush=True)
             before = client.stats.summary().get("generator", {})
             vectors, seconds = _timed(builders[method])
             after = client.stats.summary().get("generator", {})

@@ -6,12 +6,13 @@
 Every variant plans the same held-out questions (the validation documents of the pseudo-labels'
 split by document), greedily, with the planner prompt. Per variant: exact (min, max) accuracy
 against the pseudo-labels and against SQuAD's gold levels, within-one-level accuracy, format-valid
-rate, median and p90 completion tokens, seconds per plan, and, through the SmartChunk runtime
-(retrieval over the predicted range of the question's document, then the generator), QA accuracy
-and recall@k. An invalid plan falls back to the full range (sentence..document), as a runtime would,
-and is counted as a format failure. The report's ``majority_baseline`` is the reference every variant
-must beat: always answering the training labels' most common range. ``--compare`` names variants from
-``variants`` and also draws their training curves (reward and solve rate over steps, SFT injections
+rate (``format_valid``: the runtime's tolerant parser found a plan; ``format_valid_strict``: the reply ends in
+the exact JSON the prompt asks for, see ``strict_plan_valid``), median and p90 completion tokens, seconds per
+plan, and, through the SmartChunk runtime (retrieval over the predicted range of the question's document, then
+the generator), QA accuracy and recall@k. An invalid plan falls back to the full range (sentence..document),
+as a runtime would, and is counted as a format failure. The report's ``majority_baseline`` is the reference
+every variant must beat: always answering the training labels' most common range. ``--compare`` names variants
+from ``variants`` and also draws their training curves (reward and solve rate over steps, SFT injections
 marked) from the metrics the recipes wrote next to each checkpoint. Writes ``metrics.json``,
 ``planner_comparison.png`` and ``training_curves.png``.
 """
@@ -32,7 +33,7 @@ from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.formats import LEVELS, PseudoLabel, read_jsonl
 from overstory.data_pipeline.planner_examples import PlannerDataConfig, planner_rows
 from overstory.evaluation.plots import plot_planner_comparison, plot_training_curves
-from overstory.models.planner import parse_plan
+from overstory.models.planner import parse_plan, strict_plan_valid
 from overstory.models.registry import base_model_of, load_lm_checkpoint
 from overstory.retrieval.answer import clean_answer
 from overstory.retrieval.judge import CorrectnessConfig, is_correct
@@ -63,6 +64,8 @@ class EvalPlannerConfig:
     qa: bool = True  # QA accuracy and recall@k through SmartChunk for the predicted ranges
     k: int = 5
     correctness: CorrectnessConfig = field(default_factory=CorrectnessConfig)
+    # a running stack with the generator and embedder roles for `qa` (e.g. the quickstart's); empty: start `serve`
+    server_url: str = ""
     serve: ServeConfig = field(default_factory=lambda: ServeConfig.local(port=0))
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
@@ -119,6 +122,7 @@ def score_plans(rows: list[dict], replies: list[str], lengths: list[int], length
     within = [float(p.valid and _within_one(p.levels, r)) for p, r in zip(plans, rows)]
     metrics = {"accuracy": mean(exact), "accuracy_gold": mean(gold), "within_one_level": mean(within),
                "format_valid": mean([float(p.valid) for p in plans]),
+               "format_valid_strict": mean([float(strict_plan_valid(text)) for text in replies]),
                "median_completion_tokens": percentile(lengths, 50), "p90_completion_tokens": percentile(lengths, 90),
                "over_length": mean([float(n > length_limit) for n in lengths])}
     return metrics, ranges
@@ -139,7 +143,7 @@ def run(config: EvalPlannerConfig) -> dict:
         tracker = stack.enter_context(start_run(config.tracking, "eval planner", config))
         retrievers = client = None
         if config.qa:
-            client = Client.from_url(stack.enter_context(stack_in_background(config.serve)))
+            client = Client.from_url(config.server_url or stack.enter_context(stack_in_background(config.serve)))
             retrievers = DocumentRetrievers(chunks, client)
         for name, checkpoint in variants.items():
             model, tokenizer, _ = load_lm_checkpoint(checkpoint)
@@ -208,7 +212,8 @@ def _print(report: dict) -> None:
 
     table = Table(title=f"planner variants on {report['n_questions']} held-out questions")
     columns = [("accuracy", "acc"), ("accuracy_gold", "acc gold"), ("within_one_level", "within 1"),
-               ("format_valid", "format ok"), ("median_completion_tokens", "median tok"),
+               ("format_valid", "format ok"), ("format_valid_strict", "strict ok"),
+               ("median_completion_tokens", "median tok"),
                ("p90_completion_tokens", "p90 tok"), ("seconds_per_plan", "s/plan"), ("qa_accuracy", "QA acc"),
                ("recall@5", "recall@5")]
     table.add_column("variant")

@@ -88,11 +88,49 @@ def train_bench_table(report: dict) -> str:
     return _table(["recipe", "launcher", "samples/s", "ratio", "peak RSS MiB (all processes)", "ratio"], rows)
 
 
+def _quickstart_figures(name: str, stage: dict) -> str:
+    """The headline figures of one quickstart stage, in words (empty for a stage this renderer does not know)."""
+    if name == "hierarchy":
+        return "; ".join(f"{corpus}: " + ", ".join(f"{row['count']} {level}" for level, row in levels.items())
+                         for corpus, levels in stage.items() if isinstance(levels, dict))
+    if name == "serving":
+        return f"roles {', '.join(stage['roles'])} on a free port"
+    if name == "retrieval":
+        return "; ".join(f"{corpus}, {row['n_questions']} questions: " + ", ".join(
+            f"{key.replace('_recall', ' recall')} {value:.3f}" for key, value in row.items() if "_recall@" in key)
+            for corpus, row in stage.items() if isinstance(row, dict) and "n_questions" in row)
+    if name == "rag_baseline":
+        return (f"{stage['dataset']}, {stage['n_questions']} questions: exact match {stage['exact_match']:.3f}, "
+                f"token F1 {stage['token_f1']:.3f}, answer contained {stage['contains_match']:.3f}")
+    if name == "compressor":
+        k = next((key for key in next(iter(stage["methods"].values())) if key.startswith("recall@")), "recall@5")
+        return f"{stage['n_questions']} questions, {k}: " + ", ".join(
+            f"{method} {row[k]:.3f}" for method, row in stage["methods"].items())
+    if name == "planner":
+        if "variants" not in stage:
+            return stage.get("skipped", "")
+        return (f"{stage['pseudo_labels']['correct']} correct pseudo-labels, {stage['n_questions']} held-out "
+                f"questions; format valid (strict): " + ", ".join(
+                    f"{variant} {row['format_valid']:.2f} ({_fmt(row.get('format_valid_strict'), 2)})"
+                    for variant, row in stage["variants"].items()))
+    return ""
+
+
 def quickstart_table(report: dict) -> str:
-    """The quickstart's report.json: seconds per stage."""
-    stages = report["stages"]
-    rows = [[name, _fmt(stage.get("seconds"), 0)] for name, stage in stages.items() if isinstance(stage, dict)]
-    return _table(["stage", "seconds"], rows)
+    """The quickstart's report.json: seconds and headline figures per stage, then the total.
+
+    >>> print(quickstart_table({"stages": {"serving": {"roles": ["generator"], "stage_seconds": 20.4},
+    ...                                    "later": {"x": 1}}, "total_seconds": 31.0}))
+    | stage | seconds | figures |
+    | --- | --- | --- |
+    | serving | 20 | roles generator on a free port |
+    | later | - |  |
+    | total | 31 |  |
+    """
+    rows = [[name, _fmt(stage.get("stage_seconds"), 0), _quickstart_figures(name, stage)]
+            for name, stage in report["stages"].items() if isinstance(stage, dict)]
+    rows.append(["total", _fmt(report.get("total_seconds"), 0), ""])
+    return _table(["stage", "seconds", "figures"], rows)
 
 
 RENDERERS: dict[str, Callable[[dict], str]] = {

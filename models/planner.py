@@ -13,7 +13,10 @@ offline, so this is our rendering of it and every trace, reward and checkpoint u
 trailing commas, code fences and unquoted keys), falls back to ``key: value`` pairs outside JSON,
 normalises level names (plurals, abbreviations, case), swaps a reversed range, and otherwise returns
 an invalid ``Plan`` that carries the reason and the raw text (a format failure for rewards and
-metrics).
+metrics). That tolerance is for the runtime, which should act on any readable plan. ``strict_plan_valid``
+is the check for the format the prompt asks for (what ``format_valid_strict`` reports in ``eval planner``,
+STITCH's step log and the GRPO logs): the last ``{...}`` parses with ``json.loads`` to an object with
+exactly the two keys, both values are level names as written in ``LEVELS`` and the range is in order.
 """
 
 from __future__ import annotations
@@ -131,6 +134,38 @@ def _loads_tolerant(span: str) -> dict | None:
 def _pick(mapping: dict, keys: tuple[str, ...]) -> object:
     lowered = {str(k).strip().lower().replace(" ", "_").replace("-", "_"): v for k, v in mapping.items()}
     return next((lowered[k] for k in keys if k in lowered), None)
+
+
+def strict_plan_valid(text: str) -> bool:
+    """True when the reply ends its reasoning with the plan exactly as the prompt asks for it: the last
+    balanced ``{...}`` is JSON (``json.loads``) with exactly ``largest_chunk_size`` and ``smallest_chunk_size``,
+    both level names spelled as in ``LEVELS``, smallest <= largest. ``parse_plan`` accepts all of the replies
+    below that fail here (shapes seen from SmolLM2-135M rollouts).
+
+    >>> strict_plan_valid('Narrow fact. {"largest_chunk_size": "paragraph", "smallest_chunk_size": "sentence"}')
+    True
+    >>> strict_plan_valid('{"largest_chunk_size": "section", "smallest_chunk_size": "sentence"')  # unclosed
+    False
+    >>> strict_plan_valid("{'largest_chunk_size': 'section', 'smallest_chunk_size': 'sentence'}")  # single quotes
+    False
+    >>> strict_plan_valid('{"largest_chunk_size": "Paragraphs", "smallest_chunk_size": "sentence"}')  # plural
+    False
+    >>> strict_plan_valid('{"largest_chunk_size": "sentence", "smallest_chunk_size": "section"}')  # reversed
+    False
+    >>> strict_plan_valid('{"largest_chunk_size": "section", "smallest_chunk_size": "sentence", "why": "x"}')
+    False
+    """
+    spans = _json_objects(text)
+    if not spans:
+        return False
+    try:
+        value = json.loads(spans[-1])
+    except json.JSONDecodeError:
+        return False
+    if not isinstance(value, dict) or set(value) != {"largest_chunk_size", "smallest_chunk_size"}:
+        return False
+    high, low = value["largest_chunk_size"], value["smallest_chunk_size"]
+    return low in LEVELS and high in LEVELS and LEVELS.index(low) <= LEVELS.index(high)
 
 
 def parse_plan(text: str) -> Plan:

@@ -3,7 +3,10 @@
     overstory quickstart --out runs/quickstart
 
 Stages write into one ``report.json`` under ``stages``; later issues add their own stages to the
-same command and report. This stage set:
+same command and report. Every stage records its wall-clock ``stage_seconds`` (also collected under the
+report's ``stage_seconds``, with ``total_seconds``). One embedded stack serves the whole job, on a free
+port by default (``serve.port=0``: it is private to the job; the URL is printed and kept in the
+``serving`` stage). The defaults are sized for a 2-core CPU: the whole job takes a few minutes. This stage set:
 
 - ``hierarchy``: per-level chunk counts and token statistics for both shipped corpora (and a PNG);
 - ``retrieval``: recall@5 of BM25, dense and hybrid indexes over paragraphs, for both corpora;
@@ -65,10 +68,11 @@ class CompressorStageConfig:
     """A small compressor run: summaries of a slice, a short training, the four-way evaluation."""
 
     corpus: str = "squad"
-    levels: list[str] = field(default_factory=lambda: ["subsection", "section"])
+    levels: list[str] = field(default_factory=lambda: ["section"])
     max_summary_tokens: int = 32
-    epochs: int = 30
-    lr: float = 1e-4
+    max_input_chars: int = 3000  # a section's first ~750 tokens: cheap prompts on CPU (the job's default is 12000)
+    epochs: int = 15
+    lr: float = 1e-3
 
 
 @dataclass(frozen=True)
@@ -76,12 +80,19 @@ class PlannerStageConfig:
     """A small planner run: pseudo-labels, template traces, SFT, a few STITCH steps, the comparison."""
 
     corpus: str = "squad"
-    questions: int = 24
-    max_attempts: int = 2
-    metadata_tokens: int = 128
-    sft_epochs: float = 5
-    stitch_steps: int = 3
-    qa: bool = True  # SmartChunk QA for the predicted ranges in the comparison
+    # many questions tried once each (the template teacher turns every correct one into a trace) rather than
+    # few questions with retries: SFT needs a few dozen traces to learn the plan format
+    questions: int = 60
+    max_attempts: int = 1
+    label_k: int = 3  # chunks retrieved per labelling attempt (the job's default is 5): shorter prompts on CPU
+    metadata_tokens: int = 80  # short prompts keep SFT steps, rollouts and plans cheap on CPU
+    sft_epochs: float = 4  # measured: the template format is learned by epoch 3-4 (token accuracy ~1.0)
+    sft_batch_size: int = 4
+    sft_lr: float = 2e-3  # a LoRA adapter on a few dozen traces: a high rate learns the format in few steps
+    stitch_steps: int = 1
+    stitch_generations: int = 4
+    eval_questions: int = 16  # held-out questions per variant in the comparison (0 = all)
+    qa: bool = True  # SmartChunk QA for the predicted ranges in the comparison, on the job's stack
 
 
 @dataclass(frozen=True)
@@ -94,12 +105,13 @@ class QuickstartConfig:
     hierarchy: HierarchyConfig = field(default_factory=HierarchyConfig)
     # the corpus whose questions the RAG baseline answers with the generator
     rag_corpus: str = "hotpotqa"
-    rag_questions: int = 0
+    rag_questions: int = 20  # 0: all of the corpus's answerable questions (40 for the HotpotQA sample)
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     compressor: CompressorStageConfig = field(default_factory=CompressorStageConfig)
     planner: PlannerStageConfig = field(default_factory=PlannerStageConfig)
-    serve: ServeConfig = field(default_factory=lambda: ServeConfig.local())
+    # port 0: a free port, so the job's private stack never collides with a server on 8000
+    serve: ServeConfig = field(default_factory=lambda: ServeConfig.local(port=0))
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
@@ -109,15 +121,49 @@ class QuickstartConfig:
                 raise ConfigError(f"{key} {name!r} is not one of corpora: {', '.join(self.corpora)}")
 
 
-def _update_report(path: Path, stages: dict) -> dict:
-    """Merge ``stages`` into report.json, keeping stages that other runs (later issues) wrote."""
+def _update_report(path: Path, stages: dict, **top: object) -> dict:
+    """Merge ``stages`` into report.json, keeping stages that other runs (later issues) wrote; a stage's
+    ``stage_seconds`` is also collected under the report's ``stage_seconds``; ``top`` sets top-level keys."""
     report = json.loads(path.read_text()) if path.exists() else {}
     report.setdefault("stages", {}).update(stages)
+    for name, stage in stages.items():
+        if isinstance(stage, dict) and "stage_seconds" in stage:
+            report.setdefault("stage_seconds", {})[name] = stage["stage_seconds"]
+    report.update(top)
     report["updated"] = time.strftime("%Y-%m-%dT%H:%M:%S")
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(report, indent=2))
     tmp.replace(path)
     return report
+
+
+class _Stage:
+    """Times one stage: prints its name and, at the end, its seconds; ``done`` adds them to the stage dict."""
+
+    def __init__(self, name: str, title: str = "") -> None:
+        self.name, self.started = name, time.perf_counter()
+        console.rule(f"[bold]{title or name}")
+
+    @property
+    def seconds(self) -> float:
+        return round(time.perf_counter() - self.started, 1)
+
+    def done(self, stage: dict) -> dict:
+        stage["stage_seconds"] = self.seconds
+        console.print(f"[bold green]{self.name}[/] done in {stage['stage_seconds']:.1f}s")
+        return {self.name: stage}
+
+
+def _step(steps: dict, name: str, index: int, total: int, what: str):
+    """Print ``[index/total] what`` and return a function that records the step's seconds in ``steps``."""
+    console.print(f"[bold][{index}/{total}][/] {what}")
+    started = time.perf_counter()
+
+    def finish() -> None:
+        steps[name] = round(time.perf_counter() - started, 1)
+        console.print(f"      {name}: {steps[name]:.1f}s")
+
+    return finish
 
 
 def run(config: QuickstartConfig) -> dict:
@@ -127,7 +173,7 @@ def run(config: QuickstartConfig) -> dict:
     started = time.perf_counter()
 
     with start_run(config.tracking, "quickstart", config) as tracker:
-        console.rule("[bold]hierarchy")
+        timer = _Stage("hierarchy")
         loaded, chunks = {}, {}
         for name, corpus in config.corpora.items():
             t0 = time.perf_counter()
@@ -139,18 +185,21 @@ def run(config: QuickstartConfig) -> dict:
         plot = plot_level_stats(chunks, out / "level_stats.png")
         hierarchy_stage = {name: level_stats(c) for name, c in chunks.items()}
         hierarchy_stage["plot"] = str(plot)
-        _update_report(report_path, {"hierarchy": hierarchy_stage})
+        _update_report(report_path, timer.done(hierarchy_stage))
 
-        console.rule("[bold]serving")
+        timer = _Stage("serving")
+        console.print(f"loading {', '.join(config.serve.roles)} and starting the job's embedded stack")
         with serve_in_background(config.serve) as url:
             client = Client.from_url(url)
-            console.print(f"embedded stack at {url}: roles {', '.join(client.models())}")
+            port = int(url.rsplit(":", 1)[1])
+            console.print(f"embedded stack at {url} (private to this job): roles {', '.join(client.models())}")
+            _update_report(report_path, timer.done({"url": url, "port": port, "roles": client.models()}))
 
-            console.rule("[bold]retrieval")
+            timer = _Stage("retrieval")
             retrieval_stage, indexes = _retrieval_stage(loaded, chunks, client, config.retrieval)
-            _update_report(report_path, {"retrieval": retrieval_stage})
+            _update_report(report_path, timer.done(retrieval_stage))
 
-            console.rule(f"[bold]rag_baseline ({config.rag_corpus})")
+            timer = _Stage("rag_baseline", f"rag_baseline ({config.rag_corpus})")
             questions = select_questions(loaded[config.rag_corpus][1], config.rag_questions, True)
             with Progress(console=console) as progress:
                 index = indexes[config.rag_corpus][config.retrieval.index]
@@ -158,13 +207,14 @@ def run(config: QuickstartConfig) -> dict:
                                                 progress)
             rag_stage = {"dataset": config.rag_corpus, **metrics, "usage": client.stats.summary()}
             write_jsonl(out / "rag_predictions.jsonl", records)
-            _update_report(report_path, {"rag_baseline": rag_stage})
+            _update_report(report_path, timer.done(rag_stage))
 
-            console.rule(f"[bold]compressor ({config.compressor.corpus})")
-            _update_report(report_path, {"compressor": _compressor_stage(config, out / "compressor", url)})
+            timer = _Stage("compressor", f"compressor ({config.compressor.corpus})")
+            _update_report(report_path, timer.done(_compressor_stage(config, out / "compressor", url)))
 
-            console.rule(f"[bold]planner ({config.planner.corpus})")
-            report = _update_report(report_path, {"planner": _planner_stage(config, out / "planner", url)})
+            timer = _Stage("planner", f"planner ({config.planner.corpus})")
+            _update_report(report_path, timer.done(_planner_stage(config, out / "planner", url)))
+        report = _update_report(report_path, {}, total_seconds=round(time.perf_counter() - started, 1))
         tracker.summary({f"rag_baseline/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
         methods = report["stages"]["compressor"]["methods"]
         tracker.summary({f"compressor/{method}/{k}": v for method, row in methods.items()
@@ -176,26 +226,37 @@ def run(config: QuickstartConfig) -> dict:
 
 def _compressor_stage(config: QuickstartConfig, folder: Path, server_url: str) -> dict:
     """Summaries of a slice through the running stack, a short compressor training run, and the
-    compressor / mean_pool / direct_encode / summarize comparison on the held-out documents."""
+    compressor / mean_pool / direct_encode / summarize comparison on the held-out documents (on the same stack)."""
     stage = config.compressor
     quiet = TrackingConfig(backend="none")  # the quickstart's own run tracks the stage's figures
     corpus = config.corpora[stage.corpus]
     summaries = folder / "summaries.jsonl"
+    steps: dict[str, float] = {}
+    finish = _step(steps, "summaries", 1, 3, f"summaries of the {', '.join(stage.levels)} chunks of {stage.corpus} "
+                                              f"(at most {stage.max_summary_tokens} tokens each)")
     counts = run_summaries(SummariesConfig(
         corpus=corpus, out=str(summaries), hierarchy=config.hierarchy, levels=stage.levels,
         hierarchies=str(folder.parent / "hierarchies" / f"{stage.corpus}.jsonl"),  # built by the hierarchy stage
-        max_summary_tokens=stage.max_summary_tokens, server_url=server_url, serve=config.serve, tracking=quiet))
+        max_summary_tokens=stage.max_summary_tokens, max_input_chars=stage.max_input_chars, server_url=server_url,
+        serve=config.serve, tracking=quiet))
+    finish()
+    finish = _step(steps, "training", 2, 3, f"set compressor training, {stage.epochs} epochs")
     training = run_training(CompressorJobConfig(
         data=str(summaries), out=str(folder / "model"), tracking=quiet,
         train=CompressorTrainConfig(epochs=stage.epochs, lr=stage.lr, batch_size=16)))
+    finish()
+    finish = _step(steps, "evaluation", 3, 3,
+                   "compressor / mean_pool / direct_encode / summarize on held-out documents")
     evaluation = run_evaluation(EvalCompressorConfig(
         checkpoint=str(folder / "model" / "best"), data=str(summaries), corpus=corpus, out=str(folder / "eval"),
-        max_summary_tokens=stage.max_summary_tokens, tracking=quiet,
+        max_summary_tokens=stage.max_summary_tokens, max_input_chars=stage.max_input_chars, tracking=quiet,
+        server_url=server_url,
         serve=ServeConfig(host=config.serve.host, port=0, roles=config.serve.roles)))
+    finish()
     return {"dataset": stage.corpus, "levels": list(stage.levels), "summaries": counts,
             "training": training, "n_questions": evaluation["n_questions"],
             "n_upper_chunks": evaluation["n_upper_chunks"], "methods": evaluation["methods"],
-            "plot": str(folder / "eval" / "recall_vs_cost.png")}
+            "plot": str(folder / "eval" / "recall_vs_cost.png"), "step_seconds": steps}
 
 
 def _planner_stage(config: QuickstartConfig, folder: Path, server_url: str) -> dict:
@@ -204,34 +265,55 @@ def _planner_stage(config: QuickstartConfig, folder: Path, server_url: str) -> d
     stage, quiet = config.planner, TrackingConfig(backend="none")
     corpus = config.corpora[stage.corpus]
     labels = folder / "pseudo_labels.jsonl"
+    steps: dict[str, float] = {}
+    finish = _step(steps, "pseudo_labels", 1, 5, f"pseudo-labels for {stage.questions} {stage.corpus} questions "
+                                                 f"({stage.max_attempts} attempt(s) each)")
     counts = run_pseudo_labels(PseudoLabelsConfig(
         corpus=corpus, out=str(labels), hierarchy=config.hierarchy, max_attempts=stage.max_attempts,
-        limit=stage.questions, server_url=server_url, serve=config.serve, tracking=quiet))
+        k=stage.label_k, limit=stage.questions, server_url=server_url, serve=config.serve, tracking=quiet))
+    finish()
     if counts["correct"] + counts["skipped"] == 0:
-        return {"pseudo_labels": counts, "skipped": "the backbone answered no question correctly"}
+        return {"pseudo_labels": counts, "skipped": "the backbone answered no question correctly",
+                "step_seconds": steps}
     traces = folder / "traces.jsonl"
+    finish = _step(steps, "traces", 2, 5, "template-teacher traces of the correct labels")
     yields = run_traces(TracesConfig(labels=str(labels), out=str(traces),
                                      metadata_tokens=stage.metadata_tokens, tracking=quiet))
+    finish()
     data = PlannerDataConfig(labels=str(labels), metadata_tokens=stage.metadata_tokens)
+    finish = _step(steps, "sft", 3, 5, f"planner SFT (LoRA), {stage.sft_epochs:g} epochs at lr {stage.sft_lr:g}")
     sft = run_sft(PlannerSftConfig(traces=str(traces), out=str(folder / "sft"), tracking=quiet,
-                                   train=SftTrainSettings(epochs=stage.sft_epochs, batch_size=4)))
+                                   # no per-epoch checkpoint and evaluation: the final one is enough here
+                                   train=SftTrainSettings(epochs=stage.sft_epochs, batch_size=stage.sft_batch_size,
+                                                          lr=stage.sft_lr, logging_steps=2, save_steps=100_000)))
+    finish()
+    finish = _step(steps, "stitch", 4, 5, f"STITCH from the SFT adapter, {stage.stitch_steps} step(s) x "
+                                          f"{stage.stitch_generations} rollouts")
+    generations = stage.stitch_generations
     stitch = run_stitch(StitchConfig(
         data=data, traces=str(traces), out=str(folder / "stitch"), model=str(folder / "sft" / "final"),
-        stitch=StitchSettings(steps=stage.stitch_steps, questions_per_step=4, num_generations=4,
-                              imitation_threshold=4, max_completion_tokens=128),
-        grpo=GrpoSettings(num_generations=4, batch_size=4, lr=1e-4), tracking=quiet))
+        stitch=StitchSettings(steps=stage.stitch_steps, questions_per_step=2, num_generations=generations,
+                              imitation_threshold=2, max_completion_tokens=96),
+        grpo=GrpoSettings(num_generations=generations, batch_size=generations, lr=1e-4, max_completion_length=96),
+        tracking=quiet))
+    finish()
     variants = {"base": config.serve.roles["planner"].model, "sft": str(folder / "sft" / "final"),
                 "stitch": str(folder / "stitch" / "final")}
+    finish = _step(steps, "eval", 5, 5, f"base / sft / stitch on {stage.eval_questions or 'all'} held-out questions"
+                                        + (" with SmartChunk QA" if stage.qa else ""))
     comparison = run_planner_eval(EvalPlannerConfig(
         data=str(labels), out=str(folder / "eval"), metadata_tokens=stage.metadata_tokens, variants=variants,
-        compare="base,sft,stitch", qa=stage.qa,
+        compare="base,sft,stitch", qa=stage.qa, limit=stage.eval_questions, max_new_tokens=96, server_url=server_url,
         serve=ServeConfig(host=config.serve.host, port=0, roles=config.serve.roles), tracking=quiet))
+    finish()
     return {"dataset": stage.corpus, "pseudo_labels": counts, "trace_yield": yields, "sft": sft, "stitch": stitch,
             "n_questions": comparison["n_questions"], "split": comparison["split"],
             "majority_baseline": comparison["majority_baseline"],
+            "format_valid": {name: row["format_valid"] for name, row in comparison["variants"].items()},
             "variants": {name: {k: v for k, v in row.items() if k != "examples"}
                          for name, row in comparison["variants"].items()},
-            "plots": [str(folder / "eval" / "planner_comparison.png"), str(folder / "eval" / "training_curves.png")]}
+            "plots": [str(folder / "eval" / "planner_comparison.png"), str(folder / "eval" / "training_curves.png")],
+            "step_seconds": steps}
 
 
 def _retrieval_stage(loaded: dict, chunks: dict, client: Client,
@@ -240,8 +322,10 @@ def _retrieval_stage(loaded: dict, chunks: dict, client: Client,
     returns the stage and the indexes (corpus -> kind -> index) for the RAG stage to reuse."""
     stage: dict[str, dict] = {}
     indexes: dict[str, dict] = {}
-    for name, (_, questions) in loaded.items():
+    for i, (name, (_, questions)) in enumerate(loaded.items(), 1):
         indexed = chunks_at_levels(chunks[name], retrieval.levels)
+        console.print(f"[bold][{i}/{len(loaded)}][/] {name}: embedding {len(indexed)} chunks, then BM25, dense and "
+                      f"hybrid recall@{retrieval.k}")
         dense = DenseIndex.build(indexed, lambda texts: client.embed("embedder", texts))
         bm25 = BM25Index.build(indexed)
         indexes[name] = {"bm25": bm25, "dense": dense, "hybrid": HybridIndex(dense, bm25)}
@@ -267,4 +351,10 @@ def _print_summary(report: dict, seconds: float, path: Path) -> None:
     table.add_row(str(rag["n_questions"]), f"{rag[recall_key]:.3f}", f"{rag['exact_match']:.3f}",
                   f"{rag['token_f1']:.3f}", f"{rag['contains_match']:.3f}", f"{rag['seconds']:.1f}")
     console.print(table)
+    planner = report["stages"].get("planner", {})
+    if "format_valid" in planner:
+        console.print("planner format-valid rate on held-out questions: " + ", ".join(
+            f"{name} {rate:.2f}" for name, rate in planner["format_valid"].items()))
+    stage_seconds = report.get("stage_seconds", {})
+    console.print("stage seconds: " + ", ".join(f"{name} {s:.0f}" for name, s in stage_seconds.items()))
     console.print(f"report: {path} (quickstart took {seconds:.0f}s)")

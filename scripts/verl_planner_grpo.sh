@@ -2,7 +2,9 @@
 # GRPO/DAPO for the planner with verl on Ray, from `overstory data verl-export`:
 #   bash scripts/verl_planner_grpo.sh runs/verl/planner                      # one node, 8 GPUs
 #   NNODES=2 bash scripts/verl_planner_grpo.sh runs/verl/planner              # after `ray start` on every node
-# verl lives in its own environment (it pins other transformers versions): `pip install -e .[verl]` there.
+# verl goes in its own environment, not the project's .venv: it pins an older transformers than the TRL recipes
+# use. Make one and install this package with the `verl` extra there:
+#   python -m venv .venv-verl && .venv-verl/bin/pip install -e '.[verl]' && source .venv-verl/bin/activate
 # The paper's scale: Qwen2.5-1.5B-Instruct, lr 1e-6, 8 rollouts per prompt, prompt batch 256, mini-batch 64.
 # Not yet run here (no GPU was lent to this issue); the export and the reward entry are tested on CPU.
 set -euo pipefail

@@ -5,8 +5,9 @@ Shared by the packaging, layering and doctest tests, so all three look at the sa
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,7 +1,8 @@
-"""Every accelerate config parses with accelerate's own loader, and the recipe its first line launches
-accepts it: the job config loads with the line's overrides, DeepSpeed settings build accelerate's
-DeepSpeed plugin, and a bf16 launch goes to a recipe that trains in bf16 (the way litgpt tests its
-config hub). The two-process CPU configs also run for real in tests/training/test_distributed.py."""
+"""Every accelerate config parses with accelerate's own loader, and the recipe its first line launches accepts it: the
+file holds what its name says (machines, processes, ZeRO stage), the job config loads with the line's overrides,
+DeepSpeed settings build accelerate's DeepSpeed plugin, and a bf16 launch goes to a recipe that trains in bf16 (the
+way litgpt tests its config hub). The two-process CPU configs also run for real in
+tests/training/test_distributed.py."""
 
 from __future__ import annotations
 
@@ -38,6 +39,17 @@ def test_accelerate_config_and_its_recipe(path: Path) -> None:
     config = ClusterConfig.from_yaml_file(str(path))
     assert config.num_processes >= 1 and config.num_machines >= 1
     assert config.num_processes % config.num_machines == 0
+    # the file name says what the file must hold: machines, processes, ZeRO stage, precision
+    nodes, gpus, cpu_processes = re.match(r"(?:(\d+)node-(\d+)gpu|cpu-(\d+)proc)", path.name).groups()
+    if nodes:
+        assert (config.num_machines, config.num_processes) == (int(nodes), int(nodes) * int(gpus))
+    else:
+        assert (config.num_machines, config.num_processes) == (1, int(cpu_processes))
+        assert config.mixed_precision == "no"  # no bf16 autocast on these CPU launches
+    zero = re.search(r"zero(\d)", path.name)
+    assert (config.distributed_type == "DEEPSPEED") == bool(zero)
+    if zero:
+        assert config.deepspeed_config["zero_stage"] == int(zero.group(1))
     first = path.read_text().splitlines()[0]
     match = LAUNCH.fullmatch(first)
     assert match, f"{path}: first line must give the launch command, got {first!r}"
@@ -46,10 +58,10 @@ def test_accelerate_config_and_its_recipe(path: Path) -> None:
     job_config = load_config(job_config_class(group, job), ROOT / job_config_path, overrides.split())
     if config.distributed_type == "DEEPSPEED":
         settings = config.deepspeed_config
-        plugin = DeepSpeedPlugin(zero_stage=settings["zero_stage"], gradient_clipping=settings["gradient_clipping"],
-                                 gradient_accumulation_steps=settings["gradient_accumulation_steps"],
-                                 zero3_init_flag=settings["zero3_init_flag"])
-        assert plugin.deepspeed_config["zero_optimization"]["stage"] == settings["zero_stage"]
+        # accelerate builds its plugin from the settings (it raises on values it rejects)
+        DeepSpeedPlugin(zero_stage=settings["zero_stage"], gradient_clipping=settings["gradient_clipping"],
+                        gradient_accumulation_steps=settings["gradient_accumulation_steps"],
+                        zero3_init_flag=settings["zero3_init_flag"])
         if (group, job) in TRAINER_ARGS:  # what the Trainer does with this plugin at start-up, short of a GPU
             mismatches = _trainer_deepspeed_mismatches(settings, TRAINER_ARGS[group, job](job_config))
             assert not mismatches, f"{path} + {job_config_path}: the Trainer would refuse {mismatches}"

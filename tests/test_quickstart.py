@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import pytest
@@ -12,19 +13,41 @@ from overstory.cli import main
 pytestmark = pytest.mark.slow
 
 
-def test_quickstart_end_to_end(tmp_path: Path) -> None:
+STAGES = ("hierarchy", "serving", "retrieval", "rag_baseline", "compressor", "planner")
+
+
+@pytest.fixture
+def port_8000_taken():
+    """Another server on 8000 (if 8000 is free here): the quickstart's private stack must not need it."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind(("127.0.0.1", 8000))
+        sock.listen()
+    except OSError:
+        pass  # someone already serves there, which is the same test
+    yield
+    sock.close()
+
+
+def test_quickstart_end_to_end(tmp_path: Path, port_8000_taken) -> None:
     out = tmp_path / "qs"
     (out).mkdir()
     # a stage written by another job must survive the quickstart's report update
     (out / "report.json").write_text(json.dumps({"stages": {"later_issue": {"x": 1}}}))
+    # the default serve port (0: a free one) while 8000 is taken; smaller compressor and planner slices
     code = main(["quickstart", "--out", str(out), "rag_questions=6", "tracking.backend=jsonl",
-                 f"tracking.dir={tmp_path / 'tracking'}", "serve.port=0", "compressor.levels=[section]",
-                 "compressor.max_summary_tokens=8", "compressor.epochs=3", "planner.questions=12",
-                 "planner.sft_epochs=1", "planner.stitch_steps=1", "planner.metadata_tokens=48"])
+                 f"tracking.dir={tmp_path / 'tracking'}", "compressor.max_summary_tokens=8", "compressor.epochs=3",
+                 "planner.questions=30", "planner.eval_questions=8", "planner.metadata_tokens=48",
+                 "planner.sft_batch_size=2", "planner.sft_epochs=6"])
     assert code == 0
     report = json.loads((out / "report.json").read_text())
     stages = report["stages"]
     assert stages["later_issue"] == {"x": 1}
+    for name in STAGES:  # every stage timed, in the stage and in the report's table
+        assert stages[name]["stage_seconds"] > 0 and report["stage_seconds"][name] == stages[name]["stage_seconds"]
+    assert report["total_seconds"] >= sum(report["stage_seconds"][name] for name in STAGES) - 1
+    serving = stages["serving"]
+    assert serving["port"] != 8000 and serving["url"].endswith(f":{serving['port']}")
 
     rag = stages["rag_baseline"]
     assert rag["dataset"] == "hotpotqa" and rag["n_questions"] == 6
@@ -42,12 +65,15 @@ def test_quickstart_end_to_end(tmp_path: Path) -> None:
     compressor = stages["compressor"]
     assert compressor["summaries"]["ok"] == stages["hierarchy"]["squad"]["section"]["count"]  # every section
     assert compressor["training"]["epochs"] == 3
+    assert set(compressor["step_seconds"]) == {"summaries", "training", "evaluation"}
     assert set(compressor["methods"]) == {"compressor", "mean_pool", "direct_encode", "summarize"}
     assert compressor["n_questions"] > 50 and Path(compressor["plot"]).exists()
     planner = stages["planner"]
     assert planner["pseudo_labels"]["correct"] > 0 and planner["trace_yield"]["template"]["kept"] > 0
     assert planner["stitch"]["steps"] == 1 and set(planner["variants"]) == {"base", "sft", "stitch"}
     assert planner["variants"]["base"]["format_valid"] == 0.0  # measured: the base model never writes the plan
+    assert planner["format_valid"]["sft"] > 0  # the SFT planner learned the plan format from the template traces
+    assert set(planner["step_seconds"]) == {"pseudo_labels", "traces", "sft", "stitch", "eval"}
     assert all(Path(p).exists() for p in planner["plots"])
     assert (out / "level_stats.png").stat().st_size > 10_000
     assert (out / "hierarchies" / "squad.jsonl").exists()

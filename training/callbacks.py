@@ -1,7 +1,7 @@
 """Hugging Face Trainer callbacks shared by the recipes built on Trainer (sentence-transformers, TRL).
 
 ``TrackingCallback`` sends the Trainer's logs (loss, learning rate, grad norm, eval metrics,
-throughput) to the run from ``overstory/tracking.py``, so ``tracking.backend=wandb|jsonl|none``
+throughput) to the run from ``overstory/core/tracking.py``, so ``tracking.backend=wandb|jsonl|none``
 means the same thing in every recipe (the Trainer's own ``report_to`` is set to "none").
 ``StopOnNonFiniteLoss`` turns a NaN or infinite training loss into ``TrainingDiverged``: the
 checkpoints already written stay as they were.

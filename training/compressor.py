@@ -156,7 +156,10 @@ def run(config: CompressorJobConfig) -> dict:
         state["history"].append(initial)
         save_best(initial)
     with Progress(disable=not accelerator.is_main_process) as progress:
-        task = progress.add_task("training", total=config.train.epochs, completed=state["epoch"])
+        batches_per_epoch = len(train_loader)
+        task = progress.add_task(f"epoch {state['epoch'] + 1}/{config.train.epochs}",
+                                 total=config.train.epochs * batches_per_epoch,
+                                 completed=state["epoch"] * batches_per_epoch)
         for epoch in range(state["epoch"], config.train.epochs):
             model.train()
             epoch_loss, batches, samples, epoch_started = 0.0, 0, 0, time.perf_counter()
@@ -173,6 +176,7 @@ def run(config: CompressorJobConfig) -> dict:
                 optimizer.zero_grad()
                 epoch_loss, batches, state["step"] = epoch_loss + loss.item(), batches + 1, state["step"] + 1
                 samples += len(batch["target"]) * accelerator.num_processes
+                progress.advance(task)
             metrics = {"epoch": epoch + 1, "train_loss": epoch_loss / max(batches, 1),
                        "lr": scheduler.get_last_lr()[0],
                        "samples_per_s": round(samples / (time.perf_counter() - epoch_started), 1),
@@ -186,7 +190,8 @@ def run(config: CompressorJobConfig) -> dict:
             if accelerator.is_main_process:
                 state_path.write_text(json.dumps(state, indent=2))
                 tracker.log(metrics, step=state["step"])
-            progress.update(task, advance=1, description=f"epoch {epoch + 1}: val_mse {metrics['val_mse']:.4f}")
+            progress.update(task, description=f"epoch {epoch + 1}/{config.train.epochs}: val_mse "
+                                              f"{metrics['val_mse']:.4f}")
 
     # --- evaluate ----------------------------------------------------------------------------------
     summary = {"best_val_mse": state["best_val_mse"], "initial_val_mse": state["history"][0]["val_mse"],

@@ -8,13 +8,17 @@ functions. A reward that cannot be computed returns None (TRL ignores it for tha
 it does NaN); no function here returns NaN or raises on a malformed completion (an empty document
 cannot divide by zero in ``read_share``).
 
-- ``format_reward``: 1 when the reply ends in a JSON plan with valid levels (R_format / gamma).
+- ``format_reward``: 1 when the reply ends in a JSON plan with valid levels (R_format / gamma). Under TRL it
+  also logs ``format_valid_strict`` (the share of completions that pass ``strict_plan_valid``) through the
+  trainer's ``log_metric``: a logged number only, the reward itself is the tolerant one.
 - ``length_reward``: -ReLU(completion tokens - L_max) (R_length / beta).
 - ``align_reward``: overlap of the predicted level range with the pseudo-label, 1 for an exact match,
   partial credit for overlapping ranges (the cheap stand-in for R_QA + R_cost).
 - ``cost_reward``: minus the share of the document the reader would see for the predicted range (R_cost / alpha).
 - ``QAReward``: 1 when SmartChunk retrieval over the predicted range plus the generator answers correctly
-  (R_QA), cached by (example, range) so repeated rollouts of one question cost one retrieval each.
+  (R_QA), cached by (example, range) so repeated rollouts of one question cost one retrieval each. Only
+  transient failures (timeouts, transport errors, 5xx after the client's retries) give None; a 4xx (a wrong
+  role or model name, a malformed request) raises ``QARewardError``. Each call logs ``qa_none_share``.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from overstory.data_pipeline.formats import LEVELS
-from overstory.models.planner import Plan, parse_plan
+from overstory.models.planner import Plan, parse_plan, strict_plan_valid
+from overstory.serving.client import ClientError
 
 
 def completion_text(completion: str | Sequence[Mapping[str, str]]) -> str:
@@ -42,12 +47,31 @@ def _plans(completions: Sequence) -> list[Plan]:
     return [parse_plan(completion_text(c)) for c in completions]
 
 
-def format_reward(completions: Sequence, **kwargs: Any) -> list[float]:
-    """1.0 when the reply parses to a valid level range, else 0.0.
+def strict_format_rate(completions: Sequence) -> float:
+    """The share of completions whose plan passes ``strict_plan_valid`` (0.0 for none).
 
-    >>> format_reward(['ok {"largest_chunk_size": "section", "smallest_chunk_size": "paragraph"}', "no plan"])
-    [1.0, 0.0]
+    >>> strict_format_rate(['{"largest_chunk_size": "section", "smallest_chunk_size": "paragraph"}',
+    ...                     "{'largest_chunk_size': 'section', 'smallest_chunk_size': 'paragraph'}"])
+    0.5
     """
+    return sum(strict_plan_valid(completion_text(c)) for c in completions) / max(len(completions), 1)
+
+
+def format_reward(completions: Sequence, log_metric: Callable[[str, float], None] | None = None,
+                  **kwargs: Any) -> list[float]:
+    """1.0 when the reply parses to a valid level range, else 0.0. ``log_metric`` (TRL passes its trainer's) gets
+    the strict format rate of the batch as ``format_valid_strict``; the values returned do not depend on it.
+
+    >>> logged = []
+    >>> format_reward(['ok {"largest_chunk_size": "section", "smallest_chunk_size": "paragraph"}', "no plan",
+    ...                '{"largest_chunk_size": "sections", "smallest_chunk_size": "paragraph"}'],
+    ...               log_metric=lambda name, value: logged.append((name, value)))
+    [1.0, 0.0, 1.0]
+    >>> logged
+    [('format_valid_strict', 0.3333333333333333)]
+    """
+    if log_metric is not None:
+        log_metric("format_valid_strict", strict_format_rate(completions))
     return [1.0 if plan.valid else 0.0 for plan in _plans(completions)]
 
 
@@ -134,12 +158,33 @@ def make_cost_reward(k: int) -> Callable[..., list[float]]:
     return cost_reward
 
 
+class QARewardError(RuntimeError):
+    """R_QA's backend refused a request for a reason retrying will not fix (a 4xx: wrong role, model or request)."""
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether a failure of R_QA's backend is worth no more than a missing reward: timeouts, dropped connections,
+    transport errors (``ClientError.status == 0``) and server errors left after the client's retries (5xx).
+
+    >>> [transient(e) for e in (TimeoutError(), ConnectionError(), ClientError(0, "refused"), ClientError(503, "busy"),
+    ...                         ClientError(404, "no role"), ClientError(400, "bad"), RuntimeError("bug"))]
+    [True, True, True, True, False, False, False]
+    """
+    if isinstance(exc, ClientError):
+        return exc.status == 0 or exc.status >= 500
+    return isinstance(exc, (TimeoutError, ConnectionError))
+
+
 class QAReward:
     """R_QA: 1.0 when answering from the predicted range is correct, 0.0 when wrong or when there is no
-    plan, None when the answer could not be obtained (e.g. the generator timed out: no signal).
+    plan, None when the answer could not be obtained for a transient reason (``transient``: the generator
+    timed out, the server is down or overloaded: no signal). Any other failure raises: a 4xx as
+    ``QARewardError`` (a None there would silently drop R_QA from every rollout), anything else as it is.
 
     ``answer_correct(example_id, level_min, level_max) -> bool`` runs SmartChunk retrieval and the
-    generator (``training/planner_data.py`` builds it); results are cached per (example, range).
+    generator (``training/planner_common.py: make_qa_judge`` builds it); results are cached per (example, range).
+    ``calls`` and ``nones`` count the rewards returned and the Nones among them (``none_share``); each call also
+    logs its batch's None share as ``qa_none_share`` through ``log_metric`` when TRL passes one.
 
     >>> calls = []
     >>> def judge(example_id, low, high):
@@ -158,7 +203,14 @@ class QAReward:
     def __init__(self, answer_correct: Callable[[str, str, str], bool]):
         self.answer_correct = answer_correct
         self.cache: dict[tuple[str, str, str], bool | None] = {}
+        self.calls = 0  # rewards returned
+        self.nones = 0  # of which None (no signal)
         self._lock = threading.Lock()
+
+    @property
+    def none_share(self) -> float | None:
+        """The share of all rewards returned so far that were None (None before the first call)."""
+        return self.nones / self.calls if self.calls else None
 
     def _correct(self, key: tuple[str, str, str]) -> bool | None:
         with self._lock:
@@ -166,14 +218,21 @@ class QAReward:
                 return self.cache[key]
         try:
             result: bool | None = bool(self.answer_correct(*key))
-        except (TimeoutError, ConnectionError, RuntimeError):
-            result = None  # not cached: a later rollout may get through
-            return result
+        except Exception as exc:
+            if transient(exc):
+                return None  # not cached: a later rollout may get through
+            if isinstance(exc, ClientError):
+                raise QARewardError(f"R_QA: the retrieval/generator stack refused the request for {key[0]!r} with "
+                                    f"{exc} (HTTP {exc.status}); a 4xx does not go away by retrying, so the reward "
+                                    f"is not dropped silently: check the stack's roles and model names "
+                                    f"(server_url / serve)") from exc
+            raise
         with self._lock:
             self.cache[key] = result
         return result
 
-    def __call__(self, completions: Sequence, example_id: Sequence[str], **kwargs: Any) -> list[float | None]:
+    def __call__(self, completions: Sequence, example_id: Sequence[str],
+                 log_metric: Callable[[str, float], None] | None = None, **kwargs: Any) -> list[float | None]:
         rewards: list[float | None] = []
         for plan, example in zip(_plans(completions), example_id, strict=True):
             if not plan.valid:
@@ -181,4 +240,10 @@ class QAReward:
                 continue
             correct = self._correct((example, plan.level_min, plan.level_max))
             rewards.append(None if correct is None else float(correct))
+        nones = sum(r is None for r in rewards)
+        with self._lock:
+            self.calls += len(rewards)
+            self.nones += nones
+        if log_metric is not None and rewards:
+            log_metric("qa_none_share", nones / len(rewards))
         return rewards

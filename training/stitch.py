@@ -8,8 +8,9 @@ The loop of the SmartChunk paper's Algorithm 2, per step:
    pseudo-label) within the length limit; solvable prompts go to the RL buffer.
 2. For the others, take a hint from the question's expert trace: its reasoning split into sentences,
    the first ``n`` of them, with ``n`` set from the running success rate (the paper's best strategy:
-   the less the policy solves, the longer the hint). Roll out again with the hint appended to the
-   prompt; solved -> RL buffer with the hinted prompt, still unsolved -> imitation buffer.
+   the less the policy solves, the longer the hint), never the last sentence, where a trace states its
+   conclusion (the template teacher's traces name the chunk sizes only there). Roll out again with the
+   hint appended to the prompt; solved -> RL buffer with the hinted prompt, still unsolved -> imitation buffer.
 3. A GRPO update (TRL's GRPOTrainer, DAPO loss, the rewards of ``training/rewards.py``) on the RL buffer,
    which is then cleared.
 4. When the imitation buffer holds ``imitation_threshold`` questions, an SFT update (TRL's SFTTrainer) on
@@ -18,7 +19,8 @@ The loop of the SmartChunk paper's Algorithm 2, per step:
 What TRL does not do and is written here: the routing of questions (rollouts, hints, buffers) and
 the schedule. The updates themselves are TRL's trainers, built per update around the one shared
 policy, with optimizers created once and passed in so Adam's moments carry across updates. Every
-step is logged (solve-none ratio, hinted-solve ratio, buffer sizes, SFT injections, reward) to
+step is logged (solve-none ratio, hinted-solve ratio, buffer sizes, the plain rollouts' format rates, tolerant
+and strict, the GRPO update's optimizer steps, gradient norm and weight change, SFT injections, reward) to
 ``out/stitch_log.jsonl`` and the tracker; the adapter, both optimizers and the loop state are saved
 after each step in ``out/last``, and a rerun resumes from there.
 """
@@ -41,7 +43,7 @@ from overstory.core.config import ConfigError, to_dict
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.formats import PlannerTrace, read_jsonl
 from overstory.data_pipeline.planner_examples import PlannerDataConfig, planner_rows
-from overstory.models.planner import parse_plan
+from overstory.models.planner import parse_plan, strict_plan_valid
 from overstory.models.registry import SMOLLM2, load_lm_checkpoint
 from overstory.training.common import LoraSettings, lora_config, write_manifest
 from overstory.training.distributed import process_group_backend, world_size
@@ -98,14 +100,16 @@ def trace_sentences(completion: str) -> list[str]:
 
 
 def hint_length(n_sentences: int, success_rate: float, settings: StitchSettings) -> int:
-    """How many of the trace's sentences the hint reveals: more when the policy solves less.
+    """How many of the trace's sentences the hint reveals: more when the policy solves less, never the last one
+    (a trace concludes there, with the answer; a hint holding it would measure copying, not solving). A trace of
+    one sentence gives no hint (0): its question goes to imitation.
 
     >>> s = StitchSettings()
     >>> hint_length(4, 0.0, s), hint_length(4, 0.5, s), hint_length(4, 1.0, s), hint_length(1, 0.0, s)
-    (4, 2, 1, 1)
+    (3, 2, 1, 0)
     """
     fraction = settings.fixed_hint_fraction if settings.hint == "fixed" else 1.0 - success_rate
-    return min(n_sentences, max(1, math.ceil(fraction * n_sentences)))
+    return min(n_sentences - 1, max(1, math.ceil(fraction * n_sentences)))
 
 
 def with_hint(prompt: list[dict[str, str]], hint: str) -> list[dict[str, str]]:
@@ -126,6 +130,8 @@ class Routing:
     solved_plain: int
     solved_hinted: int
     unsolved: int
+    format_valid: float = 0.0  # share of the plain rollouts that parse to a plan (the tolerant parser)
+    format_valid_strict: float = 0.0  # share of them in the exact format the prompt asks for (strict_plan_valid)
 
 
 def route(rows: list[dict], rollout: RolloutFn, traces: dict[str, PlannerTrace], success_rate: float,
@@ -134,6 +140,9 @@ def route(rows: list[dict], rollout: RolloutFn, traces: dict[str, PlannerTrace],
     G, limit = settings.num_generations, settings.max_completion_tokens
     outcome = Routing([], [], 0, 0, 0)
     first = rollout([r["prompt"] for r in rows], G)
+    plain = [c for completions in first for c in completions]
+    outcome.format_valid = sum(parse_plan(c).valid for c in plain) / max(len(plain), 1)
+    outcome.format_valid_strict = sum(strict_plan_valid(c) for c in plain) / max(len(plain), 1)
     needs_hint = []
     for row, completions in zip(rows, first, strict=True):
         if solved(completions, row, count_tokens, limit):
@@ -144,12 +153,13 @@ def route(rows: list[dict], rollout: RolloutFn, traces: dict[str, PlannerTrace],
     hinted_rows = []
     for row in needs_hint:
         sentences = trace_sentences(traces[row["example_id"]].completion) if row["example_id"] in traces else []
-        if not sentences:  # no reasoning to hint with: imitate the trace (when there is one) right away
+        n_hint = hint_length(len(sentences), success_rate, settings) if sentences else 0
+        if not n_hint:  # no reasoning to hint with but the conclusion: imitate the trace (when there is one)
             if row["example_id"] in traces:
                 outcome.imitation.append(row)
             outcome.unsolved += 1
             continue
-        hint = " ".join(sentences[: hint_length(len(sentences), success_rate, settings)])
+        hint = " ".join(sentences[:n_hint])
         hinted_rows.append({**row, "prompt": with_hint(row["prompt"], hint)})
     second = rollout([r["prompt"] for r in hinted_rows], G) if hinted_rows else []
     for row, completions in zip(hinted_rows, second, strict=True):
@@ -232,7 +242,8 @@ def run(config: StitchConfig) -> dict:
         record = {"step": step, "solve_none_ratio": 1 - routing.solved_plain / len(batch),
                   "hinted_solve_ratio": routing.solved_hinted / max(1, len(batch) - routing.solved_plain),
                   "rl_buffer": len(routing.rl), "imitation_buffer": len(state["imitation"]),
-                  "success_rate": state["success_rate"], "sft_injection": False}
+                  "success_rate": state["success_rate"], "format_valid": routing.format_valid,
+                  "format_valid_strict": routing.format_valid_strict, "grpo_updates": 0, "sft_injection": False}
         if routing.rl:  # GRPO on the RL buffer (TRL regenerates on-policy rollouts of these prompts)
             # one generation batch = G rollouts of every buffered prompt, one prompt per micro-batch, one
             # optimizer step per ``grpo_steps``: the whole buffer shapes each update
@@ -242,8 +253,15 @@ def run(config: StitchConfig) -> dict:
                              gradient_accumulation_steps=len(routing.rl), steps_per_generation=None)
             trainer = GRPOTrainer(model=model, reward_funcs=reward_funcs, args=args, processing_class=tokenizer,
                                   train_dataset=Dataset.from_list(routing.rl), optimizers=(grpo_optimizer, None))
+            before = [p.detach().clone() for p in trainable]
             trainer.train()
-            record["reward"] = next((r["reward"] for r in reversed(trainer.state.log_history) if "reward" in r), None)
+            logged = [r for r in trainer.state.log_history if "reward" in r]
+            record["reward"] = logged[-1]["reward"] if logged else None
+            # proof of an update: optimizer steps taken, their gradient norm (0 when every group's rewards were
+            # flat: zero advantages) and how far the trainable (LoRA) weights moved
+            record["grpo_updates"] = trainer.state.global_step
+            record["grpo_grad_norm"] = logged[-1].get("grad_norm") if logged else None
+            record["grpo_weight_change"] = float(sum((p.detach() - b).abs().sum() for p, b in zip(trainable, before)))
         if len(state["imitation"]) >= settings.imitation_threshold:  # SFT on the full expert traces
             imitation = [traces[i] for i in state["imitation"]]
             sft_args = SFTConfig(output_dir=str(out / "sft"), max_steps=settings.sft_steps,

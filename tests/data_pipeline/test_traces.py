@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -10,15 +11,15 @@ import pytest
 from overstory.cli import main
 from overstory.core.config import ConfigError, load_config
 from overstory.data_pipeline.corpora import load_corpus
-from overstory.data_pipeline.formats import PlannerTrace, PseudoLabel, read_jsonl, write_jsonl
+from overstory.data_pipeline.formats import LEVELS, PlannerTrace, PseudoLabel, read_jsonl, write_jsonl
 from overstory.data_pipeline.hierarchy import save_hierarchies, stored_hierarchy_path
 from overstory.data_pipeline.pseudo_labels import single_document_questions
-from overstory.data_pipeline.traces import TracesConfig
-from overstory.models.planner import parse_plan
+from overstory.data_pipeline.traces import TracesConfig, template_trace
+from overstory.models.planner import normalise_level, parse_plan
+from overstory.training.stitch import StitchSettings, hint_length, trace_sentences
 
 ROOT = Path(__file__).resolve().parents[2]
 SQUAD = ROOT / "data/squad/dev-v2.0-articles.json"
-pytestmark = pytest.mark.slow
 
 
 @pytest.fixture()
@@ -40,6 +41,7 @@ def _traces(labels: Path, out: Path, *extra: str) -> int:
                  "--out", str(out), "metadata_tokens=64", "tracking.backend=none", *extra])
 
 
+@pytest.mark.slow
 def test_teacher_pool_keeps_matching_traces_records_failures_and_resumes(labels: Path, tmp_path: Path) -> None:
     out = tmp_path / "traces.jsonl"
     teachers = ("teachers={template: {kind: template}, smollm2: {kind: llm, style: concise, max_tokens: 48}, "
@@ -66,8 +68,42 @@ def test_teacher_pool_keeps_matching_traces_records_failures_and_resumes(labels:
     assert out.read_text().startswith(lines) and sum(t.teacher == "offline" for t in rerun) == 3
 
 
+@pytest.mark.slow
 def test_empty_pool_and_bad_roles_are_config_errors(labels: Path) -> None:
     with pytest.raises(ConfigError, match="pool is empty"):
         load_config(TracesConfig, ROOT / "configs/data/traces.yaml", ["teachers={}"])
     with pytest.raises(ConfigError, match="not a chat role"):
         load_config(TracesConfig, ROOT / "configs/data/traces.yaml", ["teachers={t: {role: embedder}}"])
+
+
+def _names_a_level(text: str) -> set[str]:
+    """The levels a text names, in any spelling the planner's parser accepts (plurals, abbreviations, 'article')."""
+    return {normalise_level(word) for word in re.findall(r"[A-Za-z-]+", text)} - {None}
+
+
+def test_template_traces_name_the_label_only_in_their_last_sentence() -> None:
+    """Every label the planner can have, on real SQuAD questions of every wh-word: the first n-1 sentences of the
+    template trace name no level (so a hint reveals nothing of the label), the last one names the label's."""
+    _, questions = load_corpus("squad", SQUAD)
+    sample = [q.question for q in questions[:40]] + ["", "Name the river.", "How many dukes were there?"]
+    labels = [(low, high) for i, low in enumerate(LEVELS) for high in LEVELS[i:]]
+    for question in sample:
+        for low, high in labels:
+            trace = template_trace(low, high, question)
+            assert parse_plan(trace).levels == (low, high) and not parse_plan(trace).swapped
+            sentences = trace_sentences(trace)
+            assert len(sentences) == 3, sentences
+            for sentence in sentences[:-1]:
+                assert not _names_a_level(sentence), (question, sentence)
+            assert {low, high} == _names_a_level(sentences[-1])
+
+
+def test_stitch_hints_from_template_traces_never_hold_the_label() -> None:
+    """What STITCH's hint would show of a template trace, at every success rate and in both hint modes."""
+    settings = (StitchSettings(), StitchSettings(hint="fixed", fixed_hint_fraction=0.9))
+    for low, high in [("sentence", "sentence"), ("paragraph", "document"), ("subsection", "section")]:
+        sentences = trace_sentences(template_trace(low, high, "Who ruled the duchy of Normandy?"))
+        for setting in settings:
+            for rate in (0.0, 0.25, 0.5, 1.0):
+                hint = " ".join(sentences[: hint_length(len(sentences), rate, setting)])
+                assert hint and not _names_a_level(hint) and sentences[-1] not in hint

@@ -23,8 +23,21 @@ def test_score_plans_counts_exact_gold_within_one_and_format() -> None:
     replies = [plan_json("sentence", "paragraph"), "no plan at all"]
     metrics, ranges = score_plans(rows, replies, [20, 200], length_limit=128)
     assert metrics["accuracy"] == 0.5 and metrics["accuracy_gold"] == 0.0 and metrics["format_valid"] == 0.5
+    assert metrics["format_valid_strict"] == 0.5
     assert metrics["within_one_level"] == 0.5 and metrics["over_length"] == 0.5
     assert ranges == [("sentence", "paragraph"), ("sentence", "document")]  # invalid plan: full-range fallback
+
+
+def test_strict_format_rate_counts_only_the_exact_json() -> None:
+    """The tolerant parser finds a plan in all four replies (what the runtime acts on); only the first is in the
+    format the prompt asks for."""
+    rows = [{"level_min": "sentence", "level_max": "paragraph", "gold_level_min": "", "gold_level_max": ""}] * 4
+    replies = ['It asks for a date. {"largest_chunk_size": "paragraph", "smallest_chunk_size": "sentence"}',
+               "{'largest_chunk_size': 'paragraph', 'smallest_chunk_size': 'sentence'}",
+               '{"largest_chunk_size": "sentence", "smallest_chunk_size": "paragraph"}',
+               '{"largest_chunk_size": "paragraphs", "smallest_chunk_size": "sentence"']
+    metrics, _ = score_plans(rows, replies, [20] * 4, length_limit=128)
+    assert metrics["format_valid"] == 1.0 and metrics["format_valid_strict"] == 0.25
 
 
 def test_compare_needs_known_variants() -> None:
@@ -47,10 +60,11 @@ def test_eval_planner_compares_base_and_sft(planner_labels: Path, planner_traces
     assert set(report["variants"]) == {"base", "sft"} and report["n_questions"] == 3
     for metrics in report["variants"].values():
         assert metrics["accuracy_gold"] is None  # the fixture's labels carry no gold levels
-        for key in ("accuracy", "within_one_level", "format_valid", "median_completion_tokens",
+        for key in ("accuracy", "within_one_level", "format_valid", "format_valid_strict", "median_completion_tokens",
                     "p90_completion_tokens", "seconds_per_plan", "qa_accuracy", "recall@5"):
             assert metrics[key] is not None, key
         assert 0 <= metrics["accuracy"] <= metrics["within_one_level"] <= 1
+        assert metrics["format_valid_strict"] <= metrics["format_valid"]
     assert report["variants"]["base"]["format_valid"] == 0.0  # measured: the base model never writes the JSON plan
     majority = report["majority_baseline"]  # the reference row: the training labels' most common range
     assert len(majority["label"]) == 2 and 0 <= majority["accuracy"] <= majority["within_one_level"] <= 1

@@ -10,12 +10,15 @@ from overstory.evaluation.report_tables import render_readme
 
 def test_render_replaces_only_marked_tables_whose_file_exists(tmp_path: Path) -> None:
     (tmp_path / "q").mkdir()
-    (tmp_path / "q" / "report.json").write_text(json.dumps({"stages": {"hierarchy": {"seconds": 12.4},
-                                                                       "planner": {"seconds": 301.0}}}))
+    (tmp_path / "q" / "report.json").write_text(json.dumps({"stages": {
+        "retrieval": {"squad": {"n_questions": 9, "levels": ["paragraph"], "bm25_recall@5": 0.5},
+                      "stage_seconds": 12.4},
+        "planner": {"skipped": "no correct answer", "stage_seconds": 301.0}}, "total_seconds": 320.0}))
     readme = ("intro\n<!-- table: quickstart q/report.json -->\nold table\n<!-- /table -->\nmiddle\n"
               "<!-- table: planner missing/metrics.json -->\nkept table\n<!-- /table -->\nend\n")
     rendered, notes = render_readme(readme, tmp_path)
-    assert "| hierarchy | 12 |\n| planner | 301 |\n<!-- /table -->" in rendered
+    assert ("| retrieval | 12 | squad, 9 questions: bm25 recall@5 0.500 |\n| planner | 301 | no correct answer |\n"
+            "| total | 320 |  |\n<!-- /table -->") in rendered
     assert "old table" not in rendered and "kept table" in rendered
     assert rendered.startswith("intro\n") and "\nmiddle\n" in rendered and rendered.endswith("end\n")
     assert notes == ["rendered quickstart from q/report.json", "kept planner: missing/metrics.json not found"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -46,11 +47,8 @@ def test_grpo_steps_change_the_adapter_log_rewards_and_resume(planner_labels: Pa
     assert json.loads((final / "overstory.json").read_text())["metrics"]["steps"] == 3
 
 
-def test_grpo_continues_an_sft_adapter(planner_traces: Path, planner_labels: Path, tmp_path: Path) -> None:
-    sft = tmp_path / "sft"
-    assert main(["train", "planner_sft", "--config", str(ROOT / "configs/train/planner_sft.yaml"),
-                 f"traces={planner_traces}", f"out={sft}", "train.max_steps=4", "train.batch_size=4",
-                 "train.val_fraction=0", "tracking.backend=none"]) == 0
+def test_grpo_continues_an_sft_adapter(sft_planner: Path, planner_labels: Path, tmp_path: Path) -> None:
+    sft = sft_planner
     before = load_file(sft / "final" / "adapter_model.safetensors")
     assert _grpo(planner_labels, tmp_path / "grpo", f"model={sft / 'final'}", "train.max_steps=1",
                  "train.max_completion_length=64", *SPREAD) == 0
@@ -59,6 +57,22 @@ def test_grpo_continues_an_sft_adapter(planner_traces: Path, planner_labels: Pat
     assert any((before[k] != after[k]).any() for k in before)
     manifest = json.loads((tmp_path / "grpo" / "final" / "overstory.json").read_text())
     assert manifest["base_model"] == "builtin:smollm2-135m-instruct" and manifest["init"] == str(sft / "final")
+
+
+def test_qa_reward_through_the_real_retrieval_and_generator_stack(sft_planner: Path, planner_labels: Path,
+                                                                 tmp_path: Path) -> None:
+    """One GRPO step with R_QA: the job starts its own embedded stack (port 0, built-in SmolLM2 generator and
+    MiniLM embedder); the SFT adapter writes plans, so R_QA retrieves over their ranges and asks the generator."""
+    out = tmp_path / "grpo-qa"
+    assert _grpo(planner_labels, out, f"model={sft_planner / 'final'}", "train.max_steps=1", "train.batch_size=2",
+                 "train.max_completion_length=72", "data.metadata_tokens=96", "rewards.qa=1.0", "rewards.cost=0",
+                 "serve.port=0") == 0
+    history = json.loads((out / "metrics.json").read_text())["history"]
+    logged = next(row for row in history if "rewards/qa_reward/mean" in row)
+    assert logged["rewards/format_reward/mean"] > 0  # some rollouts held a plan: the judge answered for them
+    assert math.isfinite(logged["rewards/qa_reward/mean"]) and 0 <= logged["rewards/qa_reward/mean"] <= 1
+    assert logged["qa_none_share"] == 0.0  # the stack was up: every plan got an answer
+    assert 0 <= logged["format_valid_strict"] <= logged["rewards/format_reward/mean"]
 
 
 def test_bad_group_settings_are_config_errors() -> None:

@@ -6,7 +6,15 @@ import math
 
 import pytest
 
-from overstory.training.rewards import QAReward, align_reward, format_reward, make_cost_reward, make_length_reward
+from overstory.serving.client import ClientError
+from overstory.training.rewards import (
+    QAReward,
+    QARewardError,
+    align_reward,
+    format_reward,
+    make_cost_reward,
+    make_length_reward,
+)
 
 TOKENS = {"sentence": 30.0, "paragraph": 120.0, "subsection": 250.0, "section": 900.0, "document": 5000.0}
 # shapes seen from untrained and partly trained SmolLM2-135M rollouts, plus the edge cases of the issue
@@ -54,3 +62,60 @@ def test_length_reward_needs_token_ids() -> None:
         make_length_reward(128)(["x"])
     with pytest.raises(ValueError, match="positive"):
         make_length_reward(0)
+
+
+PLAN = '{"largest_chunk_size": "section", "smallest_chunk_size": "sentence"}'
+
+
+def _failing_judge(error: Exception):
+    def judge(example_id: str, low: str, high: str) -> bool:
+        raise error
+
+    return judge
+
+
+@pytest.mark.parametrize("status", [400, 404, 422])
+def test_qa_reward_raises_on_client_errors_that_retrying_cannot_fix(status: int) -> None:
+    qa = QAReward(_failing_judge(ClientError(status, "no server configured for role 'generator'")))
+    with pytest.raises(QARewardError, match=f"HTTP {status}.*not dropped silently"):
+        qa([PLAN], example_id=["q"])
+
+
+@pytest.mark.parametrize("error", [ClientError(0, "ConnectError calling http://127.0.0.1:9", 3),
+                                   ClientError(503, "overloaded", 3), ClientError(500, "boom", 3),
+                                   TimeoutError("generator timed out"), ConnectionError("reset")])
+def test_qa_reward_gives_none_on_transient_failures_and_counts_them(error: Exception) -> None:
+    logged: list[tuple[str, float]] = []
+    qa = QAReward(_failing_judge(error))
+    assert qa([PLAN, "no plan", PLAN, PLAN], example_id=["q1", "q1", "q2", "q3"],
+              log_metric=lambda name, value: logged.append((name, value))) == [None, 0.0, None, None]
+    assert (qa.calls, qa.nones, qa.none_share) == (4, 3, 0.75)
+    assert logged == [("qa_none_share", 0.75)]
+    assert qa.cache == {}  # a transient failure is not cached: the next rollout asks again
+
+
+def test_qa_reward_other_errors_propagate_and_share_accumulates() -> None:
+    with pytest.raises(KeyError):  # a bug in the judge is not "no signal"
+        QAReward(_failing_judge(KeyError("q")))([PLAN], example_id=["q"])
+    answers = iter([ClientError(503, "busy"), True, True])
+
+    def flaky(example_id: str, low: str, high: str) -> bool:
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    qa = QAReward(flaky)
+    assert qa.none_share is None
+    assert qa([PLAN], example_id=["q"]) == [None]
+    assert qa([PLAN, PLAN], example_id=["q", "q"]) == [1.0, 1.0]  # retried, then cached
+    assert qa.none_share == pytest.approx(1 / 3)
+
+
+def test_format_reward_logs_the_strict_rate_without_changing_its_values() -> None:
+    replies = [PLAN, "{'largest_chunk_size': 'section', 'smallest_chunk_size': 'sentence'}",
+               '{"largest_chunk_size": "sentence", "smallest_chunk_size": "section"}', "no plan"]
+    logged: list[tuple[str, float]] = []
+    values = format_reward(replies, log_metric=lambda name, value: logged.append((name, value)))
+    assert values == format_reward(replies) == [1.0, 1.0, 1.0, 0.0]
+    assert logged == [("format_valid_strict", 0.25)]

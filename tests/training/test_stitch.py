@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from overstory.cli import main
 from overstory.data_pipeline.formats import PlannerTrace
 from overstory.models.planner import plan_json, planner_messages
-from overstory.training.stitch import StitchSettings, route
+from overstory.training.stitch import StitchSettings, hint_length, route
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,25 +59,52 @@ def test_route_sends_questions_through_all_three_branches() -> None:
     assert len(seen_prompts) == 4 + 3  # every question once, the three unsolved again with hints
 
 
+def test_hints_never_reveal_the_concluding_sentence() -> None:
+    """Whatever the success rate and hint mode, the hint stops before a trace's last sentence (where the template
+    teacher names the chunk sizes), and a one-sentence trace gives no hint at all."""
+    for settings in (StitchSettings(), StitchSettings(hint="fixed", fixed_hint_fraction=0.99)):
+        for n in range(1, 8):
+            for rate in (0.0, 0.1, 0.5, 0.9, 1.0):
+                assert hint_length(n, rate, settings) <= n - 1
+    rows = [_row("q-one", "sentence", "sentence")]
+    reply = f"Just this.\n{plan_json('sentence', 'sentence')}"
+    one_sentence = {"q-one": PlannerTrace("q-one/t", "q-one", "d", "t", [], reply,
+                                          {"level_min": "sentence", "level_max": "sentence"}, 10)}
+    prompts = []
+    routing = route(rows, lambda p, n: prompts.extend(p) or [["no"] * n for _ in p], one_sentence, 0.0,
+                    StitchSettings(num_generations=2), count_tokens=lambda text: 1)
+    assert [r["example_id"] for r in routing.imitation] == ["q-one"] and len(prompts) == 1  # no hinted rollout
+
+
 @pytest.mark.slow
-def test_stitch_steps_on_the_real_model_inject_sft_and_resume(planner_labels: Path, planner_traces: Path,
-                                                              tmp_path: Path) -> None:
+def test_stitch_steps_on_the_real_model_update_inject_sft_and_resume(planner_labels: Path, planner_traces: Path,
+                                                                     sft_planner: Path, tmp_path: Path) -> None:
+    """From a short real SFT adapter (it writes the planner's format, so some questions are solved and GRPO runs;
+    others are not, so SFT is injected: imitation_threshold=1)."""
     out = tmp_path / "stitch"
     args = ["train", "stitch", "--config", str(ROOT / "configs/train/stitch.yaml"), f"data.labels={planner_labels}",
-            "data.metadata_tokens=48",
-            f"traces={planner_traces}", f"out={out}", "stitch.questions_per_step=2", "stitch.num_generations=2",
-            "stitch.max_completion_tokens=24", "stitch.imitation_threshold=2", "grpo.num_generations=2",
-            "grpo.batch_size=2", "grpo.max_completion_length=24", "tracking.backend=jsonl",
+            "data.metadata_tokens=96", f"model={sft_planner / 'final'}",
+            f"traces={planner_traces}", f"out={out}", "stitch.questions_per_step=3", "stitch.num_generations=2",
+            "stitch.max_completion_tokens=72", "stitch.imitation_threshold=1", "grpo.num_generations=2",
+            "grpo.batch_size=2", "grpo.max_completion_length=72", "tracking.backend=jsonl",
             f"tracking.dir={out / 'tracking'}"]
+    before = load_file(sft_planner / "final" / "adapter_model.safetensors")
     assert main([*args, "stitch.steps=2"]) == 0
     log = [json.loads(line) for line in (out / "stitch_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [1, 2]
     for record in log:
-        assert {"solve_none_ratio", "hinted_solve_ratio", "rl_buffer", "imitation_buffer"} <= set(record)
-    # measured: the untrained model solves none, even with hints, so both steps inject SFT
+        assert {"solve_none_ratio", "hinted_solve_ratio", "rl_buffer", "imitation_buffer", "format_valid",
+                "format_valid_strict", "grpo_updates"} <= set(record)
+        assert 0 <= record["format_valid_strict"] <= record["format_valid"] <= 1
+    assert any(r["format_valid"] > 0 for r in log)  # the SFT adapter writes plans
+    updated = [r for r in log if r["rl_buffer"] > 0]
+    assert updated, log  # some question was solved, so a GRPO update ran
+    for record in updated:
+        assert record["grpo_updates"] == 1 and isinstance(record["reward"], float)
+        assert record["grpo_grad_norm"] > 0 and record["grpo_weight_change"] > 0  # a real gradient step on the LoRA
     assert any(r["sft_injection"] for r in log)
-    adapter = load_file(out / "final" / "adapter_model.safetensors")
-    assert any(v.abs().sum() > 0 for k, v in adapter.items() if "lora_B" in k)
+    after = load_file(out / "final" / "adapter_model.safetensors")
+    assert set(before) == set(after) and any((before[k] != after[k]).any() for k in before)
     assert json.loads((out / "final" / "overstory.json").read_text())["recipe"] == "stitch"
 
     assert main([*args, "stitch.steps=3"]) == 0  # resumes after step 2

@@ -1,0 +1,66 @@
+"""What the recipes share: the final save across ranks (training/common.py) and STITCH's one-process guard."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from overstory.core.config import ConfigError, load_config
+from overstory.training.common import save_final
+from overstory.training.stitch import StitchConfig
+from overstory.training.stitch import run as run_stitch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class StandInTrainer:
+    """A stand-in for a Hugging Face Trainer on one rank (not a Trainer): records the calls save_final makes."""
+
+    def __init__(self, main: bool):
+        self.main, self.calls = main, []
+
+    def save_model(self, output_dir: str) -> None:
+        self.calls.append(("save_model", output_dir))
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+        (Path(output_dir) / f"weights-from-{'main' if self.main else 'other'}-rank").write_text("shard")
+
+    def is_world_process_zero(self) -> bool:
+        self.calls.append(("is_world_process_zero",))
+        return self.main
+
+
+class StandInTokenizer:
+    """A stand-in tokenizer: records where it was saved."""
+
+    def __init__(self):
+        self.saved = []
+
+    def save_pretrained(self, folder) -> None:
+        self.saved.append(str(folder))
+
+
+@pytest.mark.parametrize("main", [False, True], ids=["other-rank", "main-rank"])
+def test_save_final_saves_the_model_on_every_rank_and_the_rest_on_the_main_one(tmp_path: Path, main: bool) -> None:
+    trainer, tokenizer = StandInTrainer(main), StandInTokenizer()
+    final = save_final(trainer, tokenizer, tmp_path, {"recipe": "x"}, {"steps": 3}, history=[{"step": 1}])
+    assert final == tmp_path / "final"
+    # every rank takes part in save_model (ZeRO-3 gathers the sharded weights only then)
+    assert trainer.calls[0] == ("save_model", str(final))
+    written = (final / "overstory.json").exists(), (tmp_path / "metrics.json").exists(), bool(tokenizer.saved)
+    if main:
+        assert written == (True, True, True)
+        assert json.loads((final / "overstory.json").read_text()) == {"recipe": "x", "metrics": {"steps": 3}}
+        assert json.loads((tmp_path / "metrics.json").read_text())["history"] == [{"step": 1}]
+    else:
+        assert written == (False, False, False)
+
+
+def test_stitch_refuses_several_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    config = load_config(StitchConfig, ROOT / "configs/train/stitch.yaml", [f"out={tmp_path / 'stitch'}",
+                                                                           "tracking.backend=none"])
+    with pytest.raises(ConfigError, match="STITCH runs in one process .WORLD_SIZE is 2."):
+        run_stitch(config)
+    assert not (tmp_path / "stitch").exists()  # refused before any work
