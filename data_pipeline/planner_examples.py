@@ -8,7 +8,8 @@ ids, whatever the corpus loaders or the chunking code do meanwhile.
 
 ``planner_rows`` gives the rows GRPO trains on: the planner's chat prompt (question plus the document's
 beginning) and the columns the rewards read (``example_id``, ``level_min``, ``level_max``,
-``level_tokens``), split by document.
+``level_tokens``), split by document. ``unlabelled_rows`` gives the prompts of the questions the backbone never
+answered (no range to learn or compare with), on which a planner's format can still be judged.
 """
 
 from __future__ import annotations
@@ -105,3 +106,16 @@ def planner_rows(config: PlannerDataConfig, tokenizer_name: str) -> tuple[list[d
                 "gold_level_min": label.gold_level_min or "", "gold_level_max": label.gold_level_max or ""}
 
     return [row(label) for label in train], [row(label) for label in val], chunks
+
+
+def unlabelled_rows(config: PlannerDataConfig, tokenizer_name: str, doc_ids: set[str]) -> list[dict]:
+    """Prompt rows (``prompt``, ``example_id``, ``doc_id``, ``question``) for the questions of ``doc_ids`` without a
+    correct pseudo-label, in file order: no label to score a plan against, but the same prompt a runtime sends."""
+    labels = [label for label in read_jsonl(config.labels, PseudoLabel)
+              if not label.correct and label.doc_id in doc_ids]
+    if not labels:
+        return []
+    chunks = labelled_hierarchy(config.labels, config.hierarchy)
+    metadata = planner_metadata(chunks, {label.doc_id for label in labels}, tokenizer_name, config.metadata_tokens)
+    return [{"prompt": planner_messages(label.question, metadata[label.doc_id]), "example_id": label.id,
+             "doc_id": label.doc_id, "question": label.question} for label in labels]

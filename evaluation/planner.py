@@ -13,7 +13,10 @@ the generator), QA accuracy and recall@k. An invalid plan falls back to the full
 as a runtime would, and is counted as a format failure. The report's ``majority_baseline`` is the reference
 every variant must beat: always answering the training labels' most common range. ``--compare`` names variants
 from ``variants`` and also draws their training curves (reward and solve rate over steps, SFT injections
-marked) from the metrics the recipes wrote next to each checkpoint. Writes ``metrics.json``,
+marked) from the metrics the recipes wrote next to each checkpoint. With ``unlabelled``, the held-out documents'
+questions that the backbone never answered (no label) are planned too and counted in ``format_valid_all`` and
+``format_valid_strict_all`` only: on a small model most questions have no label, and format is a property of
+the prompt, not of the label. Writes ``metrics.json``,
 ``planner_comparison.png`` and ``training_curves.png``.
 """
 
@@ -31,7 +34,7 @@ import torch
 from overstory.core.config import ConfigError, to_dict
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.formats import LEVELS, PseudoLabel, read_jsonl
-from overstory.data_pipeline.planner_examples import PlannerDataConfig, planner_rows
+from overstory.data_pipeline.planner_examples import PlannerDataConfig, planner_rows, unlabelled_rows
 from overstory.evaluation.plots import plot_planner_comparison, plot_training_curves
 from overstory.models.planner import parse_plan, strict_plan_valid
 from overstory.models.registry import base_model_of, load_lm_checkpoint
@@ -61,6 +64,9 @@ class EvalPlannerConfig:
     length_limit: int = 128  # L_max: completions above it count as over-long
     batch_size: int = 8
     limit: int = 0  # at most this many held-out questions (0 = all)
+    # also plan the held-out documents' questions without a correct label (at most `limit` of them): they count in
+    # format_valid_all / format_valid_strict_all only, since they have no range to compare with
+    unlabelled: bool = False
     qa: bool = True  # QA accuracy and recall@k through SmartChunk for the predicted ranges
     k: int = 5
     correctness: CorrectnessConfig = field(default_factory=CorrectnessConfig)
@@ -134,8 +140,14 @@ def run(config: EvalPlannerConfig) -> dict:
                              val_fraction=config.val_fraction)
     train_rows, val_rows, chunks = planner_rows(data, base_model_of(next(iter(variants.values()))))
     rows = (val_rows or train_rows)[: config.limit or None]
+    extra = []
+    if config.unlabelled:
+        held_out_docs = {r["doc_id"] for r in (val_rows or train_rows)}
+        extra = unlabelled_rows(data, base_model_of(next(iter(variants.values()))), held_out_docs)
+        extra = extra[: config.limit or None]
     evidence = {label.id: label.evidence for label in read_jsonl(config.data, PseudoLabel)}
-    report: dict = {"n_questions": len(rows), "split": "validation documents" if val_rows else "all (no split)",
+    report: dict = {"n_questions": len(rows), "n_unlabelled": len(extra),
+                    "split": "validation documents" if val_rows else "all (no split)",
                     "majority_baseline": majority_baseline(train_rows, rows), "variants": {},
                     "checkpoints": variants, "config": to_dict(config)}
     qa_cache: dict[tuple[str, str, str], tuple[float, float]] = {}
@@ -147,9 +159,12 @@ def run(config: EvalPlannerConfig) -> dict:
             retrievers = DocumentRetrievers(chunks, client)
         for name, checkpoint in variants.items():
             model, tokenizer, _ = load_lm_checkpoint(checkpoint)
-            replies, lengths, seconds = generate_plans(model, tokenizer, [r["prompt"] for r in rows],
+            replies, lengths, seconds = generate_plans(model, tokenizer, [r["prompt"] for r in rows + extra],
                                                        config.max_new_tokens, config.batch_size)
-            metrics, ranges = score_plans(rows, replies, lengths, config.length_limit)
+            metrics, ranges = score_plans(rows, replies[: len(rows)], lengths[: len(rows)], config.length_limit)
+            if extra:  # the format rates over every planned question, labelled or not
+                metrics["format_valid_all"] = mean([float(parse_plan(text).valid) for text in replies])
+                metrics["format_valid_strict_all"] = mean([float(strict_plan_valid(text)) for text in replies])
             metrics["seconds_per_plan"] = round(seconds, 3)
             if retrievers is not None:
                 outcomes = []
@@ -225,3 +240,8 @@ def _print(report: dict) -> None:
     majority = report["majority_baseline"]
     print(f"reference: always {majority['label']} (the training labels' most common range): accuracy "
           f"{majority['accuracy']:.3g}, within one level {majority['within_one_level']:.3g}")
+    if report.get("n_unlabelled"):
+        total = report["n_questions"] + report["n_unlabelled"]
+        print(f"format valid (strict) on all {total} planned questions, {report['n_unlabelled']} of them without a "
+              f"label: " + ", ".join(f"{name} {m['format_valid_all']:.2f} ({m['format_valid_strict_all']:.2f})"
+                                     for name, m in report["variants"].items()))

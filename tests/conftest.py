@@ -1,5 +1,5 @@
 """Shared fixtures: caches point into the tree so tests never reach a hub (they are offline); the planner's
-labels and traces on real SQuAD questions, made once per session."""
+labels, traces and a short SFT adapter on real SQuAD questions, made once per session."""
 
 from __future__ import annotations
 
@@ -71,3 +71,19 @@ def planner_traces(planner_labels: Path) -> Path:
                  f"labels={planner_labels}", f"out={folder / 'traces.jsonl'}",
                  "teachers={template: {kind: template}}", "metadata_tokens=96", "tracking.backend=none"]) == 0
     return folder / "traces.jsonl"
+
+
+@pytest.fixture(scope="session")
+def sft_planner(planner_traces: Path, tmp_path_factory) -> Path:
+    """A short real planner_sft run on the template traces with a high learning rate: a policy that writes the
+    planner's format, so GRPO (in planner_grpo and STITCH) sees rewards that differ within a group. Its
+    ``metrics.json`` keeps the loss per step."""
+    from overstory.cli import main
+
+    out = tmp_path_factory.mktemp("sft_planner") / "sft"
+    code = main(["train", "planner_sft", "--config", str(ROOT / "configs/train/planner_sft.yaml"),
+                 f"traces={planner_traces}", f"out={out}", "train.max_steps=6", "train.batch_size=2", "train.lr=3e-3",
+                 "train.warmup_ratio=0", "train.val_fraction=0", "train.max_length=384", "train.logging_steps=1",
+                 "tracking.backend=none"])
+    assert code == 0
+    return out

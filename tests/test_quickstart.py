@@ -68,11 +68,16 @@ def test_quickstart_end_to_end(tmp_path: Path, port_8000_taken) -> None:
     assert set(compressor["step_seconds"]) == {"summaries", "training", "evaluation"}
     assert set(compressor["methods"]) == {"compressor", "mean_pool", "direct_encode", "summarize"}
     assert compressor["n_questions"] > 50 and Path(compressor["plot"]).exists()
+    # top-1 among the held-out article's sections: a ranking, not every method finding everything at k=5
+    assert all(0 < row["recall@1"] <= 1 for row in compressor["methods"].values())
+    assert compressor["n_upper_chunks"] > 1
     planner = stages["planner"]
     assert planner["pseudo_labels"]["correct"] > 0 and planner["trace_yield"]["template"]["kept"] > 0
     assert planner["stitch"]["steps"] == 1 and set(planner["variants"]) == {"base", "sft", "stitch"}
     assert planner["variants"]["base"]["format_valid"] == 0.0  # measured: the base model never writes the plan
     assert planner["format_valid"]["sft"] > 0  # the SFT planner learned the plan format from the template traces
+    # the held-out article's unanswered questions are planned too (most of them: the backbone answers few)
+    assert planner["n_unlabelled"] > 0 and planner["format_valid"]["base"] == 0.0
     assert set(planner["step_seconds"]) == {"pseudo_labels", "traces", "sft", "stitch", "eval"}
     assert all(Path(p).exists() for p in planner["plots"])
     assert (out / "level_stats.png").stat().st_size > 10_000

@@ -218,8 +218,10 @@ def run(config: StitchConfig) -> dict:
         raise ValueError(f"{config.traces} holds no traces; STITCH needs expert traces for hints and imitation")
     reward_funcs, weights = build_rewards(config.rewards)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    grpo_optimizer = torch.optim.AdamW(trainable, lr=config.grpo.lr)
-    sft_optimizer = torch.optim.AdamW(trainable, lr=settings.sft_lr)
+    # no weight decay, as the Trainer-built optimizers of planner_sft / planner_grpo (torch's AdamW default is 0.01):
+    # the weights then move only where a gradient moved them, which is what grpo_weight_change reports
+    grpo_optimizer = torch.optim.AdamW(trainable, lr=config.grpo.lr, weight_decay=0.0)
+    sft_optimizer = torch.optim.AdamW(trainable, lr=settings.sft_lr, weight_decay=0.0)
     state = {"step": 0, "success_rate": 0.0, "imitation": [], "history": []}
     if (last / "stitch_state.json").exists():
         state = json.loads((last / "stitch_state.json").read_text())

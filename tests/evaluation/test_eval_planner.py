@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from overstory.cli import main
 from overstory.core.config import ConfigError, load_config
+from overstory.data_pipeline.formats import PseudoLabel, read_jsonl, write_jsonl
+from overstory.data_pipeline.hierarchy import stored_hierarchy_path
+from overstory.data_pipeline.splits import split_by_document
 from overstory.evaluation.planner import EvalPlannerConfig, score_plans
 from overstory.models.planner import plan_json
 
@@ -45,19 +50,32 @@ def test_compare_needs_known_variants() -> None:
         load_config(EvalPlannerConfig, CONFIG, ["compare=base,nope"])
 
 
+def _with_unanswered(labels: Path, folder: Path, n: int) -> tuple[Path, set[str]]:
+    """The labels with the last ``n`` of the held-out document's questions turned into ones the backbone never
+    answered (no correct label), stored with their hierarchy as the pseudo-labels job would; and those ids."""
+    records = list(read_jsonl(labels, PseudoLabel))
+    _, val = split_by_document([r for r in records if r.correct], 0.2)
+    unanswered = {r.id for r in val[-n:]}
+    records = [replace(r, correct=False, level_min=None, level_max=None) if r.id in unanswered else r
+               for r in records]
+    folder.mkdir()
+    write_jsonl(folder / "labels.jsonl", records)
+    shutil.copy(stored_hierarchy_path(labels), stored_hierarchy_path(folder / "labels.jsonl"))
+    return folder / "labels.jsonl", unanswered
+
+
 @pytest.mark.slow
-def test_eval_planner_compares_base_and_sft(planner_labels: Path, planner_traces: Path, tmp_path: Path) -> None:
-    sft = tmp_path / "sft"
-    assert main(["train", "planner_sft", "--config", str(ROOT / "configs/train/planner_sft.yaml"),
-                 f"traces={planner_traces}", f"out={sft}", "train.max_steps=2", "train.batch_size=4",
-                 "train.logging_steps=1", "tracking.backend=none"]) == 0
+def test_eval_planner_compares_base_and_sft(planner_labels: Path, sft_planner: Path, tmp_path: Path) -> None:
+    sft = sft_planner
+    labels, unanswered = _with_unanswered(planner_labels, tmp_path / "labels", 2)
     out = tmp_path / "eval"
-    assert main(["eval", "planner", "--config", str(CONFIG), "--data", str(planner_labels), "--out", str(out),
-                 "metadata_tokens=48",
+    assert main(["eval", "planner", "--config", str(CONFIG), "--data", str(labels), "--out", str(out),
+                 "metadata_tokens=96",
                  f"variants={{base: builtin:smollm2-135m-instruct, sft: {sft / 'final'}}}", "--compare", "base,sft",
-                 "limit=3", "max_new_tokens=48", "tracking.backend=none"]) == 0
+                 "limit=3", "max_new_tokens=72", "unlabelled=true", "tracking.backend=none"]) == 0
     report = json.loads((out / "metrics.json").read_text())
-    assert set(report["variants"]) == {"base", "sft"} and report["n_questions"] == 3
+    assert set(report["variants"]) == {"base", "sft"} and report["n_questions"] == 3 and report["n_unlabelled"] == 2
+    assert not unanswered & {row["id"] for m in report["variants"].values() for row in m["examples"]}
     for metrics in report["variants"].values():
         assert metrics["accuracy_gold"] is None  # the fixture's labels carry no gold levels
         for key in ("accuracy", "within_one_level", "format_valid", "format_valid_strict", "median_completion_tokens",
@@ -65,7 +83,9 @@ def test_eval_planner_compares_base_and_sft(planner_labels: Path, planner_traces
             assert metrics[key] is not None, key
         assert 0 <= metrics["accuracy"] <= metrics["within_one_level"] <= 1
         assert metrics["format_valid_strict"] <= metrics["format_valid"]
-    assert report["variants"]["base"]["format_valid"] == 0.0  # measured: the base model never writes the JSON plan
+        assert metrics["format_valid_strict_all"] <= metrics["format_valid_all"]  # over all 5 planned questions
+    assert report["variants"]["base"]["format_valid_all"] == 0.0  # measured: the base model never writes the plan
+    assert report["variants"]["sft"]["format_valid_all"] > 0  # the SFT adapter does, on labelled and unlabelled ones
     majority = report["majority_baseline"]  # the reference row: the training labels' most common range
     assert len(majority["label"]) == 2 and 0 <= majority["accuracy"] <= majority["within_one_level"] <= 1
     assert (out / "planner_comparison.png").stat().st_size > 5_000
