@@ -22,24 +22,13 @@ from overstory.models.compressor import load_compressor, pad_children
 from overstory.models.registry import load_causal_lm, load_sentence_encoder
 from overstory.models.text_compressor import checkpoint_kind, join_children, load_text_compressor
 from overstory.serving.config import RoleConfig, ServeConfig
+from overstory.serving.errors import BadRequest, RequestTooLarge, UnknownModel
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 # Sampling draws from torch's global generator, so a seeded request is reproducible only if no other
 # sampled generation (on another model) runs at the same time; greedy decoding never takes this lock.
 _SAMPLING_LOCK = threading.Lock()
-
-
-class UnknownModel(LookupError):
-    """The request names a model (role) this engine does not serve."""
-
-
-class RequestTooLarge(ValueError):
-    """Prompt plus requested completion exceed the model's context."""
-
-
-class BadRequest(ValueError):
-    """A request the model cannot run (wrong endpoint for the role, bad message roles, ...)."""
 
 
 @dataclass(frozen=True)

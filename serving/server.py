@@ -21,14 +21,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from overstory.serving.config import ServeConfig
-from overstory.serving.engine import (
-    BadRequest,
-    EmbeddedEngine,
-    GenerationResult,
-    RequestTooLarge,
-    TokenLogprob,
-    UnknownModel,
-)
+from overstory.serving.engine import EmbeddedEngine, GenerationResult, TokenLogprob
+from overstory.serving.errors import BadRequest, RequestTooLarge, UnknownModel
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +95,7 @@ def _run(fn, *args, **kwargs):
     except RequestTooLarge as exc:
         raise ApiError(400, str(exc), "context_length_exceeded") from exc
     except BadRequest as exc:
-        raise ApiError(400, str(exc)) from exc
+        raise ApiError(400, str(exc), param=exc.param) from exc
 
 
 def _check_stream(request: _Sampling) -> None:

@@ -7,7 +7,8 @@ import pytest
 from overstory.core.config import ConfigError
 from overstory.models.registry import SMOLLM2
 from overstory.serving.config import RoleConfig, ServeConfig
-from overstory.serving.engine import BadRequest, EmbeddedEngine, RequestTooLarge
+from overstory.serving.engine import EmbeddedEngine
+from overstory.serving.errors import BadRequest, RequestTooLarge
 
 PROMPTS = ["The capital of France is", "One, two, three,", "Water boils at"]
 
