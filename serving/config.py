@@ -10,16 +10,23 @@ from overstory.core.tracking import TrackingConfig
 from overstory.models.registry import MINILM, SMOLLM2
 
 ROLES = ("generator", "planner", "scorer", "embedder", "compressor")
-CHAT_ROLES = ("generator", "planner", "scorer")
+CHAT_ROLES = ("generator", "planner", "scorer")  # the scorer may also be a cross-encoder (kind: cross-encoder)
 
 
 @dataclass(frozen=True)
 class RoleConfig:
     model: str
     # chat: a causal LM behind /v1/chat/completions and /v1/completions; embedding: /v1/embeddings;
-    # compression: a compressor checkpoint (training/compressor.py) behind /v1/compress
-    kind: Literal["chat", "embedding", "compression"] = "chat"
+    # compression: a compressor checkpoint (training/compressor.py) behind /v1/compress; cross-encoder: a
+    # sentence-transformers CrossEncoder folder behind /score and /v1/rerank (the scorer role only)
+    kind: Literal["chat", "embedding", "compression", "cross-encoder"] = "chat"
     max_new_tokens: int = 128  # default when a request names no max_tokens
+    # embedded engine: concurrent requests share generate calls of at most this many sequences; a batch waits
+    # this long for requests sent together before it starts
+    max_batch_size: int = 32
+    batch_window_ms: float = 5.0
+    # cross-encoder: the most documents one /score or /v1/rerank request may send (more is a 400)
+    max_documents: int = 1000
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     max_model_len: int = 0  # 0: the model's own context length
     # a LoRA adapter (planner_sft output) on `model`: a LoRA module on vLLM, base + adapter on the embedded engine
@@ -37,6 +44,8 @@ class RoleConfig:
             raise ConfigError(f"max_new_tokens must be positive, got {self.max_new_tokens}")
         if self.max_model_len < 0:
             raise ConfigError(f"max_model_len must be >= 0, got {self.max_model_len}")
+        if self.max_batch_size < 1 or self.batch_window_ms < 0 or self.max_documents < 1:
+            raise ConfigError("max_batch_size and max_documents must be >= 1 and batch_window_ms >= 0")
 
 
 @dataclass(frozen=True)
@@ -55,6 +64,9 @@ class ServeConfig:
     # otherwise reserve most of the machine's memory for its KV cache
     vllm_env: dict[str, str] = field(default_factory=dict)
     log_dir: str = "runs/serve/logs"  # one log file per launched server
+    # requests must carry `Authorization: Bearer <api_key>` (also given to vLLM as --api-key); empty: the
+    # OVERSTORY_API_KEY environment variable, else no key (a warning when host is not loopback)
+    api_key: str = ""
     # `overstory serve` records the served stack (roles, models, uptime) here; background servers do not
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
@@ -64,9 +76,10 @@ class ServeConfig:
         for name, role in self.roles.items():
             if name not in ROLES:
                 raise ConfigError(f"roles.{name}: unknown role; roles are {', '.join(ROLES)}")
-            expected = {"embedder": "embedding", "compressor": "compression"}.get(name, "chat")
-            if role.kind != expected:
-                raise ConfigError(f"roles.{name}.kind must be {expected!r}, got {role.kind!r}")
+            expected = {"embedder": ("embedding",), "compressor": ("compression",),
+                        "scorer": ("chat", "cross-encoder")}.get(name, ("chat",))
+            if role.kind not in expected:
+                raise ConfigError(f"roles.{name}.kind must be {' or '.join(map(repr, expected))}, got {role.kind!r}")
         if not 0 <= self.port < 65536:
             raise ConfigError(f"port must be in 0..65535, got {self.port}")
 

@@ -1,34 +1,34 @@
 """The embedded engine: transformers models behind the served roles, on CPU by default.
 
-Generation is transformers' own ``model.generate`` with a ``GenerationConfig`` built from the
-request (greedy at temperature 0, sampling otherwise, ``stop_strings`` for stop sequences); chat
-prompts go through the model's own chat template, and a list of completion prompts runs as one
-left-padded batch. Roles naming the same model share one copy in memory; a lock per model
-serialises generation on it (uvicorn runs handlers in a thread pool).
+Generation is transformers' own ``model.generate``, batched across concurrent requests by
+``serving.batching`` (one worker per chat model merges compatible requests into left-padded calls);
+chat prompts go through the model's own chat template (``serving.tools`` adds the tools where the template
+ignores them), and ``response_format`` or a forced tool call constrains decoding with an xgrammar grammar
+(``serving.structured``). Roles naming the same model share one copy in memory and one batcher.
+``start_chat`` / ``start_completion`` return a ``PendingGeneration`` at once (streaming reads its deltas,
+a disconnected client cancels it); ``chat`` / ``complete`` wait for the result.
 """
 
 from __future__ import annotations
 
 import threading
-from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
-from transformers import GenerationConfig
 
 from overstory.core.config import ConfigError
 from overstory.models.compressor import load_compressor, pad_children
 from overstory.models.registry import load_causal_lm, load_sentence_encoder
 from overstory.models.text_compressor import checkpoint_kind, join_children, load_text_compressor
+from overstory.serving.batching import Batcher, Job, RowOutput, Sampling
 from overstory.serving.config import RoleConfig, ServeConfig
 from overstory.serving.errors import BadRequest, RequestTooLarge, UnknownModel
+from overstory.serving.structured import GrammarCompilerCache, GrammarLogitsProcessor, grammar_spec
+from overstory.serving.tools import render_chat_prompt, tool_call_schema, validate_tools
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-# Sampling draws from torch's global generator, so a seeded request is reproducible only if no other
-# sampled generation (on another model) runs at the same time; greedy decoding never takes this lock.
-_SAMPLING_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -53,10 +53,46 @@ class Completion:
 class GenerationResult:
     choices: list[Completion]  # n per prompt, prompt by prompt (OpenAI's order for a list of prompts)
     prompt_tokens: int
+    time_to_first_token_s: float | None = None  # from queueing to the first generated token
 
     @property
     def completion_tokens(self) -> int:
         return sum(c.completion_tokens for c in self.choices)
+
+
+class PendingGeneration:
+    """A queued generation: ``result()`` waits for it, ``cancel()`` stops it (the client went away)."""
+
+    def __init__(self, job: Job, tokenizer, prompt_tokens: int):
+        self.job, self.tokenizer, self.prompt_tokens = job, tokenizer, prompt_tokens
+
+    def cancel(self) -> None:
+        self.job.cancel()
+
+    def result(self) -> GenerationResult:
+        rows = self.job.wait()
+        choices = [self._completion(row) for row in rows]
+        if self.job.sampling.greedy:  # greedy choices are identical: generated once, repeated n times
+            choices = [choice for choice in choices for _ in range(self.job.sampling.n)]
+        first = self.job.first_token_at
+        return GenerationResult(choices, self.prompt_tokens,
+                                None if first is None else first - self.job.submitted_at)
+
+    def _completion(self, row: RowOutput) -> Completion:
+        logprobs = None
+        if row.logits is not None:
+            top = self.job.sampling.logprobs
+            logprobs = _token_logprobs(self.tokenizer, row.logits, torch.tensor(row.tokens), top)
+        return Completion(row.text, row.finish_reason or "length", len(row.tokens), logprobs)
+
+
+def _prompt_list(prompt: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:
+    """OpenAI's four prompt forms (a string, strings, token ids, lists of token ids) as a list of prompts."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if prompt and all(isinstance(t, int) for t in prompt):
+        return [list(prompt)]
+    return list(prompt)
 
 
 @dataclass(frozen=True)
@@ -78,10 +114,15 @@ def _token_logprobs(tokenizer, logits: torch.Tensor, tokens: torch.Tensor, top: 
 
 
 class _ChatModel:
+    """A causal LM with its batcher and its cache of compiled grammars."""
+
     def __init__(self, name: str, role: RoleConfig):
         self.model, self.tokenizer = load_causal_lm(name, dtype=DTYPES[role.dtype])
         self.context = int(getattr(self.model.config, "max_position_embeddings", 2048))
-        self.lock = threading.Lock()
+        self.grammars = GrammarCompilerCache(self.tokenizer, self.model.config.vocab_size)
+        self.batcher = Batcher(self.model, self.tokenizer, max_batch_size=role.max_batch_size,
+                               window_s=role.batch_window_ms / 1000, grammar_processor=GrammarLogitsProcessor,
+                               name=name)
 
 
 class _EmbeddingModel:
@@ -137,6 +178,15 @@ class EmbeddedEngine:
     def roles(self) -> list[str]:
         return list(self._models)
 
+    def watch_queues(self, callback: Callable[[str, int, int], None]) -> None:
+        """Call ``callback(model, running rows, waiting rows)`` whenever a chat model's batch queue changes;
+        ``model`` is the first role served by that model."""
+        seen: set[int] = set()
+        for role, model in self._models.items():
+            if isinstance(model, _ChatModel) and id(model) not in seen:
+                seen.add(id(model))
+                model.batcher.on_change = lambda running, waiting, role=role: callback(role, running, waiting)
+
     def _get(self, role: str, kind: type):
         if role not in self._models:
             raise UnknownModel(f"model {role!r} is not served here; served models: {', '.join(self._models)}")
@@ -150,77 +200,59 @@ class EmbeddedEngine:
         """The tokenizer of a chat role's model (what prompt_tokens and completion_tokens count)."""
         return self._get(role, _ChatModel).tokenizer
 
-    def chat(self, role: str, messages: list[dict[str, str]], **sampling) -> GenerationResult:
-        """Generate a reply to chat ``messages`` with the role model's chat template."""
+    def start_chat(self, role: str, messages: list[dict], tools: list[dict] | None = None,
+                   tool_choice: str | dict | None = None, response_format: dict | None = None,
+                   on_delta: Callable[[int, str], None] | None = None, **sampling) -> PendingGeneration:
+        """Queue a reply to chat ``messages`` (rendered with the role model's chat template, tools included);
+        a forced tool call (``tool_choice`` required or named) or ``response_format`` constrains decoding."""
         lm = self._get(role, _ChatModel)
-        for i, message in enumerate(messages):
-            if message.get("role") not in ("system", "user", "assistant"):
-                raise BadRequest(f"messages[{i}].role must be system, user or assistant")
-        prompt = lm.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        return self._generate(role, lm, [prompt], **sampling)
+        validate_tools(tools, tool_choice)
+        prompt = render_chat_prompt(lm.tokenizer, messages, tools, tool_choice)
+        forced = tool_call_schema(tools or [], tool_choice) if tools else None
+        spec = forced if forced is not None else grammar_spec(response_format)
+        grammar = lm.grammars.compile(spec) if spec is not None else None
+        return self._start(role, lm, [prompt], grammar, on_delta, **sampling)
 
-    def complete(self, role: str, prompt: str | list[str], **sampling) -> GenerationResult:
-        """Continue raw text (no chat template); a list of prompts is generated as one batch."""
-        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
-        return self._generate(role, self._get(role, _ChatModel), prompts, **sampling)
+    def start_completion(self, role: str, prompt: str | list[str] | list[int] | list[list[int]],
+                         response_format: dict | None = None, on_delta: Callable[[int, str], None] | None = None,
+                         **sampling) -> PendingGeneration:
+        """Queue continuations of raw text or token ids (no chat template); every prompt of a list is a row
+        of the same batch."""
+        lm = self._get(role, _ChatModel)
+        spec = grammar_spec(response_format)
+        grammar = lm.grammars.compile(spec) if spec is not None else None
+        return self._start(role, lm, _prompt_list(prompt), grammar, on_delta, **sampling)
 
-    def _generate(self, role: str, lm: _ChatModel, prompts: list[str], max_tokens: int | None = None,
-                  temperature: float = 1.0, top_p: float = 1.0, n: int = 1, stop: list[str] | None = None,
-                  seed: int | None = None, logprobs: int | None = None) -> GenerationResult:
-        """``logprobs``: None for none, k >= 0 for each generated token's log-probability and its k best
-        alternatives."""
+    def chat(self, role: str, messages: list[dict], **options) -> GenerationResult:
+        """``start_chat`` and wait for the reply."""
+        return self.start_chat(role, messages, **options).result()
+
+    def complete(self, role: str, prompt: str | list[str] | list[int] | list[list[int]], **options) -> GenerationResult:
+        """``start_completion`` and wait for the continuations."""
+        return self.start_completion(role, prompt, **options).result()
+
+    def _start(self, role: str, lm: _ChatModel, prompts: list[str | list[int]], grammar: object | None,
+               on_delta: Callable[[int, str], None] | None, max_tokens: int | None = None, temperature: float = 1.0,
+               top_p: float = 1.0, n: int = 1, stop: list[str] | None = None, seed: int | None = None,
+               logprobs: int | None = None) -> PendingGeneration:
         if n < 1 or temperature < 0 or not 0 < top_p <= 1:
             raise BadRequest("need n >= 1, temperature >= 0 and 0 < top_p <= 1")
         max_tokens = max_tokens or self.config.roles[role].max_new_tokens
-        encoded = [lm.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+        encoded = [p if isinstance(p, list) else lm.tokenizer(p, add_special_tokens=False)["input_ids"]
+                   for p in prompts]
         if not encoded or min(len(ids) for ids in encoded) == 0:
-            raise BadRequest("prompt must not be empty")
+            raise BadRequest("prompt must not be empty", param="prompt")
+        vocab = lm.model.config.vocab_size
+        if any(not 0 <= t < vocab for ids in encoded for t in ids):
+            raise BadRequest(f"token ids must lie in 0..{vocab - 1}", param="prompt")
         longest, context = max(len(ids) for ids in encoded), self._context[role]
         if longest + max_tokens > context:
             raise RequestTooLarge(f"this request needs {longest} prompt tokens + {max_tokens} completion tokens "
                                   f"= {longest + max_tokens}, more than the model's context of {context} "
                                   f"tokens; shorten the prompt or lower max_tokens")
-        inputs = lm.tokenizer.pad({"input_ids": encoded}, padding=True, padding_side="left", return_tensors="pt")
-        greedy = temperature == 0
-        config = GenerationConfig(
-            max_new_tokens=max_tokens, do_sample=not greedy,
-            # greedy choices are identical, so greedy generates each prompt once and repeats the choice
-            num_return_sequences=1 if greedy else n,
-            temperature=None if greedy else temperature, top_p=None if greedy else top_p, top_k=None,
-            stop_strings=list(stop) if stop else None,
-            eos_token_id=lm.tokenizer.eos_token_id, pad_token_id=lm.tokenizer.pad_token_id,
-            output_logits=logprobs is not None, return_dict_in_generate=True,
-        )
-        rng = nullcontext() if greedy else _SAMPLING_LOCK
-        with lm.lock, rng, torch.inference_mode():
-            if seed is not None:
-                torch.manual_seed(seed)
-            output = lm.model.generate(**inputs, generation_config=config, tokenizer=lm.tokenizer)
-        width = inputs["input_ids"].shape[1]
-        choices = []
-        for r, row in enumerate(output.sequences):
-            choice = self._decode(lm, row[width:], max_tokens, stop)
-            if logprobs is not None:
-                steps = torch.stack([step[r] for step in output.logits[:choice.completion_tokens]])
-                choice = replace(choice, logprobs=_token_logprobs(lm.tokenizer, steps, row[width:], logprobs))
-            choices.append(choice)
-        if greedy:
-            choices = [choice for choice in choices for _ in range(n)]
-        return GenerationResult(choices, sum(len(ids) for ids in encoded))
-
-    @staticmethod
-    def _decode(lm: _ChatModel, tokens: torch.Tensor, max_tokens: int, stop: list[str] | None) -> Completion:
-        ids = tokens.tolist()
-        eos = lm.tokenizer.eos_token_id
-        ended = eos in ids
-        if ended:
-            ids = ids[: ids.index(eos) + 1]  # the end-of-sequence token counts as generated
-        text = lm.tokenizer.decode(ids, skip_special_tokens=True)
-        cut = min((i for s in stop or [] if (i := text.find(s)) >= 0), default=-1)
-        if cut >= 0:
-            # OpenAI leaves the stop string out; an end token after it is batch padding, not generated
-            return Completion(text[:cut], "stop", len(ids) - int(ended))
-        return Completion(text, "stop" if ended or len(ids) < max_tokens else "length", len(ids))
+        sampling = Sampling(max_tokens, temperature, top_p, n, tuple(stop or ()), seed, logprobs)
+        job = lm.batcher.submit(Job(encoded, sampling, grammar, on_delta))
+        return PendingGeneration(job, lm.tokenizer, sum(len(ids) for ids in encoded))
 
     def embed(self, role: str, texts: list[str]) -> EmbeddingResult:
         """L2-normalised embeddings (as OpenAI's); texts longer than the encoder's max_seq_length are

@@ -13,23 +13,74 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import StreamingResponse
 
 from overstory.serving.config import ServeConfig
 from overstory.serving.engine import EmbeddedEngine, GenerationResult, TokenLogprob
 from overstory.serving.errors import BadRequest, RequestTooLarge, UnknownModel
+from overstory.serving.operations import ServerMetrics, install_api_key, install_metrics, resolve_api_key
+from overstory.serving.streaming import chat_chunk_builder, completion_chunk_builder, stream_generation
+from overstory.serving.tools import parse_reply, tool_call_schema
 
 log = logging.getLogger(__name__)
 
 
+def _valid_text(text: str) -> str:
+    """Text the tokenizer can take: a lone surrogate (valid JSON escape, invalid Unicode) is refused."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"text is not valid Unicode ({exc.reason} at position {exc.start})") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_valid_text)]
+
+
+class ContentPart(BaseModel):
+    """One part of a message's content as OpenAI clients send it; only text parts can be read here."""
+
+    type: str
+    text: Text | None = None
+
+
+class ToolCallFunction(BaseModel):
+    name: str
+    arguments: str
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(BaseModel):
-    role: Literal["system", "user", "assistant"]
-    content: str
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Text | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        # "developer" is OpenAI's newer name for the system role; chat templates know "system"
+        message = self.model_dump(exclude_none=True)
+        if self.role == "developer":
+            message["role"] = "system"
+        return message
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
 
 
 class _Sampling(BaseModel):
@@ -38,14 +89,20 @@ class _Sampling(BaseModel):
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     n: int = Field(default=1, ge=1, le=16)
-    stop: str | list[str] | None = None
+    stop: Text | list[Text] | None = None
     seed: int | None = None
     stream: bool = False
+    stream_options: StreamOptions | None = None
+    response_format: dict[str, Any] | None = None
 
     def sampling(self) -> dict[str, Any]:
         stop = [self.stop] if isinstance(self.stop, str) else self.stop
         return {"max_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p,
                 "n": self.n, "stop": stop, "seed": self.seed}
+
+    def check_stream_options(self) -> None:
+        if self.stream_options is not None and not self.stream:
+            raise ApiError(400, "stream_options needs stream=true", param="stream_options")
 
 
 class ChatRequest(_Sampling):
@@ -53,17 +110,24 @@ class ChatRequest(_Sampling):
     max_completion_tokens: int | None = Field(default=None, ge=1)  # OpenAI's newer name for max_tokens
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True  # every call in the reply is returned either way
+
+    def tools_offered(self) -> list[dict[str, Any]] | None:
+        return self.tools if self.tools and self.tool_choice != "none" else None
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[str]  # a list runs as one batch; choices come prompt by prompt
+    # a string, strings, token ids or lists of token ids; a list runs as one batch, choices come prompt by prompt
+    prompt: Text | list[Text] | list[int] | list[list[int]]
     logprobs: int | None = Field(default=None, ge=0, le=20)  # the legacy API: k alternatives per token
     echo: bool = False
 
 
 class EmbeddingRequest(BaseModel):
     model: str
-    input: str | list[str]
+    input: Text | list[Text]
 
 
 class CompressRequest(BaseModel):
@@ -98,11 +162,6 @@ def _run(fn, *args, **kwargs):
         raise ApiError(400, str(exc), param=exc.param) from exc
 
 
-def _check_stream(request: _Sampling) -> None:
-    if request.stream:
-        raise ApiError(400, "streaming is not supported by the embedded engine; send stream=false", param="stream")
-
-
 def _chat_logprobs(logprobs: list[TokenLogprob] | None) -> dict[str, Any] | None:
     """OpenAI's chat shape: {"content": [{token, logprob, bytes, top_logprobs: [...]}, ...]}."""
     if logprobs is None:
@@ -126,30 +185,66 @@ def _completion_logprobs(logprobs: list[TokenLogprob] | None) -> dict[str, Any] 
             "top_logprobs": [dict(t.top) for t in logprobs], "text_offset": offsets}
 
 
-def handle_chat(engine: EmbeddedEngine, request: ChatRequest) -> dict[str, Any]:
-    _check_stream(request)
-    sampling = request.sampling()
-    sampling["max_tokens"] = request.max_completion_tokens or request.max_tokens
+def chat_options(request: ChatRequest) -> dict[str, Any]:
+    """The engine's keyword arguments for a chat request (messages, tools, response_format, sampling)."""
     if request.top_logprobs and not request.logprobs:
         raise ApiError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
+    request.check_stream_options()
+    sampling = request.sampling()
+    sampling["max_tokens"] = request.max_completion_tokens or request.max_tokens
     sampling["logprobs"] = (request.top_logprobs or 0) if request.logprobs else None
-    result: GenerationResult = _run(engine.chat, request.model, [m.model_dump() for m in request.messages],
-                                    **sampling)
+    return {"messages": [m.as_dict() for m in request.messages], "tools": request.tools_offered(),
+            "tool_choice": request.tool_choice, "response_format": request.response_format, **sampling}
+
+
+def completion_options(request: CompletionRequest) -> dict[str, Any]:
+    """The engine's keyword arguments for a completion request."""
+    if request.echo:
+        raise ApiError(400, "echo is not supported by the embedded engine; send echo=false", param="echo")
+    request.check_stream_options()
+    return {"prompt": request.prompt, "response_format": request.response_format, **request.sampling(),
+            "logprobs": request.logprobs}
+
+
+def chat_message(request: ChatRequest, text: str) -> tuple[dict[str, Any], bool, int]:
+    """The assistant message for a generated ``text``: tool calls parsed out of it when tools were offered.
+    Returns (message, whether it holds tool calls, malformed tool-call blocks kept as plain content)."""
+    tools = request.tools_offered()
+    if not tools:
+        return {"role": "assistant", "content": text}, False, 0
+    parsed = parse_reply(text, tools, forced=tool_call_schema(tools, request.tool_choice) is not None)
+    message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+    if parsed.tool_calls:
+        message["tool_calls"] = parsed.tool_calls
+    return message, bool(parsed.tool_calls), parsed.malformed
+
+
+def handle_chat(engine: EmbeddedEngine, request: ChatRequest, metrics: ServerMetrics | None = None) -> dict[str, Any]:
+    if request.stream:
+        raise ApiError(400, "stream=true is served over HTTP only", param="stream")
+    result: GenerationResult = _run(engine.chat, request.model, **chat_options(request))
+    if metrics is not None:
+        _recorder(metrics, request.model)(result)
+    choices = []
+    for i, c in enumerate(result.choices):
+        message, called, malformed = chat_message(request, c.text)
+        if metrics is not None and malformed:
+            metrics.record_malformed_tool_calls(request.model, malformed)
+        choices.append({"index": i, "message": message, "logprobs": _chat_logprobs(c.logprobs),
+                        "finish_reason": "tool_calls" if called else c.finish_reason})
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-        "model": request.model,
-        "choices": [{"index": i, "message": {"role": "assistant", "content": c.text}, "finish_reason": c.finish_reason,
-                     "logprobs": _chat_logprobs(c.logprobs)} for i, c in enumerate(result.choices)],
-        "usage": _usage(result.prompt_tokens, result.completion_tokens),
+        "model": request.model, "choices": choices, "usage": _usage(result.prompt_tokens, result.completion_tokens),
     }
 
 
-def handle_completion(engine: EmbeddedEngine, request: CompletionRequest) -> dict[str, Any]:
-    _check_stream(request)
-    if request.echo:
-        raise ApiError(400, "echo is not supported by the embedded engine; send echo=false", param="echo")
-    result: GenerationResult = _run(engine.complete, request.model, request.prompt, **request.sampling(),
-                                    logprobs=request.logprobs)
+def handle_completion(engine: EmbeddedEngine, request: CompletionRequest,
+                      metrics: ServerMetrics | None = None) -> dict[str, Any]:
+    if request.stream:
+        raise ApiError(400, "stream=true is served over HTTP only", param="stream")
+    result: GenerationResult = _run(engine.complete, request.model, **completion_options(request))
+    if metrics is not None:
+        _recorder(metrics, request.model)(result)
     return {
         "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
         "model": request.model,
@@ -195,14 +290,81 @@ def _error(status: int, message: str, kind: str, param: str | None = None) -> JS
                         content={"error": {"message": message, "type": kind, "param": param, "code": status}})
 
 
+async def _stream_chat(engine: EmbeddedEngine, request: ChatRequest, metrics: ServerMetrics) -> StreamingResponse:
+    options = chat_options(request)
+    if request.logprobs:
+        raise ApiError(400, "logprobs are not streamed by the embedded engine; send stream=false", param="logprobs")
+    tools = request.tools_offered()
+
+    def finish(result: GenerationResult) -> list[tuple[int, dict[str, Any], str]]:
+        last = []
+        for i, choice in enumerate(result.choices):
+            if not tools:
+                last.append((i, {}, choice.finish_reason))
+                continue
+            message, called, malformed = chat_message(request, choice.text)
+            metrics.record_malformed_tool_calls(request.model, malformed)
+            delta: dict[str, Any] = {"content": message["content"]} if message["content"] else {}
+            if called:
+                delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(message["tool_calls"])]
+            last.append((i, delta, "tool_calls" if called else choice.finish_reason))
+        return last
+
+    return await stream_generation(
+        lambda **kw: _run(engine.start_chat, request.model, **kw), options, chat_chunk_builder(request.model),
+        finish, _include_usage(request), _recorder(metrics, request.model), hold_back=bool(tools))
+
+
+async def _stream_completion(engine: EmbeddedEngine, request: CompletionRequest,
+                             metrics: ServerMetrics) -> StreamingResponse:
+    options = completion_options(request)
+    if request.logprobs is not None:
+        raise ApiError(400, "logprobs are not streamed by the embedded engine; send stream=false", param="logprobs")
+
+    def finish(result: GenerationResult) -> list[tuple[int, dict[str, Any], str]]:
+        return [(i, {}, choice.finish_reason) for i, choice in enumerate(result.choices)]
+
+    return await stream_generation(
+        lambda **kw: _run(engine.start_completion, request.model, **kw), options,
+        completion_chunk_builder(request.model), finish, _include_usage(request), _recorder(metrics, request.model))
+
+
+def _include_usage(request: _Sampling) -> bool:
+    return bool(request.stream_options and request.stream_options.include_usage)
+
+
+def _recorder(metrics: ServerMetrics, model: str) -> Callable[[GenerationResult], None]:
+    """What the metrics learn from one finished generation: tokens, finish reasons, time to first token."""
+
+    def record(result: GenerationResult) -> None:
+        metrics.record_tokens(model, result.prompt_tokens, result.completion_tokens)
+        for choice in result.choices:
+            metrics.record_success(model, choice.finish_reason)
+        if result.time_to_first_token_s is not None:
+            metrics.record_first_token(model, result.time_to_first_token_s)
+
+    return record
+
+
 def create_app(source: EmbeddedEngine | ServeConfig) -> FastAPI:
     """The OpenAI-compatible app over a loaded engine, or over a config whose models it loads now."""
     engine = source if isinstance(source, EmbeddedEngine) else EmbeddedEngine(source)
     app = FastAPI(title="overstory embedded server", version="0.1.0")
+    # the key check goes in first so that the metrics middleware, outside it, counts refused requests too
+    install_api_key(app, resolve_api_key(engine.config.api_key))
+    metrics = install_metrics(app)
+    engine.watch_queues(metrics.set_queue)
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, exc: ApiError) -> JSONResponse:
         return _error(exc.status, exc.message, exc.kind, exc.param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # unknown paths and wrong methods answer in OpenAI's error shape, not FastAPI's {"detail": ...}
+        reasons = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed on {request.url.path}"}
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return _error(exc.status_code, reasons.get(exc.status_code, str(exc.detail)), kind)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -227,13 +389,17 @@ def create_app(source: EmbeddedEngine | ServeConfig) -> FastAPI:
     def models() -> dict[str, Any]:
         return handle_models(engine)
 
-    @app.post("/v1/chat/completions")
-    def chat(request: ChatRequest) -> dict[str, Any]:
-        return handle_chat(engine, request)
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat(request: ChatRequest) -> dict[str, Any] | StreamingResponse:
+        if request.stream:
+            return await _stream_chat(engine, request, metrics)
+        return await run_in_threadpool(handle_chat, engine, request, metrics)
 
-    @app.post("/v1/completions")
-    def completions(request: CompletionRequest) -> dict[str, Any]:
-        return handle_completion(engine, request)
+    @app.post("/v1/completions", response_model=None)
+    async def completions(request: CompletionRequest) -> dict[str, Any] | StreamingResponse:
+        if request.stream:
+            return await _stream_completion(engine, request, metrics)
+        return await run_in_threadpool(handle_completion, engine, request, metrics)
 
     @app.post("/v1/embeddings")
     def embeddings(request: EmbeddingRequest) -> dict[str, Any]:
