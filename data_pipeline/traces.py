@@ -9,9 +9,12 @@ endpoint via ``server_url``; on CPU the built-in model with different styles), o
 rule-based teacher that reasons in fixed words about what the question asks for and how spread its
 evidence is, and names the label's chunk sizes only in its last sentence (so a STITCH hint, which never
 includes a trace's last sentence, does not state the answer); it always yields, which keeps a CPU pool
-non-empty, and its traces are marked as such. A trace is kept only when its JSON parses to
-exactly the label; one longer than ``max_trace_tokens`` (planner tokenizer) is rewritten by the
-``planner`` role and kept if the rewrite still matches and fits.
+non-empty, and its traces are marked as such. An LLM teacher answers through the server's structured
+outputs by default (``structured: true``: ``response_format`` with ``TRACE_SCHEMA``, reasoning first, then the two
+sizes; the grammar makes a small model's reply parse), and its reply is turned into the planner's format
+(reasoning, then the plan line); ``structured: false`` asks for free text as the prompt describes. A trace is kept
+only when its JSON parses to exactly the label; one longer than ``max_trace_tokens`` (planner tokenizer) is
+rewritten by the ``planner`` role and kept if the rewrite still matches and fits.
 
 Each kept trace is a ``PlannerTrace``: the planner's own prompt (what the student will see), the
 teacher's completion, the label and the teacher's name; SFT trains on exactly these pairs. Rejected
@@ -38,7 +41,13 @@ from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.formats import LEVELS, FailureRecord, JsonlAppender, PlannerTrace, PseudoLabel
 from overstory.data_pipeline.hierarchy import cached_tokenizer
 from overstory.data_pipeline.planner_examples import correct_labels, labelled_hierarchy, planner_metadata
-from overstory.models.planner import parse_plan, plan_json, planner_messages
+from overstory.models.planner import (
+    TRACE_RESPONSE_FORMAT,
+    parse_plan,
+    plan_json,
+    planner_messages,
+    trace_from_structured,
+)
 from overstory.serving.client import Client, ClientError
 from overstory.serving.config import CHAT_ROLES, ServeConfig
 from overstory.serving.launch import stack_in_background
@@ -52,6 +61,8 @@ STYLES = {
                  "short steps: what information the question asks for, where in the document it would be, how "
                  "much context is needed. Then give the JSON object on the last line."),
 }
+STRUCTURED_INSTRUCTION = ("Reply with one JSON object: your reasoning in \"reasoning\" first, then "
+                          "\"smallest_chunk_size\" and \"largest_chunk_size\".")
 REWRITE_PROMPT = ("Shorten this reasoning to at most {n} words. Keep its meaning and end with the same JSON "
                   "object on the last line.\n\n{trace}")
 
@@ -64,6 +75,8 @@ class TeacherConfig:
     temperature: float = 0.0
     max_tokens: int = 160
     server_url: str = ""  # its own OpenAI-compatible endpoint; empty: the job's stack
+    # answer through response_format json_schema (TRACE_SCHEMA), enforced by the server's grammar; false: free text
+    structured: bool = True
 
     def __post_init__(self) -> None:
         if self.role not in CHAT_ROLES:
@@ -153,9 +166,17 @@ def trace_for(label: PseudoLabel, teacher_name: str, teacher: TeacherConfig, pro
         text = template_trace(label.level_min, label.level_max, label.question)
     else:
         instruction = STYLES[teacher.style].format(level_min=label.level_min, level_max=label.level_max)
+        if teacher.structured:
+            instruction = f"{instruction} {STRUCTURED_INSTRUCTION}"
         messages = [prompt[0], {"role": "user", "content": f"{prompt[1]['content']}\n\n{instruction}"}]
+        options = {"response_format": TRACE_RESPONSE_FORMAT} if teacher.structured else {}
         text = clients[teacher_name].chat(teacher.role, messages, max_tokens=teacher.max_tokens,
-                                          temperature=teacher.temperature, seed=0).text.strip()
+                                          temperature=teacher.temperature, seed=0, **options).text.strip()
+        if teacher.structured:
+            structured = trace_from_structured(text)
+            if structured is None:
+                raise reject("format: the reply is not a TRACE_SCHEMA object (cut off at max_tokens?)", text)
+            text = structured
     rewritten = False
     if count_tokens(text) > config.max_trace_tokens:
         if not config.rewrite:

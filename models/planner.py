@@ -38,6 +38,21 @@ SYSTEM_PROMPT = (
 )
 USER_PROMPT = "Document (beginning):\n{metadata}\n\nQuestion: {question}"
 
+# The structured reply a teacher writes when the server constrains it (OpenAI response_format json_schema): the
+# reasoning comes first, so the model reasons before it commits to the sizes, as in the planner's own format.
+# ``trace_from_structured`` turns it into that format (reasoning, then the plan line) for SFT.
+TRACE_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "reasoning": {"type": "string", "maxLength": 400},
+        "smallest_chunk_size": {"enum": list(LEVELS)},
+        "largest_chunk_size": {"enum": list(LEVELS)},
+    },
+    "required": ["reasoning", "smallest_chunk_size", "largest_chunk_size"],
+    "additionalProperties": False,
+}
+TRACE_RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "planner_trace", "schema": TRACE_SCHEMA}}
+
 # Level names as models write them -> the planner's vocabulary.
 _SYNONYMS = {
     "sentence": "sentence", "sent": "sentence",
@@ -87,6 +102,28 @@ def plan_json(level_min: str, level_max: str) -> str:
     '{"largest_chunk_size": "section", "smallest_chunk_size": "paragraph"}'
     """
     return json.dumps({"largest_chunk_size": level_max, "smallest_chunk_size": level_min})
+
+
+def trace_from_structured(reply: str) -> str | None:
+    """A teacher's structured reply (``TRACE_SCHEMA``) as the planner's reply format: the reasoning, then the plan
+    line; None when the reply is not such an object (a server that ignored the schema, a cut-off reply).
+
+    >>> trace_from_structured('{"reasoning": "A date.", "smallest_chunk_size": "sentence", '
+    ...                       '"largest_chunk_size": "paragraph"}')
+    'A date.\n{"largest_chunk_size": "paragraph", "smallest_chunk_size": "sentence"}'
+    >>> trace_from_structured('{"reasoning": "cut off') is None
+    True
+    """
+    try:
+        value = json.loads(reply)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("reasoning"), str):
+        return None
+    low, high = value.get("smallest_chunk_size"), value.get("largest_chunk_size")
+    if low not in LEVELS or high not in LEVELS:
+        return None
+    return f"{value['reasoning'].strip()}\n{plan_json(low, high)}"
 
 
 def normalise_level(name: object) -> str | None:

@@ -44,6 +44,11 @@ class ChatResult:
     raw: dict[str, Any] = field(repr=False)
 
     @property
+    def tool_calls(self) -> list[dict[str, Any]]:
+        """The first choice's tool calls in OpenAI's shape (empty when the model answered in text)."""
+        return list(self.raw["choices"][0].get("message", {}).get("tool_calls") or [])
+
+    @property
     def token_logprobs(self) -> list[float]:
         """The first choice's per-token log-probabilities (empty unless the request asked for logprobs),
         from either response shape: chat (``content`` entries) or completions (``token_logprobs``)."""
@@ -247,6 +252,17 @@ class Client:
         response, _ = self._call(role, "/v1/compress", payload)
         rows = sorted(response["data"], key=lambda item: item["index"])
         return np.asarray([row["embedding"] for row in rows], dtype=np.float32)
+
+    def score(self, role: str, query: str, texts: list[str]) -> list[float]:
+        """Relevance of each text to ``query`` from a cross-encoder role (vLLM's ``/score``), in input order."""
+        response, _ = self._call(role, "/score", {"model": role, "queries": query, "documents": list(texts)})
+        return [row["score"] for row in sorted(response["data"], key=lambda row: row["index"])]
+
+    def rerank(self, role: str, query: str, documents: list[str], top_n: int = 0) -> list[tuple[int, float]]:
+        """(document index, relevance) pairs, best first, ``top_n`` of them (0: all), from vLLM's ``/v1/rerank``."""
+        response, _ = self._call(role, "/v1/rerank", {"model": role, "query": query, "documents": list(documents),
+                                                      "top_n": top_n})
+        return [(row["index"], row["relevance_score"]) for row in response["results"]]
 
     def models(self) -> list[str]:
         """The served model names (roles), over every server behind the backend."""

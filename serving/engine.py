@@ -20,13 +20,14 @@ import torch
 
 from overstory.core.config import ConfigError
 from overstory.models.compressor import load_compressor, pad_children
-from overstory.models.registry import load_causal_lm, load_sentence_encoder
+from overstory.models.registry import load_causal_lm, load_sentence_encoder, resolve
 from overstory.models.text_compressor import checkpoint_kind, join_children, load_text_compressor
 from overstory.serving.batching import Batcher, Job, RowOutput, Sampling
 from overstory.serving.config import RoleConfig, ServeConfig
+from overstory.serving.cross_encoder import CrossEncoderModel
 from overstory.serving.errors import BadRequest, RequestTooLarge, UnknownModel
 from overstory.serving.structured import GrammarCompilerCache, GrammarLogitsProcessor, grammar_spec
-from overstory.serving.tools import render_chat_prompt, tool_call_schema, validate_tools
+from overstory.serving.tools import render_chat_prompt, tool_call_schema
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -150,7 +151,12 @@ class _CompressionModel:
         return sum(len(ids) for ids in encoded["input_ids"])
 
 
-_MODEL_KINDS = {"chat": _ChatModel, "embedding": _EmbeddingModel, "compression": _CompressionModel}
+def _cross_encoder(name: str, role: RoleConfig) -> CrossEncoderModel:
+    return CrossEncoderModel(resolve(name), max_documents=role.max_documents)
+
+
+_MODEL_KINDS = {"chat": _ChatModel, "embedding": _EmbeddingModel, "compression": _CompressionModel,
+                "cross-encoder": _cross_encoder}
 
 
 class EmbeddedEngine:
@@ -192,9 +198,18 @@ class EmbeddedEngine:
             raise UnknownModel(f"model {role!r} is not served here; served models: {', '.join(self._models)}")
         model = self._models[role]
         if not isinstance(model, kind):
-            wanted = {_EmbeddingModel: "an embedding", _CompressionModel: "a compression"}.get(kind, "a chat")
+            wanted = {_EmbeddingModel: "an embedding", _CompressionModel: "a compression",
+                      CrossEncoderModel: "a cross-encoder (scoring)"}.get(kind, "a chat")
             raise BadRequest(f"model {role!r} is not {wanted} model")
         return model
+
+    def cross_encoder(self, role: str) -> CrossEncoderModel:
+        """The cross-encoder serving ``role`` (``/score`` and ``/v1/rerank``)."""
+        return self._get(role, CrossEncoderModel)
+
+    def batcher(self, role: str) -> Batcher:
+        """The batcher of a chat role's model (its queue depth, the sizes of the batches it ran)."""
+        return self._get(role, _ChatModel).batcher
 
     def tokenizer(self, role: str):
         """The tokenizer of a chat role's model (what prompt_tokens and completion_tokens count)."""
@@ -206,7 +221,6 @@ class EmbeddedEngine:
         """Queue a reply to chat ``messages`` (rendered with the role model's chat template, tools included);
         a forced tool call (``tool_choice`` required or named) or ``response_format`` constrains decoding."""
         lm = self._get(role, _ChatModel)
-        validate_tools(tools, tool_choice)
         prompt = render_chat_prompt(lm.tokenizer, messages, tools, tool_choice)
         forced = tool_call_schema(tools or [], tool_choice) if tools else None
         spec = forced if forced is not None else grammar_spec(response_format)

@@ -22,6 +22,8 @@ class InProcessBackend:
         "/v1/completions": (server.CompletionRequest, server.handle_completion),
         "/v1/embeddings": (server.EmbeddingRequest, server.handle_embeddings),
         "/v1/compress": (server.CompressRequest, server.handle_compress),
+        "/score": (server.ScoreRequest, server.handle_scoring),
+        "/v1/rerank": (server.RerankRequest, server.handle_scoring),
     }
 
     def __init__(self, engine: EmbeddedEngine):

@@ -1,9 +1,11 @@
 """Start the served stack: the embedded server in the foreground (`overstory serve`) or in a background
 thread, or, with ``engine: vllm``, vLLM OpenAI servers for the chat roles next to an embedded server for
-the rest.
+the rest. The embedded server on the config's ``port`` is then the stack's front door
+(``serving/front_door.py``): it answers for every role by model name, so a client with one base URL (the
+``openai`` package, LangChain) reaches the whole stack; ``stack.json`` maps role -> the server that runs it.
 
     overstory serve --config configs/serve/local.yaml
-    overstory serve --config configs/serve/<vllm config>.yaml      # engine: vllm
+    overstory serve --config configs/serve/cpu-vllm.yaml      # engine: vllm, one base URL: port 8000
 
 Both claim the listening socket before any model is loaded and hand that same socket to uvicorn,
 so a port in use fails at once with a clear message and a free port (``port=0``) cannot be taken
@@ -13,13 +15,16 @@ by someone else between choosing it and serving on it.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
+from functools import partial
 from pathlib import Path
+from typing import NamedTuple
 
 import httpx
 import uvicorn
@@ -28,7 +33,11 @@ from fastapi import FastAPI
 from overstory.core.tracking import start_run
 from overstory.serving.config import ServeConfig
 from overstory.serving.engine import EmbeddedEngine
+from overstory.serving.front_door import create_front_app, mount_front_door
 from overstory.serving.server import create_app
+
+# How long the front door waits for a vLLM server: a whole non-streamed generation, or between two chunks
+FRONT_DOOR_TIMEOUT_S = 600.0
 
 
 class PortInUse(RuntimeError):
@@ -81,12 +90,15 @@ def run(config: ServeConfig) -> None:
 
 @contextmanager
 def serve_in_background(source: ServeConfig | EmbeddedEngine | FastAPI, port: int | None = None,
-                        host: str | None = None, timeout_s: float = 60.0) -> Iterator[str]:
+                        host: str | None = None, timeout_s: float = 60.0,
+                        configure_app: Callable[[FastAPI], None] | None = None) -> Iterator[str]:
     """Run a server in a daemon thread; yields its base URL (no /v1) once it answers, stops it on exit.
 
     ``source`` is a serve config (its models are loaded first), a loaded engine, or any ASGI app
     (tests serve deliberately failing apps this way). ``port`` and ``host`` default to the config's
     for a config or engine, and to a free port on 127.0.0.1 for a bare app; ``port=0`` picks a free one.
+    ``configure_app`` is called with the app before it serves (the vLLM stack mounts its front door so);
+    the server's /health must then answer 200 before this yields, as it must for a config or an engine.
     """
     if isinstance(source, FastAPI):
         default_host, default_port = "127.0.0.1", 0
@@ -96,13 +108,16 @@ def serve_in_background(source: ServeConfig | EmbeddedEngine | FastAPI, port: in
     host = host or default_host
     with _claim_port(host, default_port if port is None else port) as sock:  # before loading any model
         app = source if isinstance(source, FastAPI) else create_app(source)
+        if configure_app is not None:
+            configure_app(app)
         url = f"http://{host}:{sock.getsockname()[1]}"
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
         thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=f"overstory-serve-{url}",
                                   daemon=True)
         thread.start()
         try:
-            _wait_until_up(server, thread, url, check_health=app is not source, timeout_s=timeout_s)
+            _wait_until_up(server, thread, url, check_health=app is not source or configure_app is not None,
+                           timeout_s=timeout_s)
             yield url
         finally:
             server.should_exit = True
@@ -126,36 +141,64 @@ def _visible_gpus() -> int | None:
     return torch.cuda.device_count() if torch.cuda.is_available() else None
 
 
+def resolve_api_key(config: ServeConfig) -> str | None:
+    """The stack's API key: ``api_key`` in the config, else $OVERSTORY_API_KEY, else None (no key)."""
+    try:
+        from overstory.serving.operations import resolve_api_key as resolve
+    except ImportError:  # serving/operations.py is not there yet: the same rule, read here
+        return getattr(config, "api_key", "") or os.environ.get("OVERSTORY_API_KEY") or None
+    return resolve(getattr(config, "api_key", ""))
+
+
+class VllmStack(NamedTuple):
+    roles: dict[str, str]  # role -> URL of the server that runs it (stack.json, for our own client)
+    processes: list  # (process, log path) of each vLLM server
+    url: str  # the front door: every role on this one base URL (no /v1)
+
+
 @contextmanager
-def vllm_stack(config: ServeConfig) -> Iterator[tuple[dict[str, str], list]]:
+def vllm_stack(config: ServeConfig) -> Iterator[VllmStack]:
     """Start vLLM servers for the chat roles (one per port, LoRA adapters as modules) and the embedded
-    server for the other roles; yields (role -> URL, [(process, log path)]) once every server answers
-    /health, and stops them all on exit. ``<log_dir>/stack.json`` holds the role -> URL mapping
-    (``Client.from_url(mapping)`` reads it)."""
-    from overstory.serving.vllm import plan_servers, require_vllm, start_server, stop_server, vllm_command
+    server for the other roles, which is also the front door for every role on the config's ``port``;
+    yields a :class:`VllmStack` once every server answers /health, and stops them all on exit.
+    ``<log_dir>/stack.json`` holds the role -> URL mapping (``Client.from_url(mapping)`` reads it)."""
+    from overstory.serving.vllm import (
+        plan_servers,
+        require_vllm,
+        server_env,
+        start_server,
+        stop_server,
+        vllm_command,
+    )
 
     python = require_vllm(config.vllm_python)
     servers, rest = plan_servers(config, available_gpus=_visible_gpus())
-    for server in servers:  # a taken port fails now, not after minutes of model loading
-        _claim_port(config.host, server.port).close()
+    api_key = resolve_api_key(config)
+    commands = [vllm_command(server, config.host, config.vllm_args, python=python) for server in servers]
+    # a taken port fails now, not after minutes of model loading
+    for port in [*([config.port] if config.port else []), *(server.port for server in servers)]:
+        _claim_port(config.host, port).close()
+    # the embedded models load before vLLM's, so that a broken embedded role fails in seconds; the front
+    # server itself starts last, when its /health (which asks every vLLM server) can answer
+    front = EmbeddedEngine(rest) if rest is not None else create_front_app()
     log_dir = Path(config.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     processes: list = []
-    roles: dict[str, str] = {}
+    upstreams: dict[str, str] = {}
     try:
         with ExitStack() as stack:
-            if rest is not None:
-                url = stack.enter_context(serve_in_background(rest))
-                roles.update({role: url for role in rest.roles})
-            for server in servers:
+            for server, command in zip(servers, commands):
                 url = f"http://{config.host}:{server.port}"
                 log = log_dir / f"vllm-{server.port}.log"
                 print(f"starting vLLM for {', '.join(server.roles)} on {url} (log: {log})", flush=True)
-                command = vllm_command(server, config.host, config.vllm_args, python=python)
-                processes.append((start_server(command, url, log, env=config.vllm_env), log))
-                roles.update({role: url for role in server.roles})
+                processes.append((start_server(command, url, log, env=server_env(config.vllm_env, api_key)), log))
+                upstreams.update({role: url for role in server.roles})
+            door = partial(mount_front_door, upstreams=upstreams, timeout_s=FRONT_DOOR_TIMEOUT_S, api_key=api_key)
+            front_url = stack.enter_context(serve_in_background(front, port=config.port, host=config.host,
+                                                                configure_app=door))
+            roles = {role: upstreams.get(role, front_url) for role in config.roles}
             (log_dir / "stack.json").write_text(json.dumps(roles, indent=2))
-            yield roles, processes
+            yield VllmStack(roles, processes, front_url)
     finally:
         for process, _ in processes:
             stop_server(process)
@@ -167,8 +210,8 @@ def stack_in_background(config: ServeConfig) -> Iterator[str | dict[str, str]]:
     embedded server's URL, or with ``engine: vllm`` the role -> URL mapping of :func:`vllm_stack`. Either
     goes to ``Client.from_url``, so a data job, a reward and an evaluation run unchanged on both engines."""
     if config.engine == "vllm":
-        with vllm_stack(config) as (roles, _):
-            yield roles
+        with vllm_stack(config) as stack:
+            yield stack.roles
     else:
         with serve_in_background(config) as url:
             yield url
@@ -181,10 +224,11 @@ def run_vllm_stack(config: ServeConfig, poll_s: float = 5.0) -> None:
 
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        with vllm_stack(config) as (roles, processes):
-            print(f"serving {json.dumps(roles)}; stack written to {Path(config.log_dir) / 'stack.json'}", flush=True)
+        with vllm_stack(config) as stack:
+            print(f"serving {', '.join(stack.roles)} on {stack.url}/v1 (every role by model name); role -> server "
+                  f"in {Path(config.log_dir) / 'stack.json'}: {json.dumps(stack.roles)}", flush=True)
             while True:
-                for process, log in processes:
+                for process, log in stack.processes:
                     if process.poll() is not None:
                         raise ServerDied(f"a vLLM server exited with code {process.returncode}; last lines of "
                                          f"{log}:\n{log_tail(log)}")

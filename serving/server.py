@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import StreamingResponse
 
 from overstory.serving.config import ServeConfig
+from overstory.serving.cross_encoder import RerankRequest, ScoreRequest, handle_rerank, handle_score
 from overstory.serving.engine import EmbeddedEngine, GenerationResult, TokenLogprob
 from overstory.serving.errors import BadRequest, RequestTooLarge, UnknownModel
 from overstory.serving.operations import ServerMetrics, install_api_key, install_metrics, resolve_api_key
@@ -275,6 +276,17 @@ def handle_compress(engine: EmbeddedEngine, request: CompressRequest) -> dict[st
     }
 
 
+def handle_scoring(engine: EmbeddedEngine, request: ScoreRequest | RerankRequest,
+                   metrics: ServerMetrics | None = None) -> dict[str, Any]:
+    """``/score`` or ``/v1/rerank`` on a cross-encoder role (vLLM's request and response shapes)."""
+    model = _run(engine.cross_encoder, request.model)
+    handler = handle_rerank if isinstance(request, RerankRequest) else handle_score
+    response = _run(handler, model, request)
+    if metrics is not None:
+        metrics.record_tokens(request.model, response["usage"]["total_tokens"], 0)
+    return response
+
+
 def handle_health(engine: EmbeddedEngine) -> dict[str, Any]:
     return {"status": "ok", "roles": engine.roles}
 
@@ -408,5 +420,17 @@ def create_app(source: EmbeddedEngine | ServeConfig) -> FastAPI:
     @app.post("/v1/compress")
     def compress(request: CompressRequest) -> dict[str, Any]:
         return handle_compress(engine, request)
+
+    # vLLM's scoring API, at the paths vLLM serves it under
+    @app.post("/score")
+    @app.post("/v1/score")
+    def score(request: ScoreRequest) -> dict[str, Any]:
+        return handle_scoring(engine, request, metrics)
+
+    @app.post("/rerank")
+    @app.post("/v1/rerank")
+    @app.post("/v2/rerank")
+    def rerank(request: RerankRequest) -> dict[str, Any]:
+        return handle_scoring(engine, request, metrics)
 
     return app

@@ -5,27 +5,39 @@ roles that name the same ``port`` share one server and must share its base model
 role with an ``adapter`` is served as a LoRA module named after the role (``--enable-lora
 --lora-modules planner=DIR``), a role without one as a served name of the base model
 (``--served-model-name generator``), so every served model name is a role name and the client resolves
-roles the same way on both engines. Embedding and compression roles stay on the embedded server.
+roles the same way on both engines. Embedding, compression and cross-encoder roles stay on the embedded server.
+
+Flags: ``vllm_args`` go to every server; a role's own ``vllm_args`` (read with ``getattr`` until
+``RoleConfig`` has the field) to its server, and roles sharing a server must not ask for different ones. A
+relative ``--chat-template`` path is resolved against the working directory, then the repository, so a config
+can name ``configs/serve/templates/...`` wherever the stack is started. The stack's API key goes to every server
+in ``VLLM_API_KEY`` (vLLM reads it like ``--api-key``), not on the command line, where ``ps`` and the
+launch log would show it.
 
 Everything that can be checked before a GPU is touched is checked here and named in the error: two
-base models on one port, an adapter trained on another base model, more GPUs asked for than exist,
-vLLM not installed. ``start_server`` / ``stop_server`` run one server process with its log file and
-report a server that dies during start-up with the tail of its log; ``serving/launch.py`` runs the stack.
+base models on one port, an adapter trained on another base model, more GPUs asked for than exist, a chat
+template file that does not exist, vLLM not installed. ``start_server`` / ``stop_server`` run one server
+process with its log file and report a server that dies during start-up with the tail of its log;
+``serving/launch.py`` runs the stack.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from overstory.core.config import ConfigError
 from overstory.models.registry import base_model_of, resolve
 from overstory.serving.config import CHAT_ROLES, RoleConfig, ServeConfig
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 class VllmNotInstalled(RuntimeError):
@@ -44,6 +56,7 @@ class VllmServer:
     gpu_memory_utilization: float = 0.9
     max_model_len: int = 0
     dtype: str = "float32"
+    extra_args: list[str] = field(default_factory=list)  # the roles' own vllm_args
 
     @property
     def roles(self) -> list[str]:
@@ -101,7 +114,7 @@ def plan_servers(config: ServeConfig, available_gpus: int | None = None) -> tupl
     taken = {role.port for role in config.roles.values() if role.port} | {config.port}
     auto_ports: dict[str, int] = {}
     for name, role in config.roles.items():
-        if name not in CHAT_ROLES:
+        if name not in CHAT_ROLES or role.kind != "chat":  # a cross-encoder scorer stays embedded
             embedded[name] = role
             continue
         if role.adapter and not _same_model(adapter_base(role.adapter), role.model):
@@ -130,6 +143,12 @@ def plan_servers(config: ServeConfig, available_gpus: int | None = None) -> tupl
             other = server.roles[0]
             raise ConfigError(f"roles.{name} and roles.{other} share port {port} but name different models "
                               f"({role.model} vs {server.model}); one vLLM server serves one base model")
+        role_args = list(getattr(role, "vllm_args", None) or [])
+        if role_args and server.extra_args and role_args != server.extra_args:
+            other = next(r for r in server.roles if list(getattr(config.roles[r], "vllm_args", None) or []))
+            raise ConfigError(f"roles.{name} and roles.{other} share port {port} but give different vllm_args "
+                              f"({role_args} vs {server.extra_args}); one vLLM server takes one set of flags")
+        server.extra_args = role_args or server.extra_args
         if role.adapter:
             server.lora_modules[name] = role.adapter
         else:
@@ -138,8 +157,8 @@ def plan_servers(config: ServeConfig, available_gpus: int | None = None) -> tupl
     if available_gpus is not None and wanted > available_gpus:
         raise ConfigError(f"the vLLM servers ask for {wanted} GPUs (sum of tensor_parallel_size) but "
                           f"{available_gpus} are visible")
-    rest = ServeConfig(host=config.host, port=config.port, roles=embedded, tracking=config.tracking) if embedded \
-        else None
+    # replace(), not a new config: every other setting (an API key, say) applies to the embedded server too
+    rest = dataclasses.replace(config, roles=embedded, engine="embedded") if embedded else None
     return list(servers.values()), rest
 
 
@@ -155,8 +174,39 @@ def _free_port(host: str, taken: set[int]) -> int:
     return port
 
 
-def vllm_command(server: VllmServer, host: str, extra_args: list[str] = (), python: str = "") -> list[str]:
-    """The command line of one vLLM OpenAI server, run by ``python`` (default: see :func:`vllm_python`)."""
+def chat_template_path(value: str) -> str:
+    """The absolute path of a ``--chat-template`` file: as given, else under the working directory, else under
+    the repository; a value with ``{`` is a template itself (vLLM accepts both) and is returned unchanged."""
+    if "{" in value:
+        return value
+    path = Path(value)
+    for candidate in ([path] if path.is_absolute() else [Path.cwd() / path, REPO_ROOT / path]):
+        if candidate.is_file():
+            return str(candidate.resolve())
+    raise ConfigError(f"--chat-template {value}: no such file (looked in {Path.cwd()} and {REPO_ROOT})")
+
+
+def _resolve_paths(args: Sequence[str]) -> list[str]:
+    args = list(args)
+    for i, arg in enumerate(args):
+        if arg == "--chat-template" and i + 1 < len(args):
+            args[i + 1] = chat_template_path(args[i + 1])
+        elif arg.startswith("--chat-template="):
+            args[i] = "--chat-template=" + chat_template_path(arg.partition("=")[2])
+    return args
+
+
+def server_env(vllm_env: Mapping[str, str], api_key: str | None) -> dict[str, str]:
+    """The environment added for every vLLM server: ``vllm_env`` and the stack's API key as ``VLLM_API_KEY``.
+
+    Without a key, VLLM_API_KEY is set empty so that one in the caller's environment cannot make the servers
+    ask for a key the front door does not send."""
+    return {**vllm_env, "VLLM_API_KEY": api_key or ""}
+
+
+def vllm_command(server: VllmServer, host: str, extra_args: Sequence[str] = (), python: str = "") -> list[str]:
+    """The command line of one vLLM OpenAI server, run by ``python`` (default: see :func:`vllm_python`):
+    ``extra_args`` (the stack's ``vllm_args``), then the server's own."""
     command = [vllm_python(python), "-m", "vllm.entrypoints.openai.api_server", "--model", resolve(server.model),
                "--host", host, "--port", str(server.port), "--dtype", server.dtype,
                "--tensor-parallel-size", str(server.tensor_parallel_size),
@@ -169,7 +219,7 @@ def vllm_command(server: VllmServer, host: str, extra_args: list[str] = (), pyth
                  for d in server.lora_modules.values()]
         command += ["--enable-lora", "--max-lora-rank", str(max(ranks)), "--max-loras", str(len(ranks)),
                     "--lora-modules", *(f"{role}={folder}" for role, folder in server.lora_modules.items())]
-    return [*command, *extra_args]
+    return [*command, *_resolve_paths([*extra_args, *server.extra_args])]
 
 
 class ServerDied(RuntimeError):
