@@ -6,9 +6,13 @@
 Engines: ``in_process`` (``Client.in_process``: no HTTP), ``embedded`` (the embedded server on loopback)
 and ``vllm`` (vLLM's OpenAI server started through ``serving.launch.vllm_stack``). For each concurrency
 level the same greedy requests (real HotpotQA questions) go to every engine; requests/s and p50/p95 latency
-are reported with ratios against the first engine listed (the baseline). A bounded load phase then sends
-a fixed number of requests to every HTTP engine and samples the server processes' resident memory:
-failed requests and memory growth are reported. Writes ``bench.json`` and ``bench.png`` to ``out``.
+are reported with ratios against the first engine listed (the baseline). A bounded load phase then runs
+``serving.load_test.mixed_load`` against every HTTP engine: a fixed number of mixed requests (chat, streamed
+chat, completions, embeddings, /v1/rerank when the scorer is a cross-encoder, malformed ones) over raw HTTP,
+/health probed meanwhile and the server processes' resident memory sampled; failed valid requests, malformed
+requests not answered 4xx, /health answers and memory growth are reported. For vLLM the load goes to the
+stack's front door (one base URL for every role): the benchmarked chat role on vLLM, the embedding role and a
+cross-encoder scorer on the embedded server behind the same door. Writes ``bench.json`` and ``bench.png``.
 """
 
 from __future__ import annotations
@@ -27,13 +31,14 @@ from rich.console import Console
 from rich.table import Table
 
 from overstory.core.config import ConfigError, to_dict
-from overstory.core.memory import MemorySampler
 from overstory.core.plots import plt, save_figure
 from overstory.core.tracking import TrackingConfig, start_run
-from overstory.serving.client import Client, ClientError
+from overstory.serving.client import Client
 from overstory.serving.config import ServeConfig
 from overstory.serving.engine import EmbeddedEngine
 from overstory.serving.launch import free_port, serve_in_background, vllm_stack
+from overstory.serving.load_test import mixed_load
+from overstory.serving.operations import resolve_api_key
 
 ENGINES = ("in_process", "embedded", "vllm")
 
@@ -48,9 +53,11 @@ class ServeBenchConfig:
     max_tokens: int = 32
     questions: str = "data/hotpotqa/questions.json"
     out: str = "runs/bench/serve"
-    # bounded load phase on every HTTP engine: this many requests at load_concurrency (0: no load phase)
+    # bounded load phase on every HTTP engine (serving/load_test.py): this many mixed requests at
+    # load_concurrency (0: no load phase), stopped after load_time_limit_s seconds if not done by then
     load_requests: int = 0
     load_concurrency: int = 8
+    load_time_limit_s: float = 1800.0
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
@@ -63,8 +70,8 @@ class ServeBenchConfig:
         unknown = [e for e in self.engines if e not in ENGINES]
         if unknown or not self.engines or len(set(self.engines)) != len(self.engines):
             raise ConfigError(f"engines: a list of distinct names among {', '.join(ENGINES)}, got {self.engines}")
-        if self.load_requests < 0 or self.load_concurrency < 1:
-            raise ConfigError("load_requests must be >= 0 and load_concurrency >= 1")
+        if self.load_requests < 0 or self.load_concurrency < 1 or self.load_time_limit_s <= 0:
+            raise ConfigError("load_requests must be >= 0, load_concurrency >= 1 and load_time_limit_s > 0")
 
 
 def measure(client: Client, role: str, prompts: list[list[dict]], concurrency: int, max_tokens: int) -> dict:
@@ -84,49 +91,52 @@ def measure(client: Client, role: str, prompts: list[list[dict]], concurrency: i
             "p95_s": round(float(np.percentile(latencies, 95)), 4)}
 
 
-def load_phase(client: Client, role: str, prompts: list[list[dict]], requests: int, concurrency: int,
-               max_tokens: int, pids: list[int]) -> dict:
-    """``requests`` requests at ``concurrency``; failures counted (not raised), server memory sampled."""
-    failures = []
+@dataclass
+class Engine:
+    """One engine under test: its client, and for an HTTP engine the base URL the load phase targets, the
+    roles served there (role -> ``RoleConfig.kind``, the benchmarked role first) and the server processes
+    whose memory is sampled."""
 
-    def one(i: int) -> None:
-        try:
-            client.chat(role, prompts[i % len(prompts)], max_tokens=max_tokens, temperature=0)
-        except ClientError as exc:
-            failures.append(f"{exc.status}: {exc.reason}")
+    client: Client
+    url: str | None = None
+    roles: dict[str, str] = field(default_factory=dict)
+    pids: list[int] = field(default_factory=list)
 
-    started = time.perf_counter()
-    with MemorySampler(pids) as memory, ThreadPoolExecutor(max_workers=concurrency) as pool:
-        list(pool.map(one, range(requests)))
-    samples = memory.samples or [memory.rss_mib()]
-    quarter = max(1, len(samples) // 4)
-    return {"requests": requests, "concurrency": concurrency, "failed": len(failures), "errors": failures[:5],
-            "wall_s": round(time.perf_counter() - started, 2),
-            "rss_first_quarter_mib": round(float(np.mean(samples[:quarter])), 1),
-            "rss_last_quarter_mib": round(float(np.mean(samples[-quarter:])), 1),
-            "rss_peak_mib": round(max(samples), 1)}
+
+def _role_kinds(serve: ServeConfig, first: str) -> dict[str, str]:
+    # the benchmarked role first: the load test sends chat requests to the first chat role
+    return {name: serve.roles[name].kind for name in [first, *(r for r in serve.roles if r != first)]}
 
 
 @contextmanager
-def engine_clients(config: ServeBenchConfig) -> Iterator[dict[str, tuple[Client, list[int]]]]:
-    """engine name -> (client, server process ids for the memory samples), each engine started once."""
-    clients: dict[str, tuple[Client, list[int]]] = {}
+def engine_clients(config: ServeBenchConfig) -> Iterator[dict[str, Engine]]:
+    """engine name -> ``Engine``, each engine started once, in the order of ``config.engines``."""
+    engines: dict[str, Engine] = {}
+    api_key = resolve_api_key(config.serve.api_key)
     with ExitStack() as stack:
         if {"in_process", "embedded"} & set(config.engines):
             engine = EmbeddedEngine(config.serve)
             if "in_process" in config.engines:
-                clients["in_process"] = (Client.in_process(engine), [os.getpid()])
+                engines["in_process"] = Engine(Client.in_process(engine))
             if "embedded" in config.engines:
                 url = stack.enter_context(serve_in_background(engine, port=0))
-                clients["embedded"] = (Client.from_url(url), [os.getpid()])
+                # the server runs in this process: its memory is this process's (children included)
+                engines["embedded"] = Engine(Client.from_url(url, api_key=api_key), url,
+                                             _role_kinds(config.serve, config.role), [os.getpid()])
         if "vllm" in config.engines:
             role = replace(config.serve.roles[config.role], port=free_port())
+            # the benchmarked chat role on vLLM; the roles the embedded server keeps in a vLLM stack (embedding,
+            # compression, a cross-encoder scorer) come along so that the front door serves the whole load mix.
+            # Other chat roles would each start a vLLM server of their own: left out.
+            kept = {name: r for name, r in config.serve.roles.items() if r.kind != "chat" and name != config.role}
             # serve.vllm_args / vllm_env / vllm_python say how vLLM runs (see ServeConfig)
-            vllm_config = replace(config.serve, engine="vllm", port=0, roles={config.role: role},
+            vllm_config = replace(config.serve, engine="vllm", port=0, roles={config.role: role, **kept},
                                   log_dir=str(Path(config.out) / "logs"))
-            roles, processes = stack.enter_context(vllm_stack(vllm_config))
-            clients["vllm"] = (Client.from_url(roles, timeout_s=600), [p.pid for p, _ in processes])
-        yield {name: clients[name] for name in config.engines}
+            served = stack.enter_context(vllm_stack(vllm_config))
+            # memory: the vLLM servers; the front door and its embedded roles live in this process
+            engines["vllm"] = Engine(Client.from_url(served.roles, timeout_s=600, api_key=api_key), served.url,
+                                     _role_kinds(vllm_config, config.role), [p.pid for p, _ in served.processes])
+        yield {name: engines[name] for name in config.engines}
 
 
 def run(config: ServeBenchConfig) -> dict:
@@ -136,12 +146,12 @@ def run(config: ServeBenchConfig) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     baseline = config.engines[0]
     rows, load = [], {}
-    with start_run(config.tracking, "bench serve", config) as tracker, engine_clients(config) as clients:
-        for client, _ in clients.values():  # warm-up: the first call pays one-off costs
-            client.chat(config.role, prompts[0], max_tokens=4, temperature=0)
+    with start_run(config.tracking, "bench serve", config) as tracker, engine_clients(config) as engines:
+        for engine in engines.values():  # warm-up: the first call pays one-off costs
+            engine.client.chat(config.role, prompts[0], max_tokens=4, temperature=0)
         for level in config.concurrency:
-            measured = {name: measure(client, config.role, prompts, level, config.max_tokens)
-                        for name, (client, _) in clients.items()}
+            measured = {name: measure(engine.client, config.role, prompts, level, config.max_tokens)
+                        for name, engine in engines.items()}
             base = measured[baseline]
             ratios = {name: {"throughput": round(m["requests_per_s"] / base["requests_per_s"], 3),
                              "p50": round(m["p50_s"] / base["p50_s"], 3)} for name, m in measured.items()}
@@ -149,11 +159,15 @@ def run(config: ServeBenchConfig) -> dict:
             tracker.log({f"{name}_{key}": m[key] for name, m in measured.items()
                          for key in ("requests_per_s", "p50_s", "p95_s")}, step=level)
         if config.load_requests:
-            for name, (client, pids) in clients.items():
-                if name != "in_process":
-                    load[name] = load_phase(client, config.role, prompts, config.load_requests,
-                                            config.load_concurrency, config.max_tokens, pids)
-            tracker.summary({f"load_{name}_{k}": v for name, r in load.items() for k, v in r.items() if k != "errors"})
+            for name, engine in engines.items():
+                if engine.url is None:  # in_process: no HTTP server to load
+                    continue
+                load[name] = mixed_load(engine.url, engine.roles, config.load_requests, config.load_concurrency,
+                                        engine.pids, config.max_tokens, api_key=resolve_api_key(config.serve.api_key),
+                                        time_limit_s=config.load_time_limit_s, prompts=questions)
+            # the scalar figures; per-kind counts, failures and statuses are in bench.json
+            tracker.summary({f"load_{name}_{k}": v for name, r in load.items() for k, v in r.items()
+                             if isinstance(v, int | float)})
     result = {"config": to_dict(config), "baseline": baseline, "results": rows, "load": load}
     (out / "bench.json").write_text(json.dumps(result, indent=2))
     plot_serve_bench(rows, out / "bench.png")
@@ -172,11 +186,37 @@ def _print(rows: list[dict], load: dict, config: ServeBenchConfig) -> None:
             table.add_row(str(r["concurrency"]), name, f"{m['requests_per_s']:.2f}", f"{m['p50_s']:.2f}",
                           f"{m['p95_s']:.2f}", f"{m['completion_tokens_per_s']:.1f}",
                           f"{r['ratios'][name]['throughput']:.3f}", f"{r['ratios'][name]['p50']:.3f}")
-    Console(width=120).print(table)
+    console = Console(width=120)
+    console.print(table)
+    if load:
+        _print_load(console, load)
+
+
+def _print_load(console: Console, load: dict[str, dict]) -> None:
+    table = Table(title="bounded mixed load: per request kind (valid: 2xx and a well-formed body; malformed: 4xx "
+                        "with OpenAI's error body)")
+    for column in ("engine", "kind", "sent", "ok", "failed", "p50 s", "p95 s"):
+        table.add_column(column, justify="right")
     for name, r in load.items():
-        print(f"load {name}: {r['requests']} requests at concurrency {r['concurrency']} in {r['wall_s']} s, "
-              f"{r['failed']} failed; server RSS {r['rss_first_quarter_mib']} MiB (first quarter) -> "
-              f"{r['rss_last_quarter_mib']} MiB (last quarter), peak {r['rss_peak_mib']} MiB")
+        for kind, k in r["by_kind"].items():
+            table.add_row(name, kind, str(k["sent"]), str(k["ok"]), str(k["failed"]),
+                          f"{k['p50_s']:.3f}" if k["p50_s"] is not None else "-",
+                          f"{k['p95_s']:.3f}" if k["p95_s"] is not None else "-")
+    console.print(table)
+    for name, r in load.items():
+        health = r["health"]
+        cut = f" (TIME LIMIT: {r['requests'] - r['sent']} not sent)" if r["time_limited"] else ""
+        console.print(
+            f"load {name}: {r['sent']} of {r['requests']} requests at concurrency {r['concurrency']} in "
+            f"{r['wall_s']} s ({r['requests_per_s']} req/s){cut}; {r['failed_valid']} valid requests failed, "
+            f"{r['malformed_not_4xx']} malformed not answered 4xx, {r['malformed_bad_error_body']} 4xx without "
+            f"OpenAI's error body; /health answered {health['answered']} of {health['probes']} probes (slowest "
+            f"{health['max_latency_s']} s); server RSS {r['rss_first_quarter_mib']} MiB (first quarter) -> "
+            f"{r['rss_last_quarter_mib']} MiB (last quarter), growth {r['rss_growth_mib']} MiB, peak "
+            f"{r['rss_peak_mib']} MiB", highlight=False)
+        for failure in r["failures"]:
+            console.print(f"  failed: #{failure['index']} {failure['case']} -> {failure['status']}: "
+                          f"{failure['problem']}; {failure['body_head'][:120]!r}", highlight=False, markup=False)
 
 
 def plot_serve_bench(rows: Sequence[Mapping], path: str | Path) -> Path:

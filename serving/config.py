@@ -27,6 +27,8 @@ class RoleConfig:
     batch_window_ms: float = 5.0
     # cross-encoder: the most documents one /score or /v1/rerank request may send (more is a 400)
     max_documents: int = 1000
+    # engine vllm: extra flags for this role's vLLM server (roles sharing a port must agree)
+    vllm_args: list[str] = field(default_factory=list)
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     max_model_len: int = 0  # 0: the model's own context length
     # a LoRA adapter (planner_sft output) on `model`: a LoRA module on vLLM, base + adapter on the embedded engine
@@ -64,8 +66,9 @@ class ServeConfig:
     # otherwise reserve most of the machine's memory for its KV cache
     vllm_env: dict[str, str] = field(default_factory=dict)
     log_dir: str = "runs/serve/logs"  # one log file per launched server
-    # requests must carry `Authorization: Bearer <api_key>` (also given to vLLM as --api-key); empty: the
-    # OVERSTORY_API_KEY environment variable, else no key (a warning when host is not loopback)
+    # requests to /v1/* must carry `Authorization: Bearer <api_key>` (checked by the front door and given to every
+    # vLLM server as VLLM_API_KEY); empty: the OVERSTORY_API_KEY environment variable, else no key (a warning when
+    # host is not loopback)
     api_key: str = ""
     # `overstory serve` records the served stack (roles, models, uptime) here; background servers do not
     tracking: TrackingConfig = field(default_factory=TrackingConfig)

@@ -194,8 +194,8 @@ class FrontDoor:
             async with anyio.create_task_group() as group:
                 group.start_soon(_cancel_on_disconnect, receive, group.cancel_scope)
                 try:
-                    whole = b"".join([c async for c in upstream.aiter_raw()])
-                    await send({"type": "http.response.body", "body": whole, "more_body": True})
+                    async for chunk in upstream.aiter_raw():  # raw: the bytes as they arrive, not re-encoded
+                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 except httpx.HTTPError as exc:
                     # returning without the final message makes uvicorn drop the connection, so the client
                     # sees a truncated response rather than a complete-looking one

@@ -15,7 +15,7 @@ by someone else between choosing it and serving on it.
 from __future__ import annotations
 
 import json
-import os
+import logging
 import signal
 import socket
 import threading
@@ -34,7 +34,10 @@ from overstory.core.tracking import start_run
 from overstory.serving.config import ServeConfig
 from overstory.serving.engine import EmbeddedEngine
 from overstory.serving.front_door import create_front_app, mount_front_door
+from overstory.serving.operations import resolve_api_key, warn_if_exposed
 from overstory.serving.server import create_app
+
+logger = logging.getLogger(__name__)
 
 # How long the front door waits for a vLLM server: a whole non-streamed generation, or between two chunks
 FRONT_DOOR_TIMEOUT_S = 600.0
@@ -68,6 +71,7 @@ def run(config: ServeConfig) -> None:
     records the served stack when it starts and the uptime when it stops."""
     if config.engine == "vllm":
         return run_vllm_stack(config)
+    warn_if_exposed(config.host, resolve_api_key(config.api_key), logger)
     with _claim_port(config.host, config.port) as sock:
         url = f"http://{config.host}:{sock.getsockname()[1]}/v1"
         engine = EmbeddedEngine(config)
@@ -141,15 +145,6 @@ def _visible_gpus() -> int | None:
     return torch.cuda.device_count() if torch.cuda.is_available() else None
 
 
-def resolve_api_key(config: ServeConfig) -> str | None:
-    """The stack's API key: ``api_key`` in the config, else $OVERSTORY_API_KEY, else None (no key)."""
-    try:
-        from overstory.serving.operations import resolve_api_key as resolve
-    except ImportError:  # serving/operations.py is not there yet: the same rule, read here
-        return getattr(config, "api_key", "") or os.environ.get("OVERSTORY_API_KEY") or None
-    return resolve(getattr(config, "api_key", ""))
-
-
 class VllmStack(NamedTuple):
     roles: dict[str, str]  # role -> URL of the server that runs it (stack.json, for our own client)
     processes: list  # (process, log path) of each vLLM server
@@ -173,7 +168,8 @@ def vllm_stack(config: ServeConfig) -> Iterator[VllmStack]:
 
     python = require_vllm(config.vllm_python)
     servers, rest = plan_servers(config, available_gpus=_visible_gpus())
-    api_key = resolve_api_key(config)
+    api_key = resolve_api_key(config.api_key)  # the front door checks it; every vLLM server gets it
+    warn_if_exposed(config.host, api_key, logger)
     commands = [vllm_command(server, config.host, config.vllm_args, python=python) for server in servers]
     # a taken port fails now, not after minutes of model loading
     for port in [*([config.port] if config.port else []), *(server.port for server in servers)]:

