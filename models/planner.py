@@ -44,7 +44,8 @@ USER_PROMPT = "Document (beginning):\n{metadata}\n\nQuestion: {question}"
 TRACE_SCHEMA = {
     "type": "object",
     "properties": {
-        "reasoning": {"type": "string", "maxLength": 400},
+        # about 70 tokens: the trace stays under the 128-token target with the plan line after it
+        "reasoning": {"type": "string", "maxLength": 300},
         "smallest_chunk_size": {"enum": list(LEVELS)},
         "largest_chunk_size": {"enum": list(LEVELS)},
     },

@@ -325,6 +325,15 @@ def _stream_problem(lines: list[str]) -> str | None:
     return None
 
 
+def _judged(check: Callable[..., str | None], *args: Any) -> str | None:
+    """``check(*args)``, where a body of an unexpected shape (a list where an object belongs...) that trips the
+    check up is a problem of that body, not a crash of the load test."""
+    try:
+        return check(*args)
+    except (AttributeError, TypeError, KeyError, IndexError) as exc:
+        return f"the body has an unexpected shape ({exc.__class__.__name__}: {exc})"
+
+
 def _head(text: str) -> str:
     return text[:BODY_HEAD]
 
@@ -338,7 +347,7 @@ def _send(http: httpx.Client, planned: Planned) -> Outcome:
             with http.stream(planned.method, planned.path, content=planned.body, headers=headers) as response:
                 if response.status_code // 100 == 2:
                     lines = list(response.iter_lines())
-                    status, text, problem = response.status_code, "\n".join(lines), _stream_problem(lines)
+                    status, text, problem = response.status_code, "\n".join(lines), _judged(_stream_problem, lines)
                 else:
                     response.read()
                     status, text, problem = response.status_code, response.text, None
@@ -361,9 +370,11 @@ def _send(http: httpx.Client, planned: Planned) -> Outcome:
         problem = f"a valid request answered {status}"
     elif planned.kind != "stream":
         try:
-            problem = _body_problem(planned, json.loads(text))
+            body = json.loads(text)
         except ValueError:
             problem = "the body is not JSON"
+        else:
+            problem = _judged(_body_problem, planned, body)
     return Outcome(planned.index, planned.kind, planned.case, status, latency, problem,
                    _head(text) if problem else "")
 

@@ -94,18 +94,29 @@ def grammar_spec(response_format: dict | None) -> dict | str | None:
 
 
 def _check_schema(schema: dict) -> None:
-    """Validate the schema against its meta-schema (the draft its ``$schema`` names, 2020-12 by default)."""
+    """Validate the schema against its meta-schema (the draft its ``$schema`` names, 2020-12 by default; an
+    unknown ``$schema`` falls back to 2020-12)."""
+    prefix = "response_format.json_schema.schema:"
+    if "$schema" in schema and not isinstance(schema["$schema"], str):
+        # validator_for looks the value up in a dict of drafts: a list or number would crash it, not answer 400
+        raise BadRequest(f"{prefix} {schema['$schema']!r} is not of type 'string' at $schema", param=PARAM)
     validator = validator_for(schema, default=Draft202012Validator)
     try:
         validator.check_schema(schema)
     except SchemaError as exc:
         where = ".".join(str(part) for part in exc.path) or "the top level"
-        raise BadRequest(f"response_format.json_schema.schema: {exc.message} at {where}", param=PARAM) from None
+        raise BadRequest(f"{prefix} {exc.message} at {where}", param=PARAM) from None
+    except RecursionError:
+        # jsonschema recurses once per nesting level (and xgrammar's conversion slows down with depth too)
+        raise BadRequest(f"{prefix} nested too deeply to check", param=PARAM) from None
 
 
 def _cache_key(spec: dict | str) -> str:
     # Canonical JSON, so key order and spacing in the request do not defeat the cache.
-    return json.dumps(spec, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    try:
+        return json.dumps(spec, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    except RecursionError:  # only a spec that did not come through grammar_spec can be this deep
+        raise BadRequest("response_format: the schema is nested too deeply", param=PARAM) from None
 
 
 # xgrammar's C++ errors start with "[hh:mm:ss] /project/cpp/<file>.cc:<line>: "; the client needs the reason only.

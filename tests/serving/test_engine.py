@@ -47,4 +47,6 @@ def test_bad_generation_requests(engine: EmbeddedEngine) -> None:
     with pytest.raises(BadRequest, match="not a chat model"):
         engine.complete("embedder", "hello")
     with pytest.raises(BadRequest, match="messages\\[0\\].role"):
-        engine.chat("generator", [{"role": "tool", "content": "x"}])
+        engine.chat("generator", [{"role": "wizard", "content": "x"}])
+    with pytest.raises(BadRequest, match="answers no earlier assistant tool call"):
+        engine.chat("generator", [{"role": "tool", "tool_call_id": "call_1", "content": "x"}])

@@ -24,7 +24,17 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
 
 from overstory.serving.launch import serve_in_background
-from overstory.serving.load_test import DEFAULT_WEIGHTS, MALFORMED, available_kinds, mixed_load, plan_requests
+from overstory.serving.load_test import (
+    DEFAULT_WEIGHTS,
+    MALFORMED,
+    Planned,
+    _body_problem,
+    _judged,
+    _stream_problem,
+    available_kinds,
+    mixed_load,
+    plan_requests,
+)
 
 ROLES = {"generator": "chat", "embedder": "embedding", "scorer": "cross-encoder"}
 
@@ -252,3 +262,28 @@ def test_the_mix_is_deterministic_and_follows_the_roles() -> None:
     assert all(json.loads(p.body)["model"] == "generator" for p in plan if p.kind == "chat")
     with pytest.raises(ValueError, match="unknown request kinds"):
         plan_requests(chat_only, 10, max_tokens=4, weights={"chat": 1, "images": 1})
+
+
+def _sse(*payloads: dict | str) -> list[str]:
+    lines = []
+    for payload in payloads:
+        lines += [f"data: {payload if isinstance(payload, str) else json.dumps(payload)}", ""]
+    return lines
+
+
+def test_the_body_checks_name_what_is_wrong() -> None:
+    first = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": "Hi"},
+                                                             "finish_reason": "stop"}]}
+    usage = {"object": "chat.completion.chunk", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1}}
+    assert _stream_problem([": keep-alive", *_sse(first, usage, "[DONE]")]) is None
+    assert "usage" in _stream_problem(_sse(first, "[DONE]"))
+    assert "error" in _stream_problem(_sse(first, {"error": {"message": "boom", "type": "server_error"}}, "[DONE]"))
+    assert "not JSON" in _stream_problem(_sse(first, "{oops", usage, "[DONE]"))
+    assert "[DONE]" in _stream_problem(_sse(first, "[DONE]", usage, "[DONE]"))
+    assert "finish_reason" in _stream_problem(_sse({**first, "choices": [{"index": 0, "delta": {}}]}, usage, "[DONE]"))
+    scoring = Planned(0, "scoring", "scoring", "POST", "/v1/rerank", b"", n_inputs=2)
+    unsorted = {"results": [{"index": 0, "relevance_score": 0.1}, {"index": 1, "relevance_score": 0.9}]}
+    assert "sorted" in _body_problem(scoring, unsorted)
+    assert "as many" in _body_problem(scoring, {"results": unsorted["results"][:1]})
+    chat = Planned(0, "chat", "chat", "POST", "/v1/chat/completions", b"")
+    assert "unexpected shape" in _judged(_body_problem, chat, {"object": "chat.completion", "choices": ["Paris"]})

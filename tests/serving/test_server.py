@@ -91,7 +91,6 @@ def test_embeddings(http: httpx.Client) -> None:
     ({"json": {"model": "generator"}}, 400, "messages: Field required"),
     ({"json": {"model": "generator", "messages": [{"role": "wizard", "content": "hi"}]}}, 400, "role"),
     ({"json": {"model": "generator", "messages": QUESTION, "temperature": -1}}, 400, "temperature"),
-    ({"json": {"model": "generator", "messages": QUESTION, "stream": True}}, 400, "streaming"),
     ({"json": {"model": "embedder", "messages": QUESTION}}, 400, "not a chat model"),
     ({"json": {"model": "generator", "messages": [{"role": "user", "content": "word " * 9000}]}}, 400,
      "more than the model's context of 8192"),

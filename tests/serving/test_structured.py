@@ -88,7 +88,17 @@ def test_invalid_schema_names_the_problem_and_where(schema: dict, where: str) ->
     assert str(caught.value).endswith(where)
 
 
+def _nested(depth: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
 @pytest.mark.parametrize("response_format, message", [
+    (schema_format({"$schema": ["draft-07"]}), "\\['draft-07'\\] is not of type 'string' at \\$schema"),
+    (schema_format({"$schema": 7, "type": "integer"}), "7 is not of type 'string' at \\$schema"),
+    (schema_format(_nested(2000)), "json_schema.schema: nested too deeply to check"),
     ({"type": "json_schema", "json_schema": {"name": "plan"}}, "response_format.json_schema.schema is missing"),
     ({"type": "json_schema", "json_schema": {"name": "plan", "schema": None}}, "json_schema.schema is missing"),
     ({"type": "json_schema"}, "response_format.json_schema is required"),
@@ -193,6 +203,7 @@ def test_grammars_admit_only_compact_objects(compilers: GrammarCompilerCache) ->
     plan = compilers.compile(PLAN_SCHEMA)
     assert accepts(plan, '{"largest_chunk_size": "section", "smallest_chunk_size": "sentence"}')
     assert not accepts(plan, '{"largest_chunk_size": "sentence", "smallest_chunk_size": "section"}')
+    assert not accepts(plan, '{\n  "largest_chunk_size": "section", "smallest_chunk_size": "sentence"}')
 
 
 # --- GrammarLogitsProcessor on hand-made steps --------------------------------------------------------------------
@@ -270,7 +281,7 @@ def test_a_row_generate_stopped_is_padded_not_rejected(compilers: GrammarCompile
     assert proc.rejected_rows == set() and _finite(scores, 0) == {eos, pad}
 
 
-def test_grammar_overrides_a_processor_that_removed_every_allowed_token(compilers: GrammarCompilerCache, tokenizer) -> None:
+def test_grammar_wins_over_processors_that_mask_everything(compilers: GrammarCompilerCache, tokenizer) -> None:
     eos = tokenizer.eos_token_id
     proc = GrammarLogitsProcessor([compilers.compile({"type": "integer"})], eos_token_id=eos)
     step = _Steps(proc, 1)
