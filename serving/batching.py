@@ -16,10 +16,12 @@ disconnects cancels its job: its rows stop at the next step, and a batch whose r
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -195,9 +197,22 @@ class Batcher:
         self.running = 0
         self.on_change: Callable[[int, int], None] | None = None  # (running rows, waiting rows), for metrics
         self._queue: list[Job] = []
+        self._current: list[Job] = []
+        self._stopping = False
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._loop, name=f"batcher-{name}", daemon=True)
         self._thread.start()
+        _BATCHERS.add(self)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Cancel what is queued or running and end the worker (a daemon thread still inside ``generate`` when
+        the interpreter exits would crash it)."""
+        with self._cond:
+            self._stopping = True
+            for job in self._queue + self._current:
+                job.cancel()
+            self._cond.notify()
+        self._thread.join(timeout_s)
 
     @property
     def waiting(self) -> int:
@@ -218,12 +233,18 @@ class Batcher:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._queue:
+                while not self._queue and not self._stopping:
                     self._cond.wait()
+                if self._stopping:
+                    for job in self._queue:
+                        job.finish(RuntimeError("the server is shutting down"))
+                    return
             time.sleep(self.window_s)  # let requests sent together arrive together
             jobs = []
             for job in self._take_batch():
                 if job.cancelled.is_set():  # its client left while it waited
+                    for row in job.rows:
+                        row.finish_reason = "cancelled"
                     job.finish()
                 else:
                     jobs.append(job)
@@ -241,6 +262,7 @@ class Batcher:
                     job.finish()
             finally:
                 self.running = 0
+                self._current = []
                 self._report()
 
     def _take_batch(self) -> list[Job]:
@@ -257,6 +279,7 @@ class Batcher:
                     rest.append(job)
             self._queue = rest
             self.running = rows
+            self._current = batch
             return batch
 
     def _generate(self, jobs: list[Job]) -> None:
@@ -299,3 +322,12 @@ def cut_at_stop(text: str, stop: tuple[str, ...]) -> str:
     """
     cut = min((at for s in stop if (at := text.find(s)) >= 0), default=-1)
     return text if cut < 0 else text[:cut]
+
+
+_BATCHERS: weakref.WeakSet[Batcher] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all() -> None:
+    for batcher in list(_BATCHERS):
+        batcher.stop()

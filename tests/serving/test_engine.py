@@ -50,3 +50,27 @@ def test_bad_generation_requests(engine: EmbeddedEngine) -> None:
         engine.chat("generator", [{"role": "wizard", "content": "x"}])
     with pytest.raises(BadRequest, match="answers no earlier assistant tool call"):
         engine.chat("generator", [{"role": "tool", "tool_call_id": "call_1", "content": "x"}])
+
+
+def test_concurrent_requests_share_batches_and_match_one_by_one(engine: EmbeddedEngine) -> None:
+    """Requests sent together run as one batch (per-row max_tokens and stop strings) and greedy outputs equal
+    the same requests run alone."""
+    requests = [{"prompt": p, "max_tokens": m, "temperature": 0, "stop": s}
+                for p, m, s in zip(PROMPTS * 2, [3, 9, 6, 12, 5, 8], [None, [","], None, None, ["."], None])]
+    alone = [engine.complete("generator", **r).choices[0] for r in requests]
+    batcher = engine.batcher("generator")
+    before = len(batcher.batch_sizes)
+    pending = [engine.start_completion("generator", **r) for r in requests]  # queued before the worker wakes
+    together = [p.result().choices[0] for p in pending]
+    assert together == alone
+    assert max(batcher.batch_sizes[before:]) > 1  # at least two requests shared a generate call
+    assert [c.completion_tokens <= r["max_tokens"] for c, r in zip(together, requests)] == [True] * len(requests)
+
+
+def test_a_cancelled_request_stops_and_its_batch_goes_on(engine: EmbeddedEngine) -> None:
+    long = engine.start_completion("generator", "Once upon a time", max_tokens=400, temperature=0,
+                                   on_delta=lambda index, text: None)
+    short = engine.start_completion("generator", "One, two, three,", max_tokens=6, temperature=0)
+    long.cancel()
+    assert long.result().choices[0].finish_reason == "cancelled" and long.result().choices[0].completion_tokens < 400
+    assert short.result().choices[0].finish_reason == "length" and short.result().choices[0].completion_tokens == 6

@@ -10,11 +10,13 @@ Log-probabilities are checked against transformers (and PEFT for the adapter) co
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import jsonschema
 import numpy as np
 import pytest
 import torch
@@ -150,3 +152,40 @@ def test_unknown_model_is_a_404_with_a_reason(stack) -> None:
     assert response.status_code == 404 and "nobody" in response.json()["error"]["message"]
     with pytest.raises(ClientError, match="no server configured for role 'nobody'"):
         client.chat("nobody", QUESTION)
+
+
+def test_json_schema_is_enforced(stack) -> None:
+    client, _ = stack
+    plan = {"type": "object", "additionalProperties": False, "required": ["level_min", "level_max"],
+            "properties": {"level_min": {"enum": ["sentence", "paragraph", "section"]},
+                           "level_max": {"enum": ["sentence", "paragraph", "section"]}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "plan", "schema": plan}}
+    for temperature in (0.0, 0.8):
+        result = client.chat("generator", [{"role": "user", "content": "Which chunk sizes answer 'Who wrote "
+                                            "Hamlet?'"}], max_tokens=40, temperature=temperature, seed=1,
+                             response_format=fmt)
+        jsonschema.validate(json.loads(result.text), plan)
+
+
+def test_streamed_chat_equals_the_whole_reply(stack) -> None:
+    client, roles = stack
+    whole = client.chat("generator", QUESTION, max_tokens=12, temperature=0)
+    request = {"model": "generator", "messages": QUESTION, "max_tokens": 12, "temperature": 0, "stream": True,
+               "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", f"{roles['generator']}/v1/chat/completions", json=request, timeout=120) as response:
+        events = [line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == whole.text
+    assert chunks[-1]["usage"]["completion_tokens"] == whole.usage["completion_tokens"]
+
+
+def test_a_named_tool_call_is_forced(stack) -> None:
+    client, _ = stack
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}}}
+    result = client.chat("generator", [{"role": "user", "content": "Weather in Paris?"}], tools=[tool],
+                         tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=40,
+                         temperature=0)
+    assert [call["function"]["name"] for call in result.tool_calls] == ["get_weather"]
+    assert isinstance(json.loads(result.tool_calls[0]["function"]["arguments"])["city"], str)
