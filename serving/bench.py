@@ -120,7 +120,8 @@ def engine_clients(config: ServeBenchConfig) -> Iterator[dict[str, Engine]]:
                 engines["in_process"] = Engine(Client.in_process(engine))
             if "embedded" in config.engines:
                 url = stack.enter_context(serve_in_background(engine, port=0))
-                # the server runs in this process: its memory is this process's (children included)
+                # the server runs in this process: its memory is this process's. MemorySampler adds children, so
+                # with vllm in the same run the (then idle) vLLM servers add to the level here, not to the growth
                 engines["embedded"] = Engine(Client.from_url(url, api_key=api_key), url,
                                              _role_kinds(config.serve, config.role), [os.getpid()])
         if "vllm" in config.engines:
@@ -213,7 +214,7 @@ def _print_load(console: Console, load: dict[str, dict]) -> None:
             f"OpenAI's error body; /health answered {health['answered']} of {health['probes']} probes (slowest "
             f"{health['max_latency_s']} s); server RSS {r['rss_first_quarter_mib']} MiB (first quarter) -> "
             f"{r['rss_last_quarter_mib']} MiB (last quarter), growth {r['rss_growth_mib']} MiB, peak "
-            f"{r['rss_peak_mib']} MiB", highlight=False)
+            f"{r['rss_peak_mib']} MiB, quarter means {r['rss_quarters_mib']}", highlight=False)
         for failure in r["failures"]:
             console.print(f"  failed: #{failure['index']} {failure['case']} -> {failure['status']}: "
                           f"{failure['problem']}; {failure['body_head'][:120]!r}", highlight=False, markup=False)

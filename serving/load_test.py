@@ -486,6 +486,8 @@ def _report(plan: list[Planned], outcomes: list[Outcome], concurrency: int, heal
     samples = memory.samples or [memory.rss_mib()]
     quarter = max(1, len(samples) // 4)
     first, last = float(np.mean(samples[:quarter])), float(np.mean(samples[-quarter:]))
+    # the mean of each quarter: growth that stops after the first (warm-up) differs from a steady climb
+    quarters = [round(float(np.mean(part)), 1) for part in np.array_split(np.asarray(samples), 4) if len(part)]
     sent = len(outcomes)
     return {
         "requests": len(plan), "sent": sent, "concurrency": concurrency, "time_limited": sent < len(plan),
@@ -500,5 +502,6 @@ def _report(plan: list[Planned], outcomes: list[Outcome], concurrency: int, heal
         "rss_samples": len(samples),
         "rss_first_quarter_mib": round(first, 1), "rss_last_quarter_mib": round(last, 1),
         "rss_peak_mib": round(max(samples), 1), "rss_growth_mib": round(last - first, 1),
+        "rss_quarters_mib": quarters,
         "wall_s": round(wall, 2), "requests_per_s": round(sent / wall, 2) if wall > 0 else None,
     }

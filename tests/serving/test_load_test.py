@@ -208,6 +208,7 @@ def test_a_correct_server_passes_with_exact_accounting() -> None:
     health = report["health"]
     assert health["probes"] >= 1 and health["answered"] == health["probes"]
     assert report["rss_peak_mib"] >= report["rss_first_quarter_mib"] > 50 and report["rss_samples"] >= 1
+    assert report["rss_quarters_mib"][0] <= report["rss_peak_mib"] and len(report["rss_quarters_mib"]) <= 4
     assert report["requests_per_s"] > 0 and report["wall_s"] > 0
 
 
