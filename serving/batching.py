@@ -83,6 +83,7 @@ class Job:
         self.id = next(Job._ids)
         self.prompts, self.sampling, self.grammar, self.on_delta = prompts, sampling, grammar, on_delta
         self.copies = 1 if sampling.greedy else sampling.n
+        self.longest_prompt = max(len(p) for p in prompts)
         self.rows = [RowOutput() for _ in range(len(prompts) * self.copies)]
         self.cancelled = threading.Event()
         self.submitted_at = time.monotonic()
@@ -184,14 +185,17 @@ class RowControl(StoppingCriteria):
 class Batcher:
     """Runs the ``Job``s submitted for one chat model in batched ``generate`` calls on a worker thread.
 
-    ``max_batch_size`` caps the rows of one call (a single job larger than that still runs, alone);
-    ``window_s`` is how long the worker waits for more requests once one arrives. ``running`` and
+    ``max_batch_size`` caps the rows of one call and ``max_batch_tokens`` its padded prompt tokens (rows x the
+    longest prompt): on CPU a prefill costs what its padded tokens cost, so long prompts share a call only with
+    few others (a single job larger than either cap still runs, alone); ``window_s`` is how long the worker waits
+    for more requests once one arrives. ``running`` and
     ``waiting`` (rows) feed the server's queue-depth gauges."""
 
-    def __init__(self, model, tokenizer, max_batch_size: int = 32, window_s: float = 0.005,
+    def __init__(self, model, tokenizer, max_batch_size: int = 32, max_batch_tokens: int = 4096,
+                 window_s: float = 0.005,
                  grammar_processor: Callable[[list, int], object] | None = None, name: str = "model"):
         self.model, self.tokenizer = model, tokenizer
-        self.max_batch_size, self.window_s = max_batch_size, window_s
+        self.max_batch_size, self.max_batch_tokens, self.window_s = max_batch_size, max_batch_tokens, window_s
         self.grammar_processor = grammar_processor
         self.batch_sizes: list[int] = []  # rows per generate call, for benchmarks and tests
         self.running = 0
@@ -266,15 +270,19 @@ class Batcher:
                 self._report()
 
     def _take_batch(self) -> list[Job]:
-        """The oldest job plus, in arrival order, queued jobs with its batch key while the rows fit."""
+        """The oldest job plus, in arrival order, queued jobs with its batch key while the rows and the padded
+        prompt tokens fit."""
         with self._cond:
             first = self._queue[0]
             key = first.sampling.batch_key(first.id)
-            batch, rows, rest = [first], len(first.rows), []
+            batch, rows, longest, rest = [first], len(first.rows), first.longest_prompt, []
             for job in self._queue[1:]:
-                if job.sampling.batch_key(job.id) == key and rows + len(job.rows) <= self.max_batch_size:
+                fits = (rows + len(job.rows) <= self.max_batch_size
+                        and (rows + len(job.rows)) * max(longest, job.longest_prompt) <= self.max_batch_tokens)
+                if job.sampling.batch_key(job.id) == key and fits:
                     batch.append(job)
                     rows += len(job.rows)
+                    longest = max(longest, job.longest_prompt)
                 else:
                     rest.append(job)
             self._queue = rest

@@ -5,8 +5,8 @@
 
 Engines: ``in_process`` (``Client.in_process``: no HTTP), ``embedded`` (the embedded server on loopback)
 and ``vllm`` (vLLM's OpenAI server started through ``serving.launch.vllm_stack``). For each concurrency
-level the same greedy requests (real HotpotQA questions) go to every engine; requests/s and p50/p95 latency
-are reported with ratios against the first engine listed (the baseline). A bounded load phase then runs
+level the same greedy requests (real SQuAD questions, new ones at each level) go to every engine; requests/s
+and p50/p95 latency are reported with ratios against the first engine listed (the baseline). A bounded load phase then runs
 ``serving.load_test.mixed_load`` against every HTTP engine: a fixed number of mixed requests (chat, streamed
 chat, completions, embeddings, /v1/rerank when the scorer is a cross-encoder, malformed ones) over raw HTTP,
 /health probed meanwhile and the server processes' resident memory sampled; failed valid requests, malformed
@@ -51,7 +51,7 @@ class ServeBenchConfig:
     concurrency: list[int] = field(default_factory=lambda: [1, 4, 8])
     requests_per_level: int = 16
     max_tokens: int = 32
-    questions: str = "data/hotpotqa/questions.json"
+    questions: str = "data/squad/dev-v2.0-articles.json"  # SQuAD (or HotpotQA questions.json): 950 distinct questions
     out: str = "runs/bench/serve"
     # bounded load phase on every HTTP engine (serving/load_test.py): this many mixed requests at
     # load_concurrency (0: no load phase), stopped after load_time_limit_s seconds if not done by then
@@ -140,17 +140,34 @@ def engine_clients(config: ServeBenchConfig) -> Iterator[dict[str, Engine]]:
         yield {name: engines[name] for name in config.engines}
 
 
+def load_questions(path: str | Path) -> list[str]:
+    """Question texts from HotpotQA's ``questions.json`` (a list of records) or an official SQuAD file."""
+    data = json.loads(Path(path).read_text())
+    if isinstance(data, dict) and "data" in data:  # SQuAD: data -> paragraphs -> qas
+        return [qa["question"] for article in data["data"] for paragraph in article["paragraphs"]
+                for qa in paragraph["qas"]]
+    return [q["question"] for q in data]
+
+
+def level_prompts(questions: list[str], level_index: int, n: int) -> list[list[dict]]:
+    """``n`` chat prompts for one concurrency level, questions the other levels do not send (while the pool
+    lasts): a repeated prompt would measure vLLM's prefix cache rather than batching."""
+    start = (level_index + 1) * n  # the first n are left for the warm-up
+    return [[{"role": "user", "content": questions[(start + i) % len(questions)]}] for i in range(n)]
+
+
 def run(config: ServeBenchConfig) -> dict:
-    questions = [q["question"] for q in json.loads(Path(config.questions).read_text())]
-    prompts = [[{"role": "user", "content": questions[i % len(questions)]}] for i in range(config.requests_per_level)]
+    questions = load_questions(config.questions)
+    warm_up = [{"role": "user", "content": questions[0]}]
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     baseline = config.engines[0]
     rows, load = [], {}
     with start_run(config.tracking, "bench serve", config) as tracker, engine_clients(config) as engines:
         for engine in engines.values():  # warm-up: the first call pays one-off costs
-            engine.client.chat(config.role, prompts[0], max_tokens=4, temperature=0)
-        for level in config.concurrency:
+            engine.client.chat(config.role, warm_up, max_tokens=4, temperature=0)
+        for index, level in enumerate(config.concurrency):
+            prompts = level_prompts(questions, index, config.requests_per_level)
             measured = {name: measure(engine.client, config.role, prompts, level, config.max_tokens)
                         for name, engine in engines.items()}
             base = measured[baseline]

@@ -21,9 +21,11 @@ class RoleConfig:
     # sentence-transformers CrossEncoder folder behind /score and /v1/rerank (the scorer role only)
     kind: Literal["chat", "embedding", "compression", "cross-encoder"] = "chat"
     max_new_tokens: int = 128  # default when a request names no max_tokens
-    # embedded engine: concurrent requests share generate calls of at most this many sequences; a batch waits
-    # this long for requests sent together before it starts
+    # embedded engine: concurrent requests share generate calls of at most this many sequences and this many
+    # padded prompt tokens (sequences x the longest prompt: CPU prefill pays for the padding); a batch waits this
+    # long for requests sent together before it starts
     max_batch_size: int = 32
+    max_batch_tokens: int = 4096
     batch_window_ms: float = 5.0
     # cross-encoder: the most documents one /score or /v1/rerank request may send (more is a 400)
     max_documents: int = 1000
@@ -46,8 +48,9 @@ class RoleConfig:
             raise ConfigError(f"max_new_tokens must be positive, got {self.max_new_tokens}")
         if self.max_model_len < 0:
             raise ConfigError(f"max_model_len must be >= 0, got {self.max_model_len}")
-        if self.max_batch_size < 1 or self.batch_window_ms < 0 or self.max_documents < 1:
-            raise ConfigError("max_batch_size and max_documents must be >= 1 and batch_window_ms >= 0")
+        if min(self.max_batch_size, self.max_batch_tokens, self.max_documents) < 1 or self.batch_window_ms < 0:
+            raise ConfigError("max_batch_size, max_batch_tokens and max_documents must be >= 1 and batch_window_ms "
+                              ">= 0")
 
 
 @dataclass(frozen=True)

@@ -122,8 +122,8 @@ class _ChatModel:
         self.context = int(getattr(self.model.config, "max_position_embeddings", 2048))
         self.grammars = GrammarCompilerCache(self.tokenizer, self.model.config.vocab_size)
         self.batcher = Batcher(self.model, self.tokenizer, max_batch_size=role.max_batch_size,
-                               window_s=role.batch_window_ms / 1000, grammar_processor=GrammarLogitsProcessor,
-                               name=name)
+                               max_batch_tokens=role.max_batch_tokens, window_s=role.batch_window_ms / 1000,
+                               grammar_processor=GrammarLogitsProcessor, name=name)
 
 
 class _EmbeddingModel:
