@@ -6,13 +6,14 @@
 Engines: ``in_process`` (``Client.in_process``: no HTTP), ``embedded`` (the embedded server on loopback)
 and ``vllm`` (vLLM's OpenAI server started through ``serving.launch.vllm_stack``). For each concurrency
 level the same greedy requests (real SQuAD questions, new ones at each level) go to every engine; requests/s
-and p50/p95 latency are reported with ratios against the first engine listed (the baseline). A bounded load phase then runs
-``serving.load_test.mixed_load`` against every HTTP engine: a fixed number of mixed requests (chat, streamed
-chat, completions, embeddings, /v1/rerank when the scorer is a cross-encoder, malformed ones) over raw HTTP,
-/health probed meanwhile and the server processes' resident memory sampled; failed valid requests, malformed
-requests not answered 4xx, /health answers and memory growth are reported. For vLLM the load goes to the
-stack's front door (one base URL for every role): the benchmarked chat role on vLLM, the embedding role and a
-cross-encoder scorer on the embedded server behind the same door. Writes ``bench.json`` and ``bench.png``.
+and p50/p95 latency are reported with ratios against the first engine listed (the baseline). A bounded load
+phase then runs ``serving.load_test.mixed_load`` against every HTTP engine: a fixed number of mixed requests
+(chat, streamed chat, completions, embeddings, /v1/rerank when the scorer is a cross-encoder, malformed ones)
+over raw HTTP, /health probed meanwhile and the server processes' resident memory sampled; failed valid
+requests, malformed requests not answered 4xx, /health answers and memory growth are reported. For vLLM the
+load goes to the stack's front door (one base URL for every role): the benchmarked chat role on vLLM, the
+embedding role and a cross-encoder scorer on the embedded server behind the same door. Writes ``bench.json``
+and ``bench.png``.
 """
 
 from __future__ import annotations
