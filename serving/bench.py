@@ -152,7 +152,7 @@ def load_questions(path: str | Path) -> list[str]:
 
 def level_prompts(questions: list[str], level_index: int, n: int) -> list[list[dict]]:
     """``n`` chat prompts for one concurrency level, questions the other levels do not send (while the pool
-    lasts): a repeated prompt would measure vLLM's prefix cache rather than batching."""
+    lasts), so that no engine answers a prompt it may have cached (vLLM's prefix cache)."""
     start = (level_index + 1) * n  # the first n are left for the warm-up
     return [[{"role": "user", "content": questions[(start + i) % len(questions)]}] for i in range(n)]
 
