@@ -1,11 +1,13 @@
 """The embedded OpenAI-compatible server (FastAPI) over an ``EmbeddedEngine``.
 
-Endpoints: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``, ``/v1/compress``
-(groups of child chunks in, compressed embeddings out), ``/v1/models`` and ``/health``; the
-``model`` field names the role. The ``handle_*`` functions turn a validated
-request into the OpenAI response dict; the routes and the client's in-process backend both call
-them, so both paths answer with identical shapes. Errors use OpenAI's error body with a 4xx
-status and a reason; an unexpected failure is logged and answered with a 500 without traceback.
+Endpoints: ``/v1/chat/completions`` and ``/v1/completions`` (streamed as server-sent events with
+``stream: true``, see ``serving/streaming.py``; ``response_format``, ``tools`` and ``tool_choice`` on chat),
+``/v1/embeddings``, ``/v1/compress`` (groups of child chunks in, compressed embeddings out), vLLM's ``/score``
+and ``/v1/rerank`` for a cross-encoder scorer, ``/v1/models``, ``/health`` and ``/metrics``; the ``model``
+field names the role. The ``handle_*`` functions turn a validated request into the OpenAI response dict; the
+routes and the client's in-process backend both call them, so both paths answer with identical shapes.
+Errors use OpenAI's error body with a 4xx status and a reason that names the field (unknown routes and wrong
+methods included); an unexpected failure is logged and answered with a 500 without traceback.
 """
 
 from __future__ import annotations
