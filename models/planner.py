@@ -109,9 +109,10 @@ def trace_from_structured(reply: str) -> str | None:
     """A teacher's structured reply (``TRACE_SCHEMA``) as the planner's reply format: the reasoning, then the plan
     line; None when the reply is not such an object (a server that ignored the schema, a cut-off reply).
 
-    >>> trace_from_structured('{"reasoning": "A date.", "smallest_chunk_size": "sentence", '
-    ...                       '"largest_chunk_size": "paragraph"}')
-    'A date.\n{"largest_chunk_size": "paragraph", "smallest_chunk_size": "sentence"}'
+    >>> print(trace_from_structured('{"reasoning": "A date.", "smallest_chunk_size": "sentence", '
+    ...                             '"largest_chunk_size": "paragraph"}'))
+    A date.
+    {"largest_chunk_size": "paragraph", "smallest_chunk_size": "sentence"}
     >>> trace_from_structured('{"reasoning": "cut off') is None
     True
     """
