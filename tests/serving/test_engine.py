@@ -59,12 +59,27 @@ def test_concurrent_requests_share_batches_and_match_one_by_one(engine: Embedded
                 for p, m, s in zip(PROMPTS * 2, [3, 9, 6, 12, 5, 8], [None, [","], None, None, ["."], None])]
     alone = [engine.complete("generator", **r).choices[0] for r in requests]
     batcher = engine.batcher("generator")
-    before = len(batcher.batch_sizes)
+    batcher.recent_batches.clear()
     pending = [engine.start_completion("generator", **r) for r in requests]  # queued before the worker wakes
     together = [p.result().choices[0] for p in pending]
     assert together == alone
-    assert max(batcher.batch_sizes[before:]) > 1  # at least two requests shared a generate call
+    assert max(rows for rows, _ in batcher.recent_batches) > 1  # at least two requests shared a generate call
     assert [c.completion_tokens <= r["max_tokens"] for c, r in zip(together, requests)] == [True] * len(requests)
+
+
+def test_chat_rows_prefill_the_template_opening_once_and_match_one_by_one(engine: EmbeddedEngine) -> None:
+    """Chat prompts share the chat template's opening: a batch computes it once for all its rows (the rows'
+    own suffixes padded between it and them) and greedy outputs still equal the same requests run alone."""
+    questions = ["Who wrote Hamlet?", "What is the boiling point of water in Fahrenheit?", "Name a prime number.",
+                 "Why is the sky blue?"]
+    requests = [{"messages": [{"role": "user", "content": q}], "max_tokens": 8, "temperature": 0} for q in questions]
+    alone = [engine.chat("generator", **r) for r in requests]
+    batcher = engine.batcher("generator")
+    batcher.recent_batches.clear()
+    together = [p.result().choices[0] for p in [engine.start_chat("generator", **r) for r in requests]]
+    assert together == [result.choices[0] for result in alone]
+    shared = [shared for rows, shared in batcher.recent_batches if rows > 1]
+    assert shared and 8 <= max(shared) < min(result.prompt_tokens for result in alone)
 
 
 def test_a_cancelled_request_stops_and_its_batch_goes_on(engine: EmbeddedEngine) -> None:
