@@ -32,7 +32,7 @@ from overstory.serving.engine import EmbeddedEngine, GenerationResult, TokenLogp
 from overstory.serving.errors import BadRequest, RequestTooLarge, UnknownModel
 from overstory.serving.operations import ServerMetrics, install_api_key, install_metrics, resolve_api_key
 from overstory.serving.streaming import chat_chunk_builder, completion_chunk_builder, stream_generation
-from overstory.serving.tools import parse_reply, tool_call_schema
+from overstory.serving.tools import forces_a_call, parse_reply
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +215,8 @@ def chat_message(request: ChatRequest, text: str) -> tuple[dict[str, Any], bool,
     tools = request.tools_offered()
     if not tools:
         return {"role": "assistant", "content": text}, False, 0
-    parsed = parse_reply(text, tools, forced=tool_call_schema(tools, request.tool_choice) is not None)
+    # the request was validated when its generation started (engine.start_chat), so only the kind of choice matters
+    parsed = parse_reply(text, tools, forced=forces_a_call(request.tool_choice))
     message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
     if parsed.tool_calls:
         message["tool_calls"] = parsed.tool_calls

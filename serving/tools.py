@@ -135,6 +135,18 @@ def _named_choice(tool_choice: Any) -> str:
 # ------------------------------------------------------------------------------------------ forced calls
 
 
+def forces_a_call(tool_choice: str | dict | None) -> bool:
+    """Whether ``tool_choice`` forces a tool call ("required" or a named function), so that the reply was
+    constrained to ``tool_call_schema``.
+
+    >>> forces_a_call("required"), forces_a_call({"type": "function", "function": {"name": "now"}})
+    (True, True)
+    >>> forces_a_call("auto"), forces_a_call(None)
+    (False, False)
+    """
+    return tool_choice is not None and tool_choice not in ("auto", "none")
+
+
 def tool_call_schema(tools: list[dict], tool_choice: str | dict | None) -> dict | None:
     """The JSON schema the reply is constrained to when tool_choice forces a call, else None.
 
@@ -148,7 +160,7 @@ def tool_call_schema(tools: list[dict], tool_choice: str | dict | None) -> dict 
     >>> tool_call_schema(tools, "auto") is None
     True
     """
-    if tool_choice is None or tool_choice in ("auto", "none"):
+    if not forces_a_call(tool_choice):
         return None
     functions = {t["function"]["name"]: t["function"] for t in tools or []}
     if tool_choice == "required":

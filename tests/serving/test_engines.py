@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 
+from overstory.core.config import load_config
 from overstory.models.registry import MINILM, SMOLLM2, load_causal_lm
 from overstory.serving.client import Client, ClientError
 from overstory.serving.config import RoleConfig, ServeConfig
@@ -29,6 +30,7 @@ from overstory.serving.launch import free_port, serve_in_background, stack_in_ba
 QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
 PROMPT = "Question: Which river flows through Paris?\nAnswer:"
 ENGINES = ["embedded", pytest.param("vllm", marks=pytest.mark.vllm)]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def stack_config(engine: str, adapter: str, log_dir: Path) -> ServeConfig:
@@ -36,7 +38,9 @@ def stack_config(engine: str, adapter: str, log_dir: Path) -> ServeConfig:
     roles = {"generator": RoleConfig(model=SMOLLM2, max_model_len=2048, port=chat_port),
              "planner": RoleConfig(model=SMOLLM2, adapter=adapter, max_model_len=2048, port=chat_port),
              "embedder": RoleConfig(model=MINILM, kind="embedding")}
-    return ServeConfig(port=0, engine=engine, roles=roles, log_dir=str(log_dir), vllm_args=["--enforce-eager"],
+    # vLLM runs as configs/serve/cpu-vllm.yaml says: eager, hermes tool parser and template, compact JSON
+    vllm_args = load_config(ServeConfig, ROOT / "configs/serve/cpu-vllm.yaml").vllm_args
+    return ServeConfig(port=0, engine=engine, roles=roles, log_dir=str(log_dir), vllm_args=vllm_args,
                        vllm_env={"VLLM_CPU_KVCACHE_SPACE": "1"})
 
 
@@ -154,15 +158,8 @@ def test_unknown_model_is_a_404_with_a_reason(stack) -> None:
         client.chat("nobody", QUESTION)
 
 
-def _known_vllm_gap(roles: dict[str, str], reason: str) -> None:
-    if roles["generator"] != roles["embedder"]:  # the vLLM stack: chat roles on their own server
-        pytest.xfail(reason)
-
-
 def test_json_schema_is_enforced(stack) -> None:
-    client, roles = stack
-    # session 6's suite: vLLM's grammar allows free whitespace and SmolLM2 wrote newlines until max_tokens
-    _known_vllm_gap(roles, "vLLM-CPU json_schema replies pad with whitespace until max_tokens (open, issue 12)")
+    client, _ = stack
     plan = {"type": "object", "additionalProperties": False, "required": ["level_min", "level_max"],
             "properties": {"level_min": {"enum": ["sentence", "paragraph", "section"]},
                            "level_max": {"enum": ["sentence", "paragraph", "section"]}}}
@@ -188,9 +185,7 @@ def test_streamed_chat_equals_the_whole_reply(stack) -> None:
 
 
 def test_a_named_tool_call_is_forced(stack) -> None:
-    client, roles = stack
-    # this stack config sets no --tool-call-parser, which vLLM 0.32 requires even for a named tool_choice
-    _known_vllm_gap(roles, "vLLM refuses a named tool_choice without --tool-call-parser (open, issue 12)")
+    client, _ = stack
     tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}}}
     result = client.chat("generator", [{"role": "user", "content": "Weather in Paris?"}], tools=[tool],
