@@ -1,10 +1,11 @@
-"""Corpus loaders: HotpotQA, SQuAD, folders of .txt/.md files, and JSONL -> Documents (+ questions).
+"""Corpus loaders: HotpotQA, SQuAD, QASPER, NarrativeQA, folders of .txt/.md files, and JSONL -> Documents.
 
 Each loader returns ``(documents, questions)``; plain corpora have no questions. Loaders record the
 structure the source already knows, so the hierarchy builder does not have to guess it:
 ``metadata["sentence_spans"]`` (HotpotQA ships its sentences split), ``metadata["paragraph_spans"]``
 (SQuAD paragraphs) and ``metadata["headings"]`` (markdown). All spans are ``[start, end]`` character
-offsets into ``Document.text``.
+offsets into ``Document.text``. QASPER (``qasper.py``) and NarrativeQA (``narrativeqa.py``) have modules
+of their own; they take a ``split`` (and NarrativeQA a paragraph budget) besides the path.
 
 Document ids: ``hotpotqa/<slug of title>``, ``squad/<slug of title>``, the relative path for text
 folders, the ``id`` field for JSONL. Malformed input raises ``CorpusError`` naming the file and the
@@ -29,8 +30,10 @@ from overstory.data_pipeline.formats import Document, QAExample, Span
 
 log = logging.getLogger(__name__)
 
-CorpusKind = Literal["hotpotqa", "squad", "text", "jsonl"]
+CorpusKind = Literal["hotpotqa", "squad", "text", "jsonl", "qasper", "narrativeqa"]
 Loaded = tuple[list[Document], list[QAExample]]
+# the splits of the kinds that have them, as their official files name them
+SPLITS: dict[str, tuple[str, ...]] = {"qasper": ("train", "dev", "test"), "narrativeqa": ("train", "valid", "test")}
 
 
 class CorpusError(ValueError):
@@ -45,25 +48,40 @@ class CorpusConfig:
     path: str
     # keep only the first N documents (0 = all); questions about dropped documents are dropped too
     limit_docs: int = 0
+    # qasper (train, dev, test) and narrativeqa (train, valid, test) only; "" = every split found
+    split: str = ""
+    # narrativeqa only: words per paragraph when grouping a summary's sentences (0 = the loader's default)
+    paragraph_words: int = 0
 
     def __post_init__(self) -> None:
         if self.limit_docs < 0:
             raise ConfigError(f"corpus.limit_docs must be >= 0, got {self.limit_docs}")
+        if self.split and self.kind not in SPLITS:
+            raise ConfigError(f"corpus.split applies to {', '.join(SPLITS)} only, not {self.kind!r}")
+        if self.split and self.split not in SPLITS[self.kind]:
+            raise ConfigError(f"corpus.split: {self.split!r} is not a {self.kind} split; splits are "
+                              f"{', '.join(SPLITS[self.kind])}")
+        if self.paragraph_words < 0 or (self.paragraph_words and self.kind != "narrativeqa"):
+            raise ConfigError(f"corpus.paragraph_words must be >= 0 and applies to narrativeqa only, got "
+                              f"{self.paragraph_words} for {self.kind!r}")
 
 
-def load_corpus(corpus: CorpusConfig | str, path: str | Path | None = None, limit_docs: int = 0) -> Loaded:
+def load_corpus(corpus: CorpusConfig | str, path: str | Path | None = None, limit_docs: int = 0,
+                **options: Any) -> Loaded:
     """Load a corpus from a config, or from a kind and a path: ``load_corpus(cfg)`` is
-    ``load_corpus(cfg.kind, cfg.path, cfg.limit_docs)``. ``limit_docs`` keeps the first N documents
-    and the questions about them."""
+    ``load_corpus(cfg.kind, cfg.path, cfg.limit_docs, split=cfg.split, ...)``. ``limit_docs`` keeps the
+    first N documents and the questions about them; ``options`` go to the loader (``split``,
+    ``paragraph_words``)."""
     if isinstance(corpus, CorpusConfig):
         kind, path, limit_docs = corpus.kind, corpus.path, corpus.limit_docs
+        options = {k: v for k, v in (("split", corpus.split), ("paragraph_words", corpus.paragraph_words)) if v}
     else:
         kind = corpus
     if kind not in LOADERS:
         raise CorpusError(f"unknown corpus kind {kind!r}; kinds are {', '.join(LOADERS)}")
     if path is None:
         raise CorpusError(f"corpus kind {kind!r} needs a path")
-    documents, questions = LOADERS[kind](Path(path))
+    documents, questions = LOADERS[kind](Path(path), **options)
     if limit_docs:
         documents = documents[:limit_docs]
         kept = {d.id for d in documents}
@@ -308,6 +326,19 @@ def load_jsonl(path: Path) -> Loaded:
     return documents, []
 
 
-LOADERS: dict[str, Callable[[Path], Loaded]] = {
+def _load_qasper(path: Path, split: str = "") -> Loaded:
+    from overstory.data_pipeline.qasper import load_qasper  # imported here: qasper.py builds on this module
+
+    return load_qasper(path, split)
+
+
+def _load_narrativeqa(path: Path, split: str = "", paragraph_words: int = 0) -> Loaded:
+    from overstory.data_pipeline.narrativeqa import load_narrativeqa  # builds on this module, as qasper.py
+
+    return load_narrativeqa(path, split, paragraph_words)
+
+
+LOADERS: dict[str, Callable[..., Loaded]] = {
     "hotpotqa": load_hotpotqa, "squad": load_squad, "text": load_text_folder, "jsonl": load_jsonl,
+    "qasper": _load_qasper, "narrativeqa": _load_narrativeqa,
 }

@@ -112,7 +112,8 @@ class PseudoLabel:
     """The planner's training label for one question: the smallest and largest level among the chunks
     from which the backbone answered correctly (None when no attempt was correct). For SQuAD,
     ``gold_level_min``/``gold_level_max`` come from the answer span (the smallest level whose chunk
-    holds the span; the smallest holding every evidence span), to measure label quality itself."""
+    holds the span; the smallest holding every evidence span), to measure label quality itself.
+    Gold labels (``data_pipeline/gold_labels.py``) use the same record with ``source="gold"``."""
 
     id: str  # the question's id
     doc_id: str
@@ -130,6 +131,7 @@ class PseudoLabel:
     gold_level_min: str | None = None
     gold_level_max: str | None = None
     evidence: list[Span] = field(default_factory=list)  # the question's evidence spans (recall@k in evaluations)
+    source: str = "pseudo"  # "pseudo": found by retrieving and answering; "gold": read off annotated evidence
 
 
 @dataclass(frozen=True)

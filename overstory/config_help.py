@@ -129,7 +129,8 @@ def config_sections(cls: type, prefix: str = "", section: Any = None, header: st
             title, sub_prefix = f"{key} ({sub.__name__})", f"{key}."
             sub_section = None if default is dataclasses.MISSING else default
         else:  # dict[str, Dataclass]: the names are the user's; the defaults under them are the class's
-            names = f"; by default {', '.join(default)}" if default else ""
+            # a required dict (no default) names nothing
+            names = f"; by default {', '.join(default)}" if default and default is not dataclasses.MISSING else ""
             title, sub_prefix, sub_section = f"{key}.<name> ({sub.__name__}{names})", f"{key}.<name>.", None
         nested += config_sections(sub, sub_prefix, sub_section, title + (f": {about}" if about else ""))
     return [(header, rows), *nested]

@@ -25,6 +25,10 @@ JOBS: dict[tuple[str, str], tuple[str, str, str, str]] = {
         "overstory.data_pipeline.traces", "TracesConfig", "run",
         "planner reasoning traces that justify each pseudo-label, from a pool of teachers; yield per teacher",
     ),
+    ("data", "gold-labels"): (
+        "overstory.data_pipeline.gold_labels", "GoldLabelsConfig", "run",
+        "gold granularity labels (level_min, level_max) from QASPER / SQuAD evidence, with their distribution",
+    ),
     ("data", "verl-export"): (
         "overstory.training.verl.export", "VerlExportConfig", "run",
         "the planner's GRPO prompts and SFT traces as verl parquet (reward entry: training/verl/reward.py)",
@@ -80,7 +84,7 @@ JOBS: dict[tuple[str, str], tuple[str, str, str, str]] = {
 }
 
 GROUP_HELP = {
-    "data": "offline data generation: chunk hierarchies, summaries, planner pseudo-labels and traces",
+    "data": "offline data generation: chunk hierarchies, summaries, planner pseudo-labels, gold labels and traces",
     "train": "training recipes",
     "serve": "serve models for the retrieval runtime",
     "eval": "evaluate checkpoints and retrieval strategies",

@@ -120,7 +120,8 @@ def test_every_config_kind_has_a_loader() -> None:
 def test_bad_input(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     with pytest.raises(CorpusError, match="not found"):
         load_corpus("squad", tmp_path / "missing.json")
-    with pytest.raises(CorpusError, match="unknown corpus kind 'wiki'; kinds are hotpotqa, squad, text, jsonl"):
+    with pytest.raises(CorpusError, match="unknown corpus kind 'wiki'; kinds are hotpotqa, squad, text, jsonl, "
+                                          "qasper, narrativeqa"):
         load_corpus("wiki", tmp_path)
     bad = tmp_path / "bad.json"
     bad.write_text('{"data": [')
