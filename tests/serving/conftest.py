@@ -25,12 +25,7 @@ def server_url(engine: EmbeddedEngine):
 
 
 @pytest.fixture(scope="session")
-def planner_adapter(planner_traces, tmp_path_factory):
-    """A LoRA adapter from a short real planner_sft run (lr high enough that it visibly moves the model)."""
-    from overstory.cli import main
-
-    out = tmp_path_factory.mktemp("planner_adapter")
-    assert main(["train", "planner_sft", "--config", str(ROOT / "configs/train/planner_sft.yaml"),
-                 f"traces={planner_traces}", f"out={out}", "train.max_steps=3", "train.lr=1e-3",
-                 "train.batch_size=4", "train.max_length=384", "train.val_fraction=0", "tracking.backend=none"]) == 0
-    return str(out / "final")
+def planner_adapter(sft_planner) -> str:
+    """A LoRA adapter from a short real planner_sft run (the session's ``sft_planner``: its high learning rate
+    visibly moves the model)."""
+    return str(sft_planner / "final")

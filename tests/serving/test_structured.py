@@ -375,9 +375,9 @@ def test_num_return_sequences_sampling(smollm, compilers: GrammarCompilerCache) 
 # The planner prompts the data pipeline builds for the shipped SQuAD sample: one per answerable single-document
 # question (what the pseudo-labels job labels and planner_rows/unlabelled_rows prompt with), 473 of them. All of
 # them take 12.5 min here (all 473 validated when this test was written), so by default the suite plans the first
-# OVERSTORY_TEST_PLANNER_PROMPTS (48) in the order the pseudo-labels job's `limit` takes them (round robin over the
+# OVERSTORY_TEST_PLANNER_PROMPTS (24) in the order the pseudo-labels job's `limit` takes them (round robin over the
 # documents); "all" runs every one.
-PLANNER_PROMPTS = os.environ.get("OVERSTORY_TEST_PLANNER_PROMPTS", "48")
+PLANNER_PROMPTS = os.environ.get("OVERSTORY_TEST_PLANNER_PROMPTS", "24")
 BATCH = 16
 
 

@@ -118,9 +118,10 @@ def test_stitch_steps_on_the_real_model_update_inject_sft_and_resume(planner_lab
             "grpo.num_generations=4", "grpo.batch_size=4", "grpo.max_completion_length=72", "tracking.backend=jsonl",
             f"tracking.dir={out / 'tracking'}"]
     before = load_file(sft_planner / "final" / "adapter_model.safetensors")
-    assert main([*args, "stitch.steps=2"]) == 0
+    # one step: measured, the first already solves a question (GRPO update) and injects SFT for the others
+    assert main([*args, "stitch.steps=1"]) == 0
     log = [json.loads(line) for line in (out / "stitch_log.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in log] == [1, 2]
+    assert [r["step"] for r in log] == [1]
     for record in log:
         assert {"solve_none_ratio", "hinted_solve_ratio", "rl_buffer", "imitation_buffer", "format_valid",
                 "format_valid_strict", "grpo_updates"} <= set(record)
@@ -138,5 +139,5 @@ def test_stitch_steps_on_the_real_model_update_inject_sft_and_resume(planner_lab
     assert set(before) == set(after) and any((before[k] != after[k]).any() for k in before)
     assert json.loads((out / "final" / "overstory.json").read_text())["recipe"] == "stitch"
 
-    assert main([*args, "stitch.steps=3"]) == 0  # resumes after step 2
-    assert [json.loads(line)["step"] for line in (out / "stitch_log.jsonl").read_text().splitlines()] == [1, 2, 3]
+    assert main([*args, "stitch.steps=2"]) == 0  # resumes after step 1
+    assert [json.loads(line)["step"] for line in (out / "stitch_log.jsonl").read_text().splitlines()] == [1, 2]
