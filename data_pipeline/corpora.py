@@ -20,7 +20,7 @@ import json
 import logging
 import re
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -302,18 +302,24 @@ def load_text_folder(folder: Path) -> Loaded:
     return documents, []
 
 
-def load_jsonl(path: Path) -> Loaded:
-    """One document per line: ``{"id", "text", "title"?, "metadata"?}``."""
+def read_json_lines(path: Path) -> Iterator[tuple[int, Any]]:
+    """``(line number, record)`` for each non-blank line of a JSONL file; a missing file or a malformed line
+    raises ``CorpusError`` naming the file and the line."""
     if not path.is_file():
         raise CorpusError(f"corpus file not found: {path}")
-    documents, seen = [], set()
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            yield n, json.loads(line)
         except json.JSONDecodeError as exc:
             raise CorpusError(f"{path}:{n}: malformed JSON: {exc}") from exc
+
+
+def load_jsonl(path: Path) -> Loaded:
+    """One document per line: ``{"id", "text", "title"?, "metadata"?}``."""
+    documents, seen = [], set()
+    for n, record in read_json_lines(path):
         _require(record, ("id", "text"), f"{path}:{n}")
         if not isinstance(record["text"], str) or not isinstance(record.get("metadata", {}), dict):
             raise CorpusError(f"{path}:{n}: 'text' must be a string and 'metadata' an object")

@@ -91,7 +91,7 @@ def _segmenter():
     return pysbd.Segmenter(language="en", clean=False)
 
 
-def _split_sentences(text: str, start: int, end: int) -> list[tuple[int, int]]:
+def split_sentences(text: str, start: int, end: int) -> list[tuple[int, int]]:
     """pysbd sentences of text[start:end] as spans that tile the range: each sentence is located
     after the previous one and runs up to the next, so no character is lost even where pysbd
     alters a sentence (that one is merged into its predecessor)."""
@@ -112,7 +112,7 @@ def _sentences(doc: Document, paragraph: tuple[int, int]) -> list[tuple[int, int
     if given:
         raw = [(max(s, start), min(e, end)) for s, e in given if s < end and e > start]
     else:
-        raw = _split_sentences(doc.text, start, end)
+        raw = split_sentences(doc.text, start, end)
     spans = [span for s, e in raw if (span := _strip(doc.text, s, e))]
     return spans or [paragraph]
 

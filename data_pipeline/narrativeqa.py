@@ -25,7 +25,6 @@ questions, counted (``NarrativeQAReport``) and logged.
 from __future__ import annotations
 
 import csv
-import functools
 import json
 import logging
 import re
@@ -37,6 +36,7 @@ from typing import Any
 
 from overstory.data_pipeline.corpora import SPLITS, CorpusError, Loaded
 from overstory.data_pipeline.formats import Document, QAExample
+from overstory.data_pipeline.hierarchy import split_sentences
 from overstory.data_pipeline.hub import hub_name, hub_rows
 
 log = logging.getLogger(__name__)
@@ -60,13 +60,6 @@ class NarrativeQAReport:
     questions_without_summary: int = 0
 
 
-@functools.lru_cache(maxsize=1)
-def _segmenter():
-    import pysbd
-
-    return pysbd.Segmenter(language="en", clean=False)
-
-
 def sentence_spans(text: str) -> list[tuple[int, int]]:
     """pysbd sentences of ``text`` as ``(start, end)`` spans without surrounding whitespace, each found
     after the previous one (a sentence pysbd altered is joined to the one before it). A "sentence" of
@@ -76,17 +69,8 @@ def sentence_spans(text: str) -> list[tuple[int, int]]:
     >>> sentence_spans("Mark starts a radio station. Nobody knows who he is.")
     [(0, 28), (29, 52)]
     """
-    starts, cursor = [], 0
-    for sentence in _segmenter().segment(text):
-        at = text.find(sentence.strip(), cursor) if sentence.strip() else -1
-        if at >= 0:
-            starts.append(at)
-            cursor = at + len(sentence.strip())
-    if not starts:
-        return []
-    starts[0] = 0
     spans = []
-    for start, end in zip(starts, [*starts[1:], len(text)]):
+    for start, end in split_sentences(text, 0, len(text)):  # the hierarchy builder's tiling of the text
         cuts = [start, end]
         if len(text[start:end].split()) > LONG_SENTENCE_WORDS:
             cuts[1:1] = [start + m.end() for m in _SENTENCE_END.finditer(text[start:end])]

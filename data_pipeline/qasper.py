@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from overstory.data_pipeline.corpora import SPLITS, CorpusError, Loaded, _read_json, _require
+from overstory.data_pipeline.corpora import SPLITS, CorpusError, Loaded, _read_json, _require, read_json_lines
 from overstory.data_pipeline.evidence_match import Match, locate, match_paragraph
 from overstory.data_pipeline.formats import Document, QAExample, Span
 from overstory.data_pipeline.hub import hub_name, hub_rows
@@ -149,15 +149,7 @@ def _split_files(folder: Path, split: str) -> list[tuple[str, Path]]:
 
 
 def _hub_layout_file(file: Path, split: str) -> Iterator[tuple[str, str, dict, str]]:
-    if not file.is_file():
-        raise CorpusError(f"corpus file not found: {file}")
-    for n, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise CorpusError(f"{file}:{n}: malformed JSON: {exc}") from exc
+    for n, row in read_json_lines(file):
         paper_id, paper = official_paper(row, f"{file}:{n}")
         yield split or _split_of(file), paper_id, paper, f"{file}:{n}"
 
