@@ -1,12 +1,13 @@
 """Request batching for the embedded engine: concurrent requests to one chat model share ``generate`` calls.
 
-Each chat model gets a ``Batcher``: a worker thread that takes the queued requests (``Job``s), waits a short
-collection window, groups the oldest request with the queued ones that share its sampling settings (greedy
-with greedy; sampled with the same temperature and top-p; a seeded request alone, so its seed reproduces),
-and runs them as one left-padded ``model.generate``, the prompts' common prefix prefilled once for all rows.
-Requests that arrive during a generation join the next batch. Measured before choosing (issue 12, SmolLM2-135M on 2 CPU cores, 8 greedy 16-token requests): one
-left-padded ``generate`` took 3.4 s against 7.8 s one by one, while transformers' continuous batching
-(``generate_batch``, paged eager attention) took 13.2 s on CPU; static batches around ``generate`` win here.
+Each chat model gets a ``Batcher``: a worker thread that takes the queued requests (``Job``s), waits until
+requests stop arriving (a short quiet gap, capped), groups the oldest request with the queued ones that share its
+sampling settings (greedy with greedy; sampled with the same temperature and top-p; a seeded request alone, so
+its seed reproduces), and runs them as one left-padded ``model.generate``, the prompts' common prefix prefilled
+once for all rows. Requests that arrive during a generation join the next batch. Measured before choosing
+(issue 12, SmolLM2-135M on 2 CPU cores, 8 greedy 16-token requests): one left-padded ``generate`` took 3.4 s
+against 7.8 s one by one, while transformers' continuous batching (``generate_batch``, paged eager attention)
+took 13.2 s on CPU; static batches around ``generate`` win here.
 
 Rows of one batch differ in what ``generate`` applies batch-wide, so ``RowControl`` (a stopping criterion
 called after every decoding step) gives each row its own ``max_tokens``, stop strings and cancellation, and
@@ -188,15 +189,19 @@ class Batcher:
 
     ``max_batch_size`` caps the rows of one call and ``max_batch_tokens`` its padded prompt tokens (rows x the
     longest prompt): on CPU a prefill costs what its padded tokens cost, so long prompts share a call only with
-    few others (a single job larger than either cap still runs, alone); ``window_s`` is how long the worker waits
-    for more requests once one arrives. ``running`` and
-    ``waiting`` (rows) feed the server's queue-depth gauges."""
+    few others (a single job larger than either cap still runs, alone). Once a request arrives, the worker waits
+    until none has arrived for ``window_s``, ``max_wait_s`` has passed or the queue fills a batch: clients that
+    send together reach the server spread over tens of milliseconds (the HTTP server parses them one by one: 32
+    concurrent SmolLM2 requests arrived over 80-150 ms with gaps up to 19 ms), and a fixed 5 ms window caught 1-5
+    of them, leaving the rest to wait for that small batch (issue 12). ``running`` and ``waiting`` (rows) feed
+    the server's queue-depth gauges."""
 
     def __init__(self, model, tokenizer, max_batch_size: int = 32, max_batch_tokens: int = 4096,
-                 window_s: float = 0.005,
+                 window_s: float = 0.025, max_wait_s: float = 0.25,
                  grammar_processor: Callable[[list, int], object] | None = None, name: str = "model"):
         self.model, self.tokenizer = model, tokenizer
-        self.max_batch_size, self.max_batch_tokens, self.window_s = max_batch_size, max_batch_tokens, window_s
+        self.max_batch_size, self.max_batch_tokens = max_batch_size, max_batch_tokens
+        self.window_s, self.max_wait_s = window_s, max_wait_s
         self.grammar_processor = grammar_processor
         # (rows, shared prefix tokens) of the latest generate calls, for benchmarks and tests; bounded, so that a
         # long-running server does not grow with it
@@ -204,6 +209,7 @@ class Batcher:
         self.running = 0
         self.on_change: Callable[[int, int], None] | None = None  # (running rows, waiting rows), for metrics
         self._queue: list[Job] = []
+        self._arrivals = 0  # jobs ever submitted: the collection wait watches it grow
         self._current: list[Job] = []
         self._stopping = False
         self._cond = threading.Condition()
@@ -229,6 +235,7 @@ class Batcher:
     def submit(self, job: Job) -> Job:
         with self._cond:
             self._queue.append(job)
+            self._arrivals += 1
             self._cond.notify()
         self._report()
         return job
@@ -246,7 +253,7 @@ class Batcher:
                     for job in self._queue:
                         job.finish(RuntimeError("the server is shutting down"))
                     return
-            time.sleep(self.window_s)  # let requests sent together arrive together
+            self._collect()
             jobs = []
             for job in self._take_batch():
                 if job.cancelled.is_set():  # its client left while it waited
@@ -271,6 +278,20 @@ class Batcher:
                 self.running = 0
                 self._current = []
                 self._report()
+
+    def _collect(self) -> None:
+        """Wait while requests keep arriving: until none came for ``window_s``, ``max_wait_s`` after the call, or
+        until the queue holds a full batch."""
+        deadline = time.monotonic() + self.max_wait_s
+        with self._cond:
+            while not self._stopping:
+                seen = self._arrivals
+                quiet_until = min(time.monotonic() + self.window_s, deadline)
+                while self._arrivals == seen and not self._stopping and (left := quiet_until - time.monotonic()) > 0:
+                    self._cond.wait(left)
+                full = sum(len(job.rows) for job in self._queue) >= self.max_batch_size
+                if self._arrivals == seen or full or time.monotonic() >= deadline:
+                    return
 
     def _take_batch(self) -> list[Job]:
         """The oldest job plus, in arrival order, queued jobs with its batch key while the rows and the padded

@@ -22,11 +22,12 @@ class RoleConfig:
     kind: Literal["chat", "embedding", "compression", "cross-encoder"] = "chat"
     max_new_tokens: int = 128  # default when a request names no max_tokens
     # embedded engine: concurrent requests share generate calls of at most this many sequences and this many
-    # padded prompt tokens (sequences x the longest prompt: CPU prefill pays for the padding); a batch waits this
-    # long for requests sent together before it starts
+    # padded prompt tokens (sequences x the longest prompt: CPU prefill pays for the padding); a batch starts once
+    # no request has arrived for batch_window_ms, or batch_max_wait_ms after its first request, or when full
     max_batch_size: int = 32
     max_batch_tokens: int = 4096
-    batch_window_ms: float = 5.0
+    batch_window_ms: float = 25.0
+    batch_max_wait_ms: float = 250.0
     # cross-encoder: the most documents one /score or /v1/rerank request may send (more is a 400)
     max_documents: int = 1000
     # engine vllm: extra flags for this role's vLLM server (roles sharing a port must agree)
@@ -48,9 +49,11 @@ class RoleConfig:
             raise ConfigError(f"max_new_tokens must be positive, got {self.max_new_tokens}")
         if self.max_model_len < 0:
             raise ConfigError(f"max_model_len must be >= 0, got {self.max_model_len}")
-        if min(self.max_batch_size, self.max_batch_tokens, self.max_documents) < 1 or self.batch_window_ms < 0:
-            raise ConfigError("max_batch_size, max_batch_tokens and max_documents must be >= 1 and batch_window_ms "
-                              ">= 0")
+        if min(self.max_batch_size, self.max_batch_tokens, self.max_documents) < 1:
+            raise ConfigError("max_batch_size, max_batch_tokens and max_documents must be >= 1")
+        if not 0 <= self.batch_window_ms <= self.batch_max_wait_ms:
+            raise ConfigError(f"batch_window_ms must be in [0, batch_max_wait_ms], got {self.batch_window_ms} and "
+                              f"{self.batch_max_wait_ms}")
 
 
 @dataclass(frozen=True)

