@@ -9,20 +9,25 @@ not, retrieval expands (``k`` grows by ``k_step`` and the smallest level moves o
 larger chunks) and the backbone answers again, up to ``max_attempts``. A question no attempt answers
 is kept with ``correct: false`` and no label, so its cost is visible and a rerun skips it.
 
-Correctness is configurable: exact match, token F1 above a threshold, answer contained in the reply,
-or an LLM judge (the ``scorer`` role answers yes/no). For SQuAD the gold levels derived from the
-answer span are stored too (``gold_level_min``/``gold_level_max``), so label quality itself can be
-measured. Output is a resumable JSONL of ``PseudoLabel`` records (ids already written are skipped), with the
-question's evidence spans, and beside it the hierarchy it labelled on (``<out stem>.hierarchy.jsonl``), which
-the traces job, the planner recipes and ``eval planner`` read instead of rebuilding it.
+Correctness is configurable: exact match, token F1 above a threshold, answer contained in the reply, or an LLM
+judge (the ``scorer`` role answers yes/no). Where the dataset marks evidence (QASPER, SQuAD) the gold levels
+of ``gold_labels.py`` are stored too (``gold_level_min``/``gold_level_max``), and the job ends by measuring
+the labelling method itself against them (``label_agreement.py``: ``<out stem>.agreement.json`` and
+``.agreement.png``). A question belongs to the one document its evidence lies in, or, for datasets without
+evidence spans (NarrativeQA), the document it was asked about. Output is a resumable JSONL of ``PseudoLabel``
+records (ids already written are skipped), with the question's evidence spans, and beside it the hierarchy it
+labelled on (``<out stem>.hierarchy.jsonl``), which the traces job, the planner recipes and ``eval planner``
+read instead of rebuilding it.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 from rich.progress import Progress
@@ -30,7 +35,8 @@ from rich.progress import Progress
 from overstory.core.config import ConfigError
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
-from overstory.data_pipeline.formats import LEVELS, Chunk, Document, JsonlAppender, PseudoLabel, QAExample, Span
+from overstory.data_pipeline.formats import LEVELS, Chunk, Document, JsonlAppender, PseudoLabel, QAExample, read_jsonl
+from overstory.data_pipeline.gold_labels import GOLD_KINDS, exclusion, gold_label
 from overstory.data_pipeline.hierarchy import (
     HierarchyConfig,
     build_hierarchies,
@@ -38,6 +44,7 @@ from overstory.data_pipeline.hierarchy import (
     save_hierarchies,
     stored_hierarchy_path,
 )
+from overstory.data_pipeline.label_agreement import label_agreement, plot_agreement
 from overstory.retrieval.answer import clean_answer
 from overstory.retrieval.judge import CorrectnessConfig, is_correct
 from overstory.retrieval.smartchunk import DocumentRetrievers
@@ -71,31 +78,21 @@ class PseudoLabelsConfig:
             raise ConfigError("upper: 'compressor' needs a compressor role in serve.roles")
 
 
-def gold_levels(spans: list[Span], chunks: list[Chunk]) -> tuple[str | None, str | None]:
-    """Smallest level with a chunk holding one evidence span, and smallest holding all of them.
-
-    >>> doc = [Chunk("s", "d", "sentence", "", None, [], 0, 10, 1),
-    ...        Chunk("p", "d", "paragraph", "", None, [], 0, 40, 1)]
-    >>> gold_levels([Span("d", 2, 5)], doc), gold_levels([Span("d", 2, 5), Span("d", 20, 25)], doc)
-    (('sentence', 'sentence'), ('sentence', 'paragraph'))
-    """
-    def smallest_holding(group: list[Span]) -> str | None:
-        for level in LEVELS:
-            if any(all(c.start <= s.start and s.end <= c.end and c.doc_id == s.doc_id for s in group)
-                   for c in chunks if c.level == level):
-                return level
-        return None
-
-    if not spans:
+def gold_levels(example: QAExample, document: Document, chunks: list[Chunk]) -> tuple[str | None, str | None]:
+    """The question's gold ``(level_min, level_max)`` by ``gold_labels.py``'s rules, or ``(None, None)`` where its
+    dataset marks no evidence or the question has no gold label (unanswerable, evidence only in a figure, ...)."""
+    if example.dataset not in GOLD_KINDS or exclusion(example) is not None:
         return None, None
-    return min((smallest_holding([s]) or "document" for s in spans), key=LEVELS.index), smallest_holding(spans)
+    label = gold_label(example, document, chunks)
+    return label.level_min, label.level_max
 
 
-def label_question(example: QAExample, doc_id: str, retrievers: DocumentRetrievers, client: Client,
+def label_question(example: QAExample, document: Document, retrievers: DocumentRetrievers, client: Client,
                    config: PseudoLabelsConfig, doc_chunks: list[Chunk]) -> PseudoLabel:
     """Answer from top-k over all levels; expand and retry until correct or out of attempts."""
+    doc_id = document.id
     retriever = retrievers[doc_id]
-    gold_min, gold_max = gold_levels(example.evidence, doc_chunks)
+    gold_min, gold_max = gold_levels(example, document, doc_chunks)
     for attempt in range(1, config.max_attempts + 1):
         lowest = LEVELS[min(attempt - 1, len(LEVELS) - 1)]
         k = config.k + (attempt - 1) * config.k_step
@@ -116,10 +113,11 @@ def label_question(example: QAExample, doc_id: str, retrievers: DocumentRetrieve
 
 
 def single_document_questions(questions: list[QAExample]) -> list[tuple[QAExample, str]]:
-    """Answerable questions whose evidence lies in one document, with that document's id."""
+    """Answerable questions whose evidence lies in one document (or, without evidence spans, that were asked
+    about one document: ``metadata["doc_id"]``), with that document's id."""
     picked = []
     for q in questions:
-        docs = {s.doc_id for s in q.evidence}
+        docs = {s.doc_id for s in q.evidence} or ({q.metadata["doc_id"]} if q.metadata.get("doc_id") else set())
         if q.answers and len(docs) == 1:
             picked.append((q, docs.pop()))
     return picked
@@ -160,6 +158,7 @@ def run(config: PseudoLabelsConfig) -> dict:
     if config.limit:
         todo_all = round_robin_by_document(todo_all)[: config.limit]
     chunks = labelled_documents_hierarchy(documents, {doc_id for _, doc_id in todo_all}, config)
+    documents_by_id = {d.id: d for d in documents}
     by_doc: dict[str, list[Chunk]] = {}
     for chunk in chunks:
         by_doc.setdefault(chunk.doc_id, []).append(chunk)
@@ -176,7 +175,8 @@ def run(config: PseudoLabelsConfig) -> dict:
         progress = stack.enter_context(Progress())
         task = progress.add_task("pseudo-labelling", total=len(todo))
         pool = stack.enter_context(ThreadPoolExecutor(max_workers=config.concurrency))
-        futures = {pool.submit(label_question, q, d, retrievers, client, config, by_doc[d]): q for q, d in todo}
+        futures = {pool.submit(label_question, q, documents_by_id[d], retrievers, client, config, by_doc[d]): q
+                   for q, d in todo}
         for future in as_completed(futures):
             with lock:
                 try:
@@ -189,7 +189,30 @@ def run(config: PseudoLabelsConfig) -> dict:
                     counts["correct" if label.correct else "unsolved"] += 1
                     tracker.log({"correct": counts["correct"], "unsolved": counts["unsolved"]})
                 progress.advance(task)
-        tracker.summary(counts)
+        agreement = report_agreement(config.out)
+        tracker.summary({**counts, **({f"agreement/{k}": agreement[k]["value"] for k in AGREEMENT_SUMMARY}
+                                      if agreement else {})})
     print(f"pseudo-labels: {counts['correct']} labelled, {counts['unsolved']} unsolved, {counts['errors']} errors "
           f"(retried on rerun), {counts['skipped']} already done -> {config.out}")
     return counts
+
+
+AGREEMENT_SUMMARY = ("coverage", "exact_range", "level_min", "level_max", "within_one")
+
+
+def report_agreement(out: str) -> dict | None:
+    """Agreement of every label in ``out`` with its gold levels, written beside it (``.agreement.json`` and
+    ``.agreement.png``); None when no label has gold levels (a corpus without evidence spans)."""
+    labels = list(read_jsonl(out, PseudoLabel))
+    report = label_agreement(labels)
+    if not report["gold"]:
+        print(f"agreement with gold levels: none of the {len(labels)} questions has gold levels")
+        return None
+    stem = Path(out).with_suffix("")
+    Path(f"{stem}.agreement.json").write_text(json.dumps(report, indent=2) + "\n")
+    plot_agreement(report, Path(out).stem, f"{stem}.agreement.png")
+    print("agreement with gold levels: " + ", ".join(
+        f"{k} {report[k]['value']:.1%} [{report[k]['ci95'][0]:.1%}, {report[k]['ci95'][1]:.1%}]"
+        for k in AGREEMENT_SUMMARY if report[k]["value"] is not None) + f" ({report['both']} of {report['gold']} "
+        f"gold-labelled questions pseudo-labelled) -> {stem}.agreement.json")
+    return report

@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
+from scipy.stats import bootstrap
 
 from overstory.data_pipeline.formats import Chunk, Span
 
@@ -104,3 +105,22 @@ def mean(values: Sequence[float | None]) -> float | None:
 def percentile(values: Sequence[float], q: float) -> float | None:
     """The q-th percentile (0-100), None for an empty list."""
     return float(np.percentile(values, q)) if len(values) else None
+
+
+def bootstrap_interval(values: Sequence[float | None], confidence: float = 0.95, resamples: int = 2000,
+                       seed: int = 0) -> tuple[float, float] | None:
+    """Percentile bootstrap interval of the mean of the non-None ``values`` (scipy's ``bootstrap``, seeded so a
+    report reproduces); None when there are none. The differences between planners and baselines here are a few
+    points on a few hundred questions, so every accuracy is reported with one.
+
+    >>> bootstrap_interval([1.0, 1.0, 1.0])
+    (1.0, 1.0)
+    """
+    kept = np.array([v for v in values if v is not None], dtype=float)
+    if not len(kept):
+        return None
+    if np.all(kept == kept[0]):  # scipy warns on a degenerate sample; its interval is the value itself
+        return float(kept[0]), float(kept[0])
+    result = bootstrap((kept,), np.mean, confidence_level=confidence, n_resamples=resamples, method="percentile",
+                       rng=np.random.default_rng(seed))
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from overstory.cli import main
 from overstory.core.config import ConfigError, load_config
+from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
 from overstory.data_pipeline.formats import LEVELS, PseudoLabel, read_jsonl
+from overstory.data_pipeline.gold_labels import label_corpus
 from overstory.data_pipeline.hierarchy import load_hierarchies, stored_hierarchy_path
 from overstory.data_pipeline.pseudo_labels import PseudoLabelsConfig
 
@@ -50,6 +53,36 @@ def test_pseudo_labels_on_a_real_slice_and_resume(tmp_path: Path) -> None:
     before = out.read_text()
     assert main(args) == 0  # every id is done: nothing is regenerated
     assert out.read_text() == before
+
+
+def test_qasper_labels_carry_gold_levels_and_narrativeqa_labels_their_document(tmp_path: Path) -> None:
+    """QASPER questions get the gold levels of gold_labels.py beside the pseudo-label, and the run ends with the
+    agreement report; NarrativeQA questions (no evidence spans) are labelled on the summary they were asked about."""
+    qasper = tmp_path / "qasper.jsonl"
+    assert main(["data", "pseudo-labels", "--config", str(ROOT / "configs/data/pseudo_labels-qasper.yaml"),
+                 "--out", str(qasper), f"corpus.path={ROOT / 'data/qasper'}", "limit=4", "max_attempts=1",
+                 "tracking.backend=none"]) == 0
+    labels = list(read_jsonl(qasper, PseudoLabel))
+    documents, questions = load_corpus(CorpusConfig(kind="qasper", path=str(ROOT / "data/qasper")))
+    gold, _ = label_corpus(documents, [q for q in questions if q.id in {x.id for x in labels}],
+                           load_hierarchies(stored_hierarchy_path(qasper)))
+    assert len(labels) == 4 and gold  # the first questions round-robin over papers include gold-labelled ones
+    by_id = {x.id: x for x in labels}
+    assert [(by_id[g.id].gold_level_min, by_id[g.id].gold_level_max) for g in gold] == \
+        [(g.level_min, g.level_max) for g in gold]
+    agreement = json.loads(qasper.with_suffix(".agreement.json").read_text())
+    assert agreement["gold"] == len(gold) and 0 <= agreement["coverage"]["value"] <= 1
+    assert qasper.with_suffix(".agreement.png").read_bytes()[:4] == b"\x89PNG"
+
+    narrative = tmp_path / "narrativeqa.jsonl"
+    assert main(["data", "pseudo-labels", "--config", str(ROOT / "configs/data/pseudo_labels-narrativeqa.yaml"),
+                 "--out", str(narrative), f"corpus.path={ROOT / 'data/narrativeqa'}", "limit=3", "max_attempts=1",
+                 "tracking.backend=none"]) == 0
+    labels = list(read_jsonl(narrative, PseudoLabel))
+    assert len(labels) == 3 and len({x.doc_id for x in labels}) == 3  # round-robin: three summaries
+    assert all(x.doc_id.startswith("narrativeqa/") and x.gold_level_min is None for x in labels)
+    assert all(i.startswith(f"{x.doc_id}#") for x in labels for i in x.retrieved_ids)
+    assert not narrative.with_suffix(".agreement.json").exists()
 
 
 def test_bad_settings_name_the_key() -> None:
