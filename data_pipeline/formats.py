@@ -112,7 +112,8 @@ class PseudoLabel:
     """The planner's training label for one question: the smallest and largest level among the chunks
     from which the backbone answered correctly (None when no attempt was correct). Where the dataset marks
     evidence (QASPER, SQuAD), ``gold_level_min``/``gold_level_max`` are its gold levels by the rules of
-    ``data_pipeline/gold_labels.py``, to measure label quality itself. Gold labels (``data_pipeline/gold_labels.py``) use the same record with ``source="gold"``."""
+    ``data_pipeline/gold_labels.py``, to measure label quality itself. Gold labels (``data_pipeline/gold_labels.py``)
+    use the same record with ``source="gold"``."""
 
     id: str  # the question's id
     doc_id: str

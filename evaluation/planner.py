@@ -3,21 +3,27 @@
     overstory eval planner --config configs/eval/planner.yaml --checkpoint DIR --data FILE --out DIR
     overstory eval planner --config configs/eval/planner.yaml --compare base,sft,grpo,stitch
 
-Every variant plans the same held-out questions (the validation documents of the pseudo-labels'
-split by document), greedily, with the planner prompt. Per variant: exact (min, max) accuracy
-against the pseudo-labels and against SQuAD's gold levels, within-one-level accuracy, format-valid
-rate (``format_valid``: the runtime's tolerant parser found a plan; ``format_valid_strict``: the reply ends in
-the exact JSON the prompt asks for, see ``strict_plan_valid``), median and p90 completion tokens, seconds per
-plan, and, through the SmartChunk runtime (retrieval over the predicted range of the question's document, then
-the generator), QA accuracy and recall@k. An invalid plan falls back to the full range (sentence..document),
-as a runtime would, and is counted as a format failure. The report's ``majority_baseline`` is the reference
-every variant must beat: always answering the training labels' most common range. ``--compare`` names variants
-from ``variants`` and also draws their training curves (reward and solve rate over steps, SFT injections
-marked) from the metrics the recipes wrote next to each checkpoint. With ``unlabelled``, the held-out documents'
-questions that the backbone never answered (no label) are planned too and counted in ``format_valid_all`` and
-``format_valid_strict_all`` only: on a small model most questions have no label, and format is a property of
-the prompt, not of the label. Writes ``metrics.json``,
-``planner_comparison.png`` and ``training_curves.png``.
+Every variant plans the same held-out questions (the validation documents of the labels' split by document),
+greedily, with the planner prompt. Per variant (``planner_metrics.py``): exact (min, max) accuracy against the
+labels and against the gold levels where the dataset has them, within-one-level accuracy, format-valid rate
+(``format_valid``: the runtime's tolerant parser found a plan; ``format_valid_strict``: the reply ends in the exact
+JSON the prompt asks for, see ``strict_plan_valid``), median and p90 completion tokens, seconds per plan, and,
+through the SmartChunk runtime (retrieval over the predicted range of the question's document, then the
+generator), QA accuracy, recall@k, the tokens the generator read and the mean size of the chunks it read. Every
+rate comes with a 95% bootstrap interval (``ci95``), overall and per dataset (``by_dataset``; the labels may mix
+datasets, the document id's prefix names each). An invalid plan falls back to the full range
+(sentence..document), as a runtime would, and is counted as a format failure.
+
+The references, measured on the same questions in the same run: ``majority_baseline``, always answering the
+training labels' most common range (overall and per dataset), for planning accuracy; and ``fixed_ranges``, each
+range of ``fixed_ranges`` answered for every question with its QA score and tokens read, the best chosen on
+``fixed_range_selection`` training questions, for the end-to-end trade-off. ``--compare`` names variants from
+``variants`` and also draws their training curves (reward and solve rate over steps, SFT injections marked) from
+the metrics the recipes wrote next to each checkpoint. With ``unlabelled``, the held-out documents' questions that
+the backbone never answered (no label) are planned too and counted in ``format_valid_all`` and
+``format_valid_strict_all`` only. Writes ``metrics.json``, ``planner_comparison.png``, ``chunk_size_by_dataset.png``
+(the mean size of the chunks each variant's plans read, per dataset: the SmartChunk paper's Figure 4b) and
+``training_curves.png``.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,18 +42,26 @@ from overstory.core.config import ConfigError, to_dict
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.formats import LEVELS, PseudoLabel, read_jsonl
 from overstory.data_pipeline.planner_examples import PlannerDataConfig, planner_rows, unlabelled_rows
-from overstory.evaluation.plots import plot_planner_comparison, plot_training_curves
+from overstory.evaluation.planner_metrics import (
+    ALL_RANGES,
+    by_dataset,
+    dataset_of,
+    fixed_ranges,
+    majority_baseline,
+    plan_outcomes,
+    qa_outcome,
+    summarize,
+)
+from overstory.evaluation.plots import plot_chunk_size_by_dataset, plot_planner_comparison, plot_training_curves
 from overstory.models.planner import parse_plan, strict_plan_valid
 from overstory.models.registry import base_model_of, load_lm_checkpoint
 from overstory.retrieval.answer import clean_answer
 from overstory.retrieval.judge import CorrectnessConfig, is_correct
-from overstory.retrieval.metrics import mean, percentile, recall_at_k
+from overstory.retrieval.metrics import mean, recall_at_k
 from overstory.retrieval.smartchunk import DocumentRetrievers
 from overstory.serving.client import Client
 from overstory.serving.config import ServeConfig
 from overstory.serving.launch import stack_in_background
-
-FALLBACK_RANGE = ("sentence", "document")
 
 
 @dataclass(frozen=True)
@@ -69,6 +84,10 @@ class EvalPlannerConfig:
     unlabelled: bool = False
     qa: bool = True  # QA accuracy and recall@k through SmartChunk for the predicted ranges
     k: int = 5
+    # the fixed ranges answered for every held-out question as references ("all": every level_min..level_max);
+    # the best is chosen on this many training questions (0: report the ranges without choosing); needs qa
+    fixed_ranges: list[str] = field(default_factory=lambda: ["all"])
+    fixed_range_selection: int = 50
     correctness: CorrectnessConfig = field(default_factory=CorrectnessConfig)
     # a running stack with the generator and embedder roles for `qa` (e.g. the quickstart's); empty: start `serve`
     server_url: str = ""
@@ -82,6 +101,22 @@ class EvalPlannerConfig:
             raise ConfigError(f"compare: {', '.join(unknown)} not in variants ({', '.join(self.variants) or 'none'})")
         if not names and not self.checkpoint:
             raise ConfigError("give checkpoint (one planner) or compare (names from variants)")
+        self.reference_ranges()  # a bad range names the key
+        if self.fixed_range_selection < 0:
+            raise ConfigError(f"fixed_range_selection must be >= 0, got {self.fixed_range_selection}")
+
+    def reference_ranges(self) -> list[tuple[str, str]]:
+        """``fixed_ranges`` as (level_min, level_max) pairs; none without ``qa`` (they are QA references)."""
+        if not self.qa:
+            return []
+        if self.fixed_ranges == ["all"]:
+            return list(ALL_RANGES)
+        parsed = [tuple(text.split("..")) for text in self.fixed_ranges]
+        bad = [text for text, pair in zip(self.fixed_ranges, parsed) if pair not in ALL_RANGES]
+        if bad:
+            raise ConfigError(f"fixed_ranges: {', '.join(bad)} is not a range level_min..level_max of "
+                              f"{', '.join(LEVELS)} (smallest first), or give [all]")
+        return parsed
 
     def selected(self) -> dict[str, str]:
         names = [n for n in self.compare.split(",") if n]
@@ -109,29 +144,10 @@ def generate_plans(model, tokenizer, prompts: list[list[dict]], max_new_tokens: 
     return texts, lengths, (time.perf_counter() - started) / max(len(prompts), 1)
 
 
-def _distance(a: str, b: str) -> int:
-    return abs(LEVELS.index(a) - LEVELS.index(b))
-
-
-def _within_one(levels: tuple[str, str], row: dict) -> bool:
-    """Both ends of the range within one level of the row's label."""
-    return _distance(levels[0], row["level_min"]) <= 1 and _distance(levels[1], row["level_max"]) <= 1
-
-
 def score_plans(rows: list[dict], replies: list[str], lengths: list[int], length_limit: int) -> tuple[dict, list]:
-    """Planning metrics of one variant, and the range each question is answered from."""
-    plans = [parse_plan(text) for text in replies]
-    ranges = [p.levels if p.valid else FALLBACK_RANGE for p in plans]
-    exact = [float(p.levels == (r["level_min"], r["level_max"])) for p, r in zip(plans, rows)]
-    gold = [float(p.levels == (r["gold_level_min"], r["gold_level_max"])) if r["gold_level_min"] else None
-            for p, r in zip(plans, rows)]
-    within = [float(p.valid and _within_one(p.levels, r)) for p, r in zip(plans, rows)]
-    metrics = {"accuracy": mean(exact), "accuracy_gold": mean(gold), "within_one_level": mean(within),
-               "format_valid": mean([float(p.valid) for p in plans]),
-               "format_valid_strict": mean([float(strict_plan_valid(text)) for text in replies]),
-               "median_completion_tokens": percentile(lengths, 50), "p90_completion_tokens": percentile(lengths, 90),
-               "over_length": mean([float(n > length_limit) for n in lengths])}
-    return metrics, ranges
+    """Planning metrics of one variant (``summarize``d outcomes), and the range each question is answered from."""
+    outcomes, ranges = plan_outcomes(rows, replies, lengths, length_limit)
+    return summarize(outcomes), ranges
 
 
 def run(config: EvalPlannerConfig) -> dict:
@@ -148,46 +164,40 @@ def run(config: EvalPlannerConfig) -> dict:
     evidence = {label.id: label.evidence for label in read_jsonl(config.data, PseudoLabel)}
     report: dict = {"n_questions": len(rows), "n_unlabelled": len(extra),
                     "split": "validation documents" if val_rows else "all (no split)",
+                    "datasets": dict(Counter(dataset_of(r) for r in rows)),
                     "majority_baseline": majority_baseline(train_rows, rows), "variants": {},
                     "checkpoints": variants, "config": to_dict(config)}
-    qa_cache: dict[tuple[str, str, str], tuple[float, float]] = {}
+    qa_cache: dict[tuple[str, str, str], dict] = {}
     with ExitStack() as stack:
         tracker = stack.enter_context(start_run(config.tracking, "eval planner", config))
-        retrievers = client = None
+        answer = None
         if config.qa:
             client = Client.from_url(config.server_url or stack.enter_context(stack_in_background(config.serve)))
             retrievers = DocumentRetrievers(chunks, client)
+
+            def answer(row: dict, low: str, high: str) -> dict:
+                key = (row["example_id"], low, high)  # greedy answers: one per (question, range) for every use
+                if key not in qa_cache:
+                    reply, read = retrievers[row["doc_id"]].answer(row["question"], low, high, k=config.k)
+                    correct = is_correct(clean_answer(reply.text), row["answers"], row["question"],
+                                         config.correctness, client)
+                    qa_cache[key] = qa_outcome(correct, recall_at_k(read, evidence.get(row["example_id"], []),
+                                                                    config.k), read)
+                return qa_cache[key]
+
         for name, checkpoint in variants.items():
-            model, tokenizer, _ = load_lm_checkpoint(checkpoint)
-            replies, lengths, seconds = generate_plans(model, tokenizer, [r["prompt"] for r in rows + extra],
-                                                       config.max_new_tokens, config.batch_size)
-            metrics, ranges = score_plans(rows, replies[: len(rows)], lengths[: len(rows)], config.length_limit)
-            if extra:  # the format rates over every planned question, labelled or not
-                metrics["format_valid_all"] = mean([float(parse_plan(text).valid) for text in replies])
-                metrics["format_valid_strict_all"] = mean([float(strict_plan_valid(text)) for text in replies])
-            metrics["seconds_per_plan"] = round(seconds, 3)
-            if retrievers is not None:
-                outcomes = []
-                for row, (low, high) in zip(rows, ranges):
-                    key = (row["example_id"], low, high)  # greedy answers: one per (question, range) for all variants
-                    if key not in qa_cache:
-                        reply, read = retrievers[row["doc_id"]].answer(row["question"], low, high, k=config.k)
-                        qa_cache[key] = (float(is_correct(clean_answer(reply.text), row["answers"], row["question"],
-                                                          config.correctness, client)),
-                                         recall_at_k(read, evidence.get(row["example_id"], []), config.k))
-                    outcomes.append(qa_cache[key])
-                metrics["qa_accuracy"] = mean([correct for correct, _ in outcomes])
-                metrics[f"recall@{config.k}"] = mean([recall for _, recall in outcomes])
-            metrics["examples"] = [{"id": r["example_id"], "label": [r["level_min"], r["level_max"]], "reply": text}
-                                   for r, text in zip(rows[:5], replies[:5])]
-            report["variants"][name] = metrics
+            report["variants"][name] = metrics = evaluate_variant(config, checkpoint, rows, extra, answer)
             tracker.log({f"{name}/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
-            del model
+        if answer is not None and config.reference_ranges():
+            selection = train_rows[: config.fixed_range_selection] if val_rows else []
+            report["fixed_ranges"] = fixed_ranges(selection, rows, config.reference_ranges(), answer)
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.json").write_text(json.dumps(report, indent=2))
     plot_planner_comparison(report["variants"], out / "planner_comparison.png",
                             report["majority_baseline"]["accuracy"])
+    if config.qa:
+        plot_chunk_size_by_dataset(report, out / "chunk_size_by_dataset.png")
     if len(variants) > 1:
         curves = {name: training_history(checkpoint) for name, checkpoint in variants.items()}
         plot_training_curves({k: v for k, v in curves.items() if v}, out / "training_curves.png")
@@ -195,22 +205,28 @@ def run(config: EvalPlannerConfig) -> dict:
     return report
 
 
-def majority_baseline(train_rows: list[dict], rows: list[dict]) -> dict:
-    """The reference a planner must beat to have learned anything from the question: always answering the
-    training labels' most common range. Its accuracy on ``rows``; ``within_one_level`` as for the variants.
-
-    >>> train = [{"level_min": "sentence", "level_max": "section"}] * 2 + [{"level_min": "sentence",
-    ...          "level_max": "document"}]
-    >>> held_out = [{"level_min": "sentence", "level_max": "section"}, {"level_min": "paragraph",
-    ...             "level_max": "document"}]
-    >>> majority_baseline(train, held_out)
-    {'label': ['sentence', 'section'], 'accuracy': 0.5, 'within_one_level': 1.0}
-    """
-    counts = Counter((r["level_min"], r["level_max"]) for r in train_rows)
-    low, high = counts.most_common(1)[0][0]
-    return {"label": [low, high],
-            "accuracy": mean([float((r["level_min"], r["level_max"]) == (low, high)) for r in rows]),
-            "within_one_level": mean([float(_within_one((low, high), r)) for r in rows])}
+def evaluate_variant(config: EvalPlannerConfig, checkpoint: str, rows: list[dict], extra: list[dict],
+                     answer: Callable[[dict, str, str], dict] | None) -> dict:
+    """One planner's metrics on ``rows`` (overall and ``by_dataset``), its format rates over ``rows + extra``,
+    and, given ``answer``, the runtime's outcomes for the ranges it planned."""
+    model, tokenizer, _ = load_lm_checkpoint(checkpoint)
+    replies, lengths, seconds = generate_plans(model, tokenizer, [r["prompt"] for r in rows + extra],
+                                               config.max_new_tokens, config.batch_size)
+    del model
+    outcomes, ranges = plan_outcomes(rows, replies[: len(rows)], lengths[: len(rows)], config.length_limit)
+    if answer is not None:
+        for outcome, row, (low, high) in zip(outcomes, rows, ranges):
+            outcome.update(answer(row, low, high))
+    metrics = summarize(outcomes)
+    metrics[f"recall@{config.k}"] = metrics["recall"]
+    metrics["by_dataset"] = by_dataset(outcomes)
+    if extra:  # the format rates over every planned question, labelled or not
+        metrics["format_valid_all"] = mean([float(parse_plan(text).valid) for text in replies])
+        metrics["format_valid_strict_all"] = mean([float(strict_plan_valid(text)) for text in replies])
+    metrics["seconds_per_plan"] = round(seconds, 3)
+    metrics["examples"] = [{"id": r["example_id"], "label": [r["level_min"], r["level_max"]], "reply": text}
+                           for r, text in zip(rows[:5], replies[:5])]
+    return metrics
 
 
 def training_history(checkpoint: str) -> list[dict]:
@@ -221,25 +237,44 @@ def training_history(checkpoint: str) -> list[dict]:
     return [row for row in json.loads(metrics.read_text()).get("history", []) if "step" in row]
 
 
+def _fmt(metrics: dict, key: str) -> str:
+    value, interval = metrics.get(key), metrics.get("ci95", {}).get(key)
+    if value is None:
+        return "-"
+    return f"{value:.3g} [{interval[0]:.2g}, {interval[1]:.2g}]" if interval else f"{value:.3g}"
+
+
 def _print(report: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"planner variants on {report['n_questions']} held-out questions")
+    console = Console(width=160)
+    table = Table(title=f"planner variants on {report['n_questions']} held-out questions (95% bootstrap intervals)")
     columns = [("accuracy", "acc"), ("accuracy_gold", "acc gold"), ("within_one_level", "within 1"),
                ("format_valid", "format ok"), ("format_valid_strict", "strict ok"),
-               ("median_completion_tokens", "median tok"),
-               ("p90_completion_tokens", "p90 tok"), ("seconds_per_plan", "s/plan"), ("qa_accuracy", "QA acc"),
-               ("recall@5", "recall@5")]
+               ("median_completion_tokens", "median tok"), ("seconds_per_plan", "s/plan"),
+               ("qa_accuracy", "QA acc"), ("tokens_read", "tokens read")]
     table.add_column("variant")
     for _, title in columns:
         table.add_column(title, justify="right")
-    for name, metrics in report["variants"].items():
-        table.add_row(name, *("-" if metrics.get(key) is None else f"{metrics[key]:.3g}" for key, _ in columns))
-    Console(width=140).print(table)
     majority = report["majority_baseline"]
-    print(f"reference: always {majority['label']} (the training labels' most common range): accuracy "
-          f"{majority['accuracy']:.3g}, within one level {majority['within_one_level']:.3g}")
+    rows = [(name, metrics) for name, metrics in report["variants"].items()]
+    rows.append((f"always {'..'.join(majority['label'])}", majority))
+    for name, ranges in [("fixed " + k, v) for k, v in report.get("fixed_ranges", {}).get("ranges", {}).items()]:
+        rows.append((name, ranges))
+    for name, metrics in rows:
+        table.add_row(name, *(_fmt(metrics, key) for key, _ in columns))
+    console.print(table)
+    if "best" in report.get("fixed_ranges", {}):
+        best = report["fixed_ranges"]["best"]
+        print(f"best fixed range on {best['selection_questions']} training questions: {best['range']} (QA "
+              f"{best['train_qa_accuracy']:.3g} there); held out: QA {_fmt(best, 'qa_accuracy')}, tokens read "
+              f"{_fmt(best, 'tokens_read')}")
+    for name, metrics in report["variants"].items():
+        for dataset, summary in metrics["by_dataset"].items():
+            print(f"{name} on {dataset} ({summary['n']}): accuracy {_fmt(summary, 'accuracy')}, gold "
+                  f"{_fmt(summary, 'accuracy_gold')}, QA {_fmt(summary, 'qa_accuracy')}, chunk tokens "
+                  f"{_fmt(summary, 'chunk_tokens')}")
     if report.get("n_unlabelled"):
         total = report["n_questions"] + report["n_unlabelled"]
         print(f"format valid (strict) on all {total} planned questions, {report['n_unlabelled']} of them without a "

@@ -103,3 +103,33 @@ def plot_training_curves(histories: Mapping[str, Sequence[Mapping]], path: str |
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
     return save_figure(fig, path)
+
+
+def plot_chunk_size_by_dataset(report: Mapping, path: str | Path) -> Path:
+    """The mean size (tokens) of the chunks the runtime read for each variant's plans, per dataset, with 95%
+    bootstrap intervals as error bars (the SmartChunk paper's Figure 4b), beside the best fixed range's."""
+    series = {name: metrics["by_dataset"] for name, metrics in report["variants"].items()}
+    best = report.get("fixed_ranges", {}).get("best")
+    if best:
+        series[f"fixed {best['range']}"] = best["by_dataset"]
+    datasets = list(dict.fromkeys(d for by in series.values() for d in by))
+    fig, ax = plt.subplots(figsize=(max(6.0, 2.2 * len(datasets) + 2), 4.5))
+    width = 0.8 / max(len(series), 1)
+    for i, (name, by) in enumerate(series.items()):
+        xs, heights, errors = [], [], [[], []]
+        for j, dataset in enumerate(datasets):
+            summary = by.get(dataset, {})
+            value, interval = summary.get("chunk_tokens"), summary.get("ci95", {}).get("chunk_tokens")
+            if value is None:
+                continue
+            xs.append(j + (i - (len(series) - 1) / 2) * width)
+            heights.append(value)
+            errors[0].append(value - interval[0] if interval else 0.0)
+            errors[1].append(interval[1] - value if interval else 0.0)
+        ax.bar(xs, heights, width=width, yerr=errors, capsize=3, label=name)
+    ax.set_xticks(range(len(datasets)))
+    ax.set_xticklabels(datasets)
+    ax.set_ylabel("mean tokens per chunk read")
+    ax.set_title("chunk size the plans select, per dataset (95% bootstrap intervals)")
+    ax.legend(fontsize=8)
+    return save_figure(fig, path)

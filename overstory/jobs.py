@@ -29,6 +29,10 @@ JOBS: dict[tuple[str, str], tuple[str, str, str, str]] = {
         "overstory.data_pipeline.gold_labels", "GoldLabelsConfig", "run",
         "gold granularity labels (level_min, level_max) from QASPER / SQuAD evidence, with their distribution",
     ),
+    ("data", "mix"): (
+        "overstory.data_pipeline.label_mix", "LabelMixConfig", "run",
+        "one planner label file from several (gold and pseudo-labels of several datasets), with its hierarchy",
+    ),
     ("data", "verl-export"): (
         "overstory.training.verl.export", "VerlExportConfig", "run",
         "the planner's GRPO prompts and SFT traces as verl parquet (reward entry: training/verl/reward.py)",

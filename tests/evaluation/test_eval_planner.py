@@ -11,10 +11,11 @@ import pytest
 
 from overstory.cli import main
 from overstory.core.config import ConfigError, load_config
-from overstory.data_pipeline.formats import PseudoLabel, read_jsonl, write_jsonl
+from overstory.data_pipeline.formats import LEVEL_RANK, Chunk, PseudoLabel, read_jsonl, write_jsonl
 from overstory.data_pipeline.hierarchy import stored_hierarchy_path
 from overstory.data_pipeline.splits import split_by_document
 from overstory.evaluation.planner import EvalPlannerConfig, score_plans
+from overstory.evaluation.planner_metrics import fixed_ranges, majority_baseline, qa_outcome
 from overstory.models.planner import plan_json
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,8 +24,9 @@ CONFIG = ROOT / "configs/eval/planner.yaml"
 
 def test_score_plans_counts_exact_gold_within_one_and_format() -> None:
     rows = [{"level_min": "sentence", "level_max": "paragraph", "gold_level_min": "sentence",
-             "gold_level_max": "sentence"},
-            {"level_min": "paragraph", "level_max": "section", "gold_level_min": "", "gold_level_max": ""}]
+             "gold_level_max": "sentence", "doc_id": "qasper/a"},
+            {"level_min": "paragraph", "level_max": "section", "gold_level_min": "", "gold_level_max": "",
+             "doc_id": "squad/b"}]
     replies = [plan_json("sentence", "paragraph"), "no plan at all"]
     metrics, ranges = score_plans(rows, replies, [20, 200], length_limit=128)
     assert metrics["accuracy"] == 0.5 and metrics["accuracy_gold"] == 0.0 and metrics["format_valid"] == 0.5
@@ -36,7 +38,8 @@ def test_score_plans_counts_exact_gold_within_one_and_format() -> None:
 def test_strict_format_rate_counts_only_the_exact_json() -> None:
     """The tolerant parser finds a plan in all four replies (what the runtime acts on); only the first is in the
     format the prompt asks for."""
-    rows = [{"level_min": "sentence", "level_max": "paragraph", "gold_level_min": "", "gold_level_max": ""}] * 4
+    rows = [{"level_min": "sentence", "level_max": "paragraph", "gold_level_min": "", "gold_level_max": "",
+             "doc_id": "squad/a"}] * 4
     replies = ['It asks for a date. {"largest_chunk_size": "paragraph", "smallest_chunk_size": "sentence"}',
                "{'largest_chunk_size': 'paragraph', 'smallest_chunk_size': 'sentence'}",
                '{"largest_chunk_size": "sentence", "smallest_chunk_size": "paragraph"}',
@@ -45,9 +48,46 @@ def test_strict_format_rate_counts_only_the_exact_json() -> None:
     assert metrics["format_valid"] == 1.0 and metrics["format_valid_strict"] == 0.25
 
 
-def test_compare_needs_known_variants() -> None:
+def test_compare_needs_known_variants_and_ranges() -> None:
     with pytest.raises(ConfigError, match="not in variants"):
         load_config(EvalPlannerConfig, CONFIG, ["compare=base,nope"])
+    with pytest.raises(ConfigError, match="fixed_ranges: section..paragraph is not a range"):
+        load_config(EvalPlannerConfig, CONFIG, ["fixed_ranges=[section..paragraph]"])
+
+
+def _row(doc_id: str, low: str, high: str, gold: tuple[str, str] = ("", "")) -> dict:
+    return {"doc_id": doc_id, "example_id": f"{doc_id}:{low}:{high}", "level_min": low, "level_max": high,
+            "gold_level_min": gold[0], "gold_level_max": gold[1]}
+
+
+def test_majority_baseline_per_dataset_uses_each_datasets_own_majority() -> None:
+    train = [_row("qasper/a", "sentence", "paragraph")] * 3 + [_row("narrativeqa/b", "paragraph", "section")] * 2
+    held_out = [_row("qasper/c", "sentence", "paragraph", ("sentence", "section")),
+                _row("narrativeqa/d", "paragraph", "section"), _row("narrativeqa/d", "paragraph", "section")]
+    report = majority_baseline(train, held_out)
+    assert report["label"] == ["sentence", "paragraph"] and report["accuracy"] == pytest.approx(1 / 3)
+    assert report["accuracy_gold"] == 0.0  # only the QASPER question has gold levels
+    narrative = report["by_dataset"]["narrativeqa"]
+    assert narrative["accuracy"] == 0.0 and narrative["dataset_label"]["accuracy"] == 1.0
+    assert narrative["dataset_label"]["label"] == ["paragraph", "section"]
+
+
+def test_fixed_ranges_pick_the_best_on_training_questions_and_report_it_held_out() -> None:
+    """A stand-in for the runtime (arithmetic, no model): a range answers correctly when it reaches the row's
+    label's level_max, and reads 10 tokens per level of its top; the best range is the cheapest correct one."""
+    def answer(row: dict, low: str, high: str) -> dict:
+        correct = LEVEL_RANK[high] >= LEVEL_RANK[row["level_max"]]
+        read = [Chunk("c", row["doc_id"], high, "", None, [], 0, 1, 10 * (LEVEL_RANK[high] + 1))]
+        return qa_outcome(correct, None, read)
+
+    train = [_row("squad/a", "sentence", "paragraph")] * 4
+    held_out = [_row("squad/b", "sentence", "paragraph"), _row("squad/b", "sentence", "section")]
+    report = fixed_ranges(train, held_out, [("sentence", "sentence"), ("sentence", "paragraph"),
+                                            ("sentence", "section")], answer)
+    assert report["best"]["range"] == "sentence..paragraph"  # as correct on training as ..section, reads less
+    assert report["best"]["qa_accuracy"] == 0.5 and report["best"]["tokens_read"] == 20.0
+    assert report["ranges"]["sentence..section"]["qa_accuracy"] == 1.0
+    assert report["ranges"]["sentence..sentence"]["by_dataset"]["squad"]["chunk_tokens"] == 10.0
 
 
 def _with_unanswered(labels: Path, folder: Path, n: int) -> tuple[Path, set[str]]:
@@ -72,7 +112,8 @@ def test_eval_planner_compares_base_and_sft(planner_labels: Path, sft_planner: P
     assert main(["eval", "planner", "--config", str(CONFIG), "--data", str(labels), "--out", str(out),
                  "metadata_tokens=96",
                  f"variants={{base: builtin:smollm2-135m-instruct, sft: {sft / 'final'}}}", "--compare", "base,sft",
-                 "limit=3", "max_new_tokens=72", "unlabelled=true", "tracking.backend=none"]) == 0
+                 "limit=3", "max_new_tokens=72", "unlabelled=true", "fixed_ranges=[sentence..sentence, "
+                 "paragraph..section]", "fixed_range_selection=2", "tracking.backend=none"]) == 0
     report = json.loads((out / "metrics.json").read_text())
     assert set(report["variants"]) == {"base", "sft"} and report["n_questions"] == 3 and report["n_unlabelled"] == 2
     assert not unanswered & {row["id"] for m in report["variants"].values() for row in m["examples"]}
@@ -84,9 +125,19 @@ def test_eval_planner_compares_base_and_sft(planner_labels: Path, sft_planner: P
         assert 0 <= metrics["accuracy"] <= metrics["within_one_level"] <= 1
         assert metrics["format_valid_strict"] <= metrics["format_valid"]
         assert metrics["format_valid_strict_all"] <= metrics["format_valid_all"]  # over all 5 planned questions
+        low, high = metrics["ci95"]["accuracy"]
+        assert low <= metrics["accuracy"] <= high and metrics["tokens_read"] > 0 and metrics["chunk_tokens"] > 0
+        assert list(metrics["by_dataset"]) == ["squad"] and metrics["by_dataset"]["squad"]["n"] == 3
     assert report["variants"]["base"]["format_valid_all"] == 0.0  # measured: the base model never writes the plan
     assert report["variants"]["sft"]["format_valid_all"] > 0  # the SFT adapter does, on labelled and unlabelled ones
     majority = report["majority_baseline"]  # the reference row: the training labels' most common range
     assert len(majority["label"]) == 2 and 0 <= majority["accuracy"] <= majority["within_one_level"] <= 1
+    assert set(majority["by_dataset"]) == {"squad"}
+    fixed = report["fixed_ranges"]  # the end-to-end references, on the same questions
+    assert set(fixed["ranges"]) == {"sentence..sentence", "paragraph..section"}
+    assert fixed["best"]["range"] in fixed["ranges"] and fixed["best"]["selection_questions"] == 2
+    sentences = fixed["ranges"]["sentence..sentence"]
+    assert sentences["n"] == 3 and sentences["chunk_tokens"] < fixed["ranges"]["paragraph..section"]["chunk_tokens"]
+    assert (out / "chunk_size_by_dataset.png").stat().st_size > 5_000
     assert (out / "planner_comparison.png").stat().st_size > 5_000
     assert (out / "training_curves.png").stat().st_size > 5_000
