@@ -25,7 +25,6 @@ to ``handle_rerank``; both raise ``BadRequest`` with ``param`` set, which the se
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from typing import Any
@@ -34,6 +33,7 @@ import torch
 from pydantic import BaseModel, Field, model_validator
 
 from overstory.serving.errors import BadRequest
+from overstory.serving.model_thread import ModelThread
 
 # The four spellings of a /score request vLLM accepts (one pydantic model each there), in the order its
 # request union tries them: first field holds the queries, second the texts they are scored against.
@@ -44,7 +44,7 @@ SCORE_FIELD_PAIRS: tuple[tuple[str, str], ...] = (
 class CrossEncoderModel:
     """A sentence-transformers ``CrossEncoder`` on CPU with one label, scoring (query, text) pairs.
 
-    ``max_documents`` caps the pairs of one request (a request is scored in one call, holding the lock);
+    ``max_documents`` caps the pairs of one request (a request is scored in one call, on the model's own thread);
     ``max_length`` overrides the model's ``max_seq_length`` (tokens per pair, query and text together)."""
 
     def __init__(self, folder: str, max_documents: int = 1000, max_length: int | None = None):
@@ -63,9 +63,8 @@ class CrossEncoderModel:
         if not isinstance(self.encoder.activation_fn, torch.nn.Sigmoid):
             raise ValueError(f"{folder}: the model's activation is {self.encoder.activation_fn!r}, so its scores are "
                              "not in [0, 1]; re-save it with CrossEncoder(..., activation_fn=torch.nn.Sigmoid())")
-        # one forward pass at a time: the server runs handlers on a thread pool and torch already uses
-        # every core for one batch
-        self.lock = threading.Lock()
+        # its forward passes on a thread of its own, one at a time (model_thread.py says why)
+        self.thread = ModelThread(folder)
 
     @property
     def max_length(self) -> int:
@@ -96,10 +95,10 @@ class CrossEncoderModel:
         if any(not q.strip() for q in queries):
             raise BadRequest("the query is empty", param=query_param)
         pairs = list(zip(queries, texts))
-        with self.lock:
-            scores = self.encoder.predict(pairs, convert_to_numpy=True, show_progress_bar=False)
-            # the same preprocessing predict runs, so the count is of the tokens the model saw
-            features = self.encoder.preprocess(pairs)
+        # the same preprocessing predict runs, so the count is of the tokens the model saw
+        scores, features = self.thread.run(lambda: (
+            self.encoder.predict(pairs, convert_to_numpy=True, show_progress_bar=False),
+            self.encoder.preprocess(pairs)))
         n_tokens = int(features["attention_mask"].sum())
         values = [float(s) for s in scores]
         # a sigmoid cannot leave [0, 1]; NaN can (a broken checkpoint) and must not reach a ranking

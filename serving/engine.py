@@ -11,7 +11,6 @@ a disconnected client cancels it); ``chat`` / ``complete`` wait for the result.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,6 +25,7 @@ from overstory.serving.batching import Batcher, Job, RowOutput, Sampling
 from overstory.serving.config import RoleConfig, ServeConfig
 from overstory.serving.cross_encoder import CrossEncoderModel
 from overstory.serving.errors import BadRequest, RequestTooLarge, UnknownModel
+from overstory.serving.model_thread import ModelThread
 from overstory.serving.structured import GrammarCompilerCache, GrammarLogitsProcessor, grammar_spec
 from overstory.serving.tools import render_chat_prompt, tool_call_schema
 
@@ -130,7 +130,7 @@ class _ChatModel:
 class _EmbeddingModel:
     def __init__(self, name: str, role: RoleConfig):
         self.encoder = load_sentence_encoder(name)
-        self.lock = threading.Lock()
+        self.thread = ModelThread(name)
 
 
 class _CompressionModel:
@@ -144,7 +144,7 @@ class _CompressionModel:
         else:
             self.model = load_compressor(folder)
             self.encoder = load_sentence_encoder(self.model.config.encoder)
-        self.lock = threading.Lock()
+        self.thread = ModelThread(folder)
 
     def token_count(self, texts: list[str]) -> int:
         """The encoder tokens actually embedded (after truncation)."""
@@ -275,10 +275,14 @@ class EmbeddedEngine:
         model = self._get(role, _EmbeddingModel)
         if not texts:
             return EmbeddingResult(np.zeros((0, model.encoder.get_sentence_embedding_dimension()), np.float32), 0)
-        with model.lock, torch.inference_mode():
-            vectors = model.encoder.encode(list(texts), normalize_embeddings=True, convert_to_numpy=True,
-                                           show_progress_bar=False)
-            encoded = model.encoder.tokenizer(list(texts), truncation=True, max_length=model.encoder.max_seq_length)
+
+        def forward() -> tuple[np.ndarray, dict]:
+            with torch.inference_mode():
+                return (model.encoder.encode(list(texts), normalize_embeddings=True, convert_to_numpy=True,
+                                             show_progress_bar=False),
+                        model.encoder.tokenizer(list(texts), truncation=True, max_length=model.encoder.max_seq_length))
+
+        vectors, encoded = model.thread.run(forward)
         n_tokens = sum(len(ids) for ids in encoded["input_ids"])  # the tokens actually embedded
         return EmbeddingResult(np.asarray(vectors, dtype=np.float32), n_tokens)
 
@@ -297,22 +301,26 @@ class EmbeddedEngine:
             if groups is None:
                 raise BadRequest(f"model {role!r} is a text compressor: send the children's texts as input")
             joined = [join_children(group) for group in groups]
-            with comp.lock:
-                vectors = comp.encoder.encode(joined, convert_to_numpy=True, show_progress_bar=False)
+            vectors = comp.thread.run(lambda: comp.encoder.encode(joined, convert_to_numpy=True,
+                                                                  show_progress_bar=False))
             return EmbeddingResult(np.asarray(vectors, dtype=np.float32), comp.token_count(joined))
-        n_tokens = 0
-        with comp.lock, torch.inference_mode():
-            if groups is not None:
-                flat = [text for group in groups for text in group]
-                vectors = torch.from_numpy(comp.encoder.encode(flat, normalize_embeddings=True, convert_to_numpy=True,
-                                                               show_progress_bar=False))
-                n_tokens = comp.token_count(flat)
-                children = list(torch.split(vectors, sizes))
-            else:
-                children = [torch.tensor(g, dtype=torch.float32) for g in embedding_groups]
-            dim = comp.model.config.embedding_dim
-            if any(c.dim() != 2 or c.shape[1] != dim for c in children):
-                raise BadRequest(f"child embeddings must be {dim}-dimensional for this compressor")
-            output = comp.model(*pad_children(children))
+
+        def forward() -> tuple[torch.Tensor, int]:
+            n_tokens = 0
+            with torch.inference_mode():
+                if groups is not None:
+                    flat = [text for group in groups for text in group]
+                    vectors = torch.from_numpy(comp.encoder.encode(flat, normalize_embeddings=True,
+                                                                   convert_to_numpy=True, show_progress_bar=False))
+                    n_tokens = comp.token_count(flat)
+                    children = list(torch.split(vectors, sizes))
+                else:
+                    children = [torch.tensor(g, dtype=torch.float32) for g in embedding_groups]
+                dim = comp.model.config.embedding_dim
+                if any(c.dim() != 2 or c.shape[1] != dim for c in children):
+                    raise BadRequest(f"child embeddings must be {dim}-dimensional for this compressor")
+                return comp.model(*pad_children(children)), n_tokens
+
+        output, n_tokens = comp.thread.run(forward)
         return EmbeddingResult(output.numpy().astype(np.float32), n_tokens)
 
