@@ -45,7 +45,7 @@ quickstart: env
 	$(VENV)/bin/overstory quickstart --out runs/quickstart
 
 test: env vllm-env
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q --durations=25
 
 lint: env
 	$(VENV)/bin/ruff check .

@@ -5,9 +5,12 @@
         --config configs/train/compressor.yaml
 
 Reads ``SummaryRecord``s (``overstory data summaries``), splits them by document (never by chunk,
-so validation groups come from documents the model never saw), trains with MSE to e_gt (cosine as
-an option), evaluates every epoch next to the untrained ``mean_pool`` baseline, keeps the best
-checkpoint in ``out/best`` and the full training state in ``out/last``. Rerunning the same command
+so validation groups come from documents the model never saw), trains with the paper's MSE to e_gt (cosine as
+an option), or with a retrieval objective the paper does not have (``train.objective: contrastive``: InfoNCE
+pulling a chunk's compressed embedding towards the ``questions`` corpus's questions whose evidence it covers, see
+``compressor_contrastive.py``), or both added (``mse+contrastive``). Every epoch it evaluates next to the untrained
+``mean_pool`` baseline, keeps the best checkpoint by the validation objective in ``out/best`` and the full
+training state in ``out/last``. Rerunning the same command
 resumes from ``out/last``. A non-finite loss stops the run with a clear error; ``best`` and
 ``last`` stay as they were after the last good epoch.
 """
@@ -32,10 +35,19 @@ from transformers import get_cosine_schedule_with_warmup
 
 from overstory.core.config import ConfigError, to_dict
 from overstory.core.tracking import TrackingConfig, start_run
-from overstory.data_pipeline.formats import SummaryRecord, read_jsonl
+from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
+from overstory.data_pipeline.formats import Chunk, QAExample, SummaryRecord, read_jsonl
+from overstory.data_pipeline.hierarchy import load_hierarchies, stored_hierarchy_path
 from overstory.data_pipeline.splits import split_by_document
 from overstory.models.compressor import SetCompressor, SetCompressorConfig, pad_children, save_checkpoint
+from overstory.models.registry import load_sentence_encoder
 from overstory.training.callbacks import TrainingDiverged
+from overstory.training.compressor_contrastive import (
+    PositiveSampler,
+    QuestionPositives,
+    contrastive_loss,
+    question_positives,
+)
 from overstory.training.distributed import accelerator_handlers
 
 
@@ -55,11 +67,17 @@ class CompressorTrainConfig:
     weight_decay: float = 0.01
     warmup_ratio: float = 0.1
     grad_clip: float = 1.0
-    loss: Literal["mse", "cosine"] = "mse"
+    loss: Literal["mse", "cosine"] = "mse"  # the summary term: squared distance or 1 - cosine to e_gt
+    # what is minimised: the summary term, the contrastive term, or their sum (contrastive_weight on the second)
+    objective: Literal["mse", "contrastive", "mse+contrastive"] = "mse"
+    contrastive_weight: float = 1.0
+    temperature: float = 0.05
     val_fraction: float = 0.2
     seed: int = 0
 
     def __post_init__(self) -> None:
+        if self.contrastive_weight <= 0 or self.temperature <= 0:
+            raise ConfigError("train.contrastive_weight and train.temperature must be positive")
         if not 0 < self.val_fraction < 1:
             raise ConfigError(f"train.val_fraction must be in (0, 1), got {self.val_fraction}")
         if self.epochs < 1 or self.batch_size < 1 or self.lr <= 0:
@@ -72,7 +90,15 @@ class CompressorJobConfig:
     out: str
     model: CompressorModelConfig = field(default_factory=CompressorModelConfig)
     train: CompressorTrainConfig = field(default_factory=CompressorTrainConfig)
+    # the corpus whose questions (with evidence spans) the contrastive objective pulls chunks towards: the one the
+    # summaries were made from; only questions whose evidence lies in a split's documents serve that split
+    questions: CorpusConfig | None = None
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    def __post_init__(self) -> None:
+        if self.train.objective != "mse" and self.questions is None:
+            raise ConfigError(f"train.objective {self.train.objective!r} needs questions: the corpus the summaries "
+                              f"were made from, e.g. questions: {{kind: qasper, path: ...}}")
 
 
 def collate(records: list[SummaryRecord]) -> dict[str, torch.Tensor]:
@@ -81,18 +107,66 @@ def collate(records: list[SummaryRecord]) -> dict[str, torch.Tensor]:
             "target": torch.tensor([r.target_embedding for r in records], dtype=torch.float32)}
 
 
+class RecordBatches:
+    """Collates a batch of record indices: ``collate``'s tensors plus, with a ``PositiveSampler``, each record's
+    sampled question (the contrastive objective's inputs)."""
+
+    def __init__(self, records: list[SummaryRecord], sampler: PositiveSampler | None):
+        self.records, self.sampler = records, sampler
+
+    def __call__(self, indices: list[int]) -> dict[str, torch.Tensor]:
+        batch = collate([self.records[i] for i in indices])
+        return {**batch, **self.sampler(indices)} if self.sampler is not None else batch
+
+
 def compressor_loss(prediction: torch.Tensor, target: torch.Tensor, kind: str) -> torch.Tensor:
     if kind == "cosine":
         return (1 - F.cosine_similarity(prediction, target, dim=-1)).mean()
     return F.mse_loss(prediction, target, reduction="none").sum(-1).mean()  # ||e_comp - e_gt||^2
 
 
+def objective(prediction: torch.Tensor, batch: dict[str, torch.Tensor], train: CompressorTrainConfig
+              ) -> tuple[torch.Tensor, dict[str, float]]:
+    """The loss ``train.objective`` minimises, and its terms (for logging)."""
+    terms: dict[str, torch.Tensor] = {}
+    if train.objective in ("mse", "mse+contrastive"):
+        terms["summary"] = compressor_loss(prediction, batch["target"], train.loss)
+    if train.objective in ("contrastive", "mse+contrastive"):
+        terms["contrastive"] = train.contrastive_weight * contrastive_loss(
+            prediction, batch["question"], batch["has_question"], batch["also_covers"], train.temperature)
+    return sum(terms.values()), {k: float(v.detach()) for k, v in terms.items()}
+
+
+def summary_chunks(data: str) -> dict[str, Chunk]:
+    """The chunks the summaries job summarised, by id (stored beside its output)."""
+    path = stored_hierarchy_path(data)
+    if not path.exists():
+        raise ValueError(f"{path} not found: `overstory data summaries` stores the hierarchy it summarised there; "
+                         f"rerun it (it resumes) to write it beside {data}")
+    return {c.id: c for c in load_hierarchies(path)}
+
+
+def positives_for(split: list[SummaryRecord], chunks: dict[str, Chunk], questions: list[QAExample],
+                  encoder) -> QuestionPositives:
+    """The ``questions`` whose evidence lies in ``split``'s documents, embedded with the summaries' encoder, as
+    positives of the records whose chunks cover their evidence."""
+    missing = [r.id for r in split if r.id not in chunks]
+    if missing:
+        raise ValueError(f"{len(missing)} summarised chunks (e.g. {missing[0]}) are not in the stored hierarchy")
+    return question_positives(split, chunks, questions, lambda texts: encoder.encode(
+        texts, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False))
+
+
 @torch.no_grad()
-def evaluate(model: SetCompressor, loader: DataLoader, accelerator: Accelerator) -> dict[str, float]:
-    """Validation MSE and cosine to e_gt, for the model and for the mean of the children."""
+def evaluate(model: SetCompressor, loader: DataLoader, accelerator: Accelerator,
+             train: CompressorTrainConfig) -> dict[str, float]:
+    """Validation MSE and cosine to e_gt, for the model and for the mean of the children; with the contrastive
+    objective also its loss (``val_contrastive``, batch by batch) for both. ``val_objective`` is the objective
+    the run minimises, on the validation split: the best checkpoint is chosen by it."""
     model.eval()
-    sums = torch.zeros(4, device=accelerator.device)
-    count = torch.zeros(1, device=accelerator.device)
+    sums = torch.zeros(6, device=accelerator.device)
+    count = torch.zeros(2, device=accelerator.device)
+    contrastive = train.objective != "mse"
     for batch in loader:
         prediction = model(batch["children"], batch["mask"])
         mask = batch["mask"].unsqueeze(-1).float()
@@ -100,11 +174,24 @@ def evaluate(model: SetCompressor, loader: DataLoader, accelerator: Accelerator)
         for i, estimate in enumerate((prediction, mean_pool)):
             sums[2 * i] += ((estimate - batch["target"]) ** 2).sum(-1).sum()
             sums[2 * i + 1] += F.cosine_similarity(estimate, batch["target"], dim=-1).sum()
-        count += len(batch["target"])
+            if contrastive and bool(batch["has_question"].any()):
+                sums[4 + i] += contrastive_loss(estimate, batch["question"], batch["has_question"],
+                                                batch["also_covers"], train.temperature) * batch["has_question"].sum()
+        count[0] += len(batch["target"])
+        count[1] += batch["has_question"].sum() if contrastive else 0
     sums, count = accelerator.reduce(sums, "sum"), accelerator.reduce(count, "sum")
-    values = (sums / count).tolist()
+    values = (sums[:4] / count[0]).tolist()
+    metrics = {"val_mse": values[0], "val_cosine": values[1], "mean_pool_mse": values[2],
+               "mean_pool_cosine": values[3]}
+    if contrastive:
+        per_question = (sums[4:] / count[1].clamp(min=1)).tolist()
+        metrics.update(val_contrastive=per_question[0], mean_pool_contrastive=per_question[1])
+    summary_term = metrics["val_mse"] if train.loss == "mse" else 1 - metrics["val_cosine"]
+    metrics["val_objective"] = {"mse": summary_term, "contrastive": metrics.get("val_contrastive"),
+                                "mse+contrastive": summary_term + train.contrastive_weight
+                                * metrics.get("val_contrastive", 0.0)}[train.objective]
     model.train()
-    return {"val_mse": values[0], "val_cosine": values[1], "mean_pool_mse": values[2], "mean_pool_cosine": values[3]}
+    return metrics
 
 
 def run(config: CompressorJobConfig) -> dict:
@@ -119,9 +206,21 @@ def run(config: CompressorJobConfig) -> dict:
     train_records, val_records = split_by_document(records, config.train.val_fraction)
     model = SetCompressor(SetCompressorConfig(embedding_dim=dim, encoder=records[0].encoder,
                                               **to_dict(config.model)))
-    train_loader = DataLoader(train_records, batch_size=config.train.batch_size, shuffle=True, collate_fn=collate,
+    samplers: list[PositiveSampler | None] = [None, None]
+    if config.train.objective != "mse":
+        chunks, questions = summary_chunks(config.data), load_corpus(config.questions)[1]
+        encoder = load_sentence_encoder(records[0].encoder)
+        positives = [positives_for(split, chunks, questions, encoder) for split in (train_records, val_records)]
+        accelerator.print(f"contrastive objective: {positives[0].covered_records} of {len(train_records)} training "
+                          f"and {positives[1].covered_records} of {len(val_records)} validation "
+                          f"chunks cover a question")
+        samplers = [PositiveSampler(positives[0], seed=config.train.seed),
+                    PositiveSampler(positives[1], deterministic=True)]
+    train_loader = DataLoader(list(range(len(train_records))), batch_size=config.train.batch_size, shuffle=True,
+                              collate_fn=RecordBatches(train_records, samplers[0]),
                               generator=torch.Generator().manual_seed(config.train.seed))
-    val_loader = DataLoader(val_records, batch_size=config.train.batch_size, collate_fn=collate)
+    val_loader = DataLoader(list(range(len(val_records))), batch_size=config.train.batch_size,
+                            collate_fn=RecordBatches(val_records, samplers[1]))
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.train.lr, weight_decay=config.train.weight_decay)
     total_steps = config.train.epochs * math.ceil(len(train_records) / config.train.batch_size)
     scheduler = get_cosine_schedule_with_warmup(optimizer, int(config.train.warmup_ratio * total_steps), total_steps)
@@ -129,7 +228,8 @@ def run(config: CompressorJobConfig) -> dict:
         model, optimizer, train_loader, val_loader, scheduler)
 
     state_path = out / "last" / "trainer_state.json"
-    state = {"epoch": 0, "step": 0, "best_val_mse": float("inf"), "history": []}
+    state = {"epoch": 0, "step": 0, "best_val_mse": float("inf"), "best_val_objective": float("inf"),
+             "history": []}
     if state_path.exists():
         accelerator.load_state(str(out / "last"))
         state = json.loads(state_path.read_text())
@@ -141,7 +241,7 @@ def run(config: CompressorJobConfig) -> dict:
     started = time.perf_counter()
 
     def save_best(metrics: dict) -> None:
-        state["best_val_mse"] = metrics["val_mse"]
+        state["best_val_mse"], state["best_val_objective"] = metrics["val_mse"], metrics["val_objective"]
         if accelerator.is_main_process:
             save_checkpoint(accelerator.unwrap_model(model), out / "best", {
                 "config": to_dict(config), "data": config.data, "data_sha256": data_hash,
@@ -152,7 +252,7 @@ def run(config: CompressorJobConfig) -> dict:
         # The untrained compressor is the mean of its children: the first candidate for "best", so a
         # run that only overfits never leaves a checkpoint worse than the mean_pool baseline.
         initial = {"epoch": 0, "train_loss": None, "lr": scheduler.get_last_lr()[0],
-                   **evaluate(model, val_loader, accelerator)}
+                   **evaluate(model, val_loader, accelerator, config.train)}
         state["history"].append(initial)
         save_best(initial)
     with Progress(disable=not accelerator.is_main_process) as progress:
@@ -163,8 +263,9 @@ def run(config: CompressorJobConfig) -> dict:
         for epoch in range(state["epoch"], config.train.epochs):
             model.train()
             epoch_loss, batches, samples, epoch_started = 0.0, 0, 0, time.perf_counter()
+            term_sums: dict[str, float] = {}
             for batch in train_loader:
-                loss = compressor_loss(model(batch["children"], batch["mask"]), batch["target"], config.train.loss)
+                loss, terms = objective(model(batch["children"], batch["mask"]), batch, config.train)
                 if not torch.isfinite(loss):
                     raise TrainingDiverged(
                         f"non-finite loss at epoch {epoch + 1}, step {state['step']}; the checkpoints in {out} are "
@@ -175,26 +276,31 @@ def run(config: CompressorJobConfig) -> dict:
                 scheduler.step()
                 optimizer.zero_grad()
                 epoch_loss, batches, state["step"] = epoch_loss + loss.item(), batches + 1, state["step"] + 1
+                for name, value in terms.items():
+                    term_sums[name] = term_sums.get(name, 0.0) + value
                 samples += len(batch["target"]) * accelerator.num_processes
                 progress.advance(task)
             metrics = {"epoch": epoch + 1, "train_loss": epoch_loss / max(batches, 1),
+                       **{f"train_{k}": v / max(batches, 1) for k, v in term_sums.items()},
                        "lr": scheduler.get_last_lr()[0],
                        "samples_per_s": round(samples / (time.perf_counter() - epoch_started), 1),
-                       **evaluate(model, val_loader, accelerator)}
+                       **evaluate(model, val_loader, accelerator, config.train)}
             state["history"].append(metrics)
             state["epoch"] = epoch + 1
             # --- save ------------------------------------------------------------------------------
-            if metrics["val_mse"] < state["best_val_mse"]:
+            if metrics["val_objective"] < state.get("best_val_objective", state["best_val_mse"]):
                 save_best(metrics)
             accelerator.save_state(str(out / "last"))
             if accelerator.is_main_process:
                 state_path.write_text(json.dumps(state, indent=2))
                 tracker.log(metrics, step=state["step"])
-            progress.update(task, description=f"epoch {epoch + 1}/{config.train.epochs}: val_mse "
-                                              f"{metrics['val_mse']:.4f}")
+            progress.update(task, description=f"epoch {epoch + 1}/{config.train.epochs}: val_objective "
+                                              f"{metrics['val_objective']:.4f}")
 
     # --- evaluate ----------------------------------------------------------------------------------
-    summary = {"best_val_mse": state["best_val_mse"], "initial_val_mse": state["history"][0]["val_mse"],
+    summary = {"objective": config.train.objective, "best_val_objective": state["best_val_objective"],
+               "initial_val_objective": state["history"][0]["val_objective"],
+               "best_val_mse": state["best_val_mse"], "initial_val_mse": state["history"][0]["val_mse"],
                "epochs": state["epoch"], "n_train": len(train_records),
                "n_val": len(val_records), "seconds": round(time.perf_counter() - started, 1),
                **{k: v for k, v in state["history"][-1].items() if k.startswith(("val_", "mean_pool"))}}

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from overstory.cli import main
-from overstory.core.config import load_config
+from overstory.core.config import ConfigError, load_config
 from overstory.data_pipeline.formats import SummaryRecord, read_jsonl
 from overstory.data_pipeline.splits import split_by_document
 from overstory.models.compressor import load_compressor
@@ -63,3 +63,33 @@ def test_non_finite_loss_stops_and_keeps_checkpoints(summaries: Path, tmp_path: 
     assert (tmp_path / "c" / "best" / "model.safetensors").exists()  # the untrained start is kept as best
     model = load_compressor(tmp_path / "c" / "best")
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_contrastive_objective_lowers_its_loss_and_changes_parameters(summaries: Path, tmp_path: Path) -> None:
+    """The retrieval objective on real HotpotQA questions: chunks covering a question's supporting facts are pulled
+    towards it; its training loss falls and the compressor leaves its mean-pool start."""
+    out = tmp_path / "contrastive"
+    assert _train(summaries, out, "train.epochs=6", "train.lr=1e-3", "train.objective=contrastive",
+                  f"questions={{kind: hotpotqa, path: {ROOT / 'data/hotpotqa'}}}") == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    history = metrics["history"]
+    assert metrics["objective"] == "contrastive" and "train_summary" not in history[1]
+    assert history[-1]["train_contrastive"] < history[1]["train_contrastive"]
+    assert all(row["val_objective"] == row["val_contrastive"] for row in history)
+    assert history[0]["val_contrastive"] == pytest.approx(history[0]["mean_pool_contrastive"], rel=1e-4)
+    assert history[-1]["val_contrastive"] != history[0]["val_contrastive"]  # the parameters moved
+    best = load_compressor(out / "best", embedding_dim=384)  # zero at the mean-pool start, as in the MSE test
+    manifest = json.loads((out / "best" / "overstory.json").read_text())
+    if manifest["metrics"]["epoch"] > 0:
+        assert any(p.abs().sum() > 0 for p in (best.query, best.layers.layers[0].linear2.weight))
+
+    both = tmp_path / "both"  # the paper's term and ours added: both logged
+    assert _train(summaries, both, "train.epochs=2", "train.objective=mse+contrastive", "train.contrastive_weight=0.5",
+                  f"questions={{kind: hotpotqa, path: {ROOT / 'data/hotpotqa'}}}") == 0
+    row = json.loads((both / "metrics.json").read_text())["history"][-1]
+    assert row["train_loss"] == pytest.approx(row["train_summary"] + row["train_contrastive"], rel=1e-4)
+
+
+def test_contrastive_objective_needs_questions() -> None:
+    with pytest.raises(ConfigError, match="needs questions"):
+        load_config(CompressorJobConfig, ROOT / "configs/train/compressor.yaml", ["train.objective=contrastive"])
