@@ -144,12 +144,6 @@ def generate_plans(model, tokenizer, prompts: list[list[dict]], max_new_tokens: 
     return texts, lengths, (time.perf_counter() - started) / max(len(prompts), 1)
 
 
-def score_plans(rows: list[dict], replies: list[str], lengths: list[int], length_limit: int) -> tuple[dict, list]:
-    """Planning metrics of one variant (``summarize``d outcomes), and the range each question is answered from."""
-    outcomes, ranges = plan_outcomes(rows, replies, lengths, length_limit)
-    return summarize(outcomes), ranges
-
-
 def run(config: EvalPlannerConfig) -> dict:
     variants = config.selected()
     data = PlannerDataConfig(labels=config.data, hierarchy=config.hierarchy, metadata_tokens=config.metadata_tokens,

@@ -14,21 +14,22 @@ from overstory.core.config import ConfigError, load_config
 from overstory.data_pipeline.formats import LEVEL_RANK, Chunk, PseudoLabel, read_jsonl, write_jsonl
 from overstory.data_pipeline.hierarchy import stored_hierarchy_path
 from overstory.data_pipeline.splits import split_by_document
-from overstory.evaluation.planner import EvalPlannerConfig, score_plans
-from overstory.evaluation.planner_metrics import fixed_ranges, majority_baseline, qa_outcome
+from overstory.evaluation.planner import EvalPlannerConfig
+from overstory.evaluation.planner_metrics import fixed_ranges, majority_baseline, plan_outcomes, qa_outcome, summarize
 from overstory.models.planner import plan_json
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs/eval/planner.yaml"
 
 
-def test_score_plans_counts_exact_gold_within_one_and_format() -> None:
+def test_plan_outcomes_count_exact_gold_within_one_and_format() -> None:
     rows = [{"level_min": "sentence", "level_max": "paragraph", "gold_level_min": "sentence",
              "gold_level_max": "sentence", "doc_id": "qasper/a"},
             {"level_min": "paragraph", "level_max": "section", "gold_level_min": "", "gold_level_max": "",
              "doc_id": "squad/b"}]
     replies = [plan_json("sentence", "paragraph"), "no plan at all"]
-    metrics, ranges = score_plans(rows, replies, [20, 200], length_limit=128)
+    outcomes, ranges = plan_outcomes(rows, replies, [20, 200], length_limit=128)
+    metrics = summarize(outcomes)
     assert metrics["accuracy"] == 0.5 and metrics["accuracy_gold"] == 0.0 and metrics["format_valid"] == 0.5
     assert metrics["format_valid_strict"] == 0.5
     assert metrics["within_one_level"] == 0.5 and metrics["over_length"] == 0.5
@@ -44,7 +45,7 @@ def test_strict_format_rate_counts_only_the_exact_json() -> None:
                "{'largest_chunk_size': 'paragraph', 'smallest_chunk_size': 'sentence'}",
                '{"largest_chunk_size": "sentence", "smallest_chunk_size": "paragraph"}',
                '{"largest_chunk_size": "paragraphs", "smallest_chunk_size": "sentence"']
-    metrics, _ = score_plans(rows, replies, [20] * 4, length_limit=128)
+    metrics = summarize(plan_outcomes(rows, replies, [20] * 4, length_limit=128)[0])
     assert metrics["format_valid"] == 1.0 and metrics["format_valid_strict"] == 0.25
 
 
