@@ -25,7 +25,7 @@ from overstory.serving.batching import Batcher, Job, RowOutput, Sampling
 from overstory.serving.config import RoleConfig, ServeConfig
 from overstory.serving.cross_encoder import CrossEncoderModel
 from overstory.serving.errors import BadRequest, RequestTooLarge, UnknownModel
-from overstory.serving.model_thread import ModelThread
+from overstory.serving.model_thread import ModelThread, limit_malloc_arenas
 from overstory.serving.structured import GrammarCompilerCache, GrammarLogitsProcessor, grammar_spec
 from overstory.serving.tools import render_chat_prompt, tool_call_schema
 
@@ -165,6 +165,8 @@ class EmbeddedEngine:
 
     def __init__(self, config: ServeConfig):
         self.config = config
+        if config.malloc_arena_max:  # before the models load and the server's threads start
+            limit_malloc_arenas(config.malloc_arena_max)
         loaded: dict[tuple[str, str, str], object] = {}
         self._models: dict[str, object] = {}
         self._context: dict[str, int] = {}  # per role: roles sharing a model may cap its context differently
