@@ -10,9 +10,8 @@ an option), or with a retrieval objective the paper does not have (``train.objec
 pulling a chunk's compressed embedding towards the ``questions`` corpus's questions whose evidence it covers, see
 ``compressor_contrastive.py``), or both added (``mse+contrastive``). Every epoch it evaluates next to the untrained
 ``mean_pool`` baseline, keeps the best checkpoint by the validation objective in ``out/best`` and the full
-training state in ``out/last``. Rerunning the same command
-resumes from ``out/last``. A non-finite loss stops the run with a clear error; ``best`` and
-``last`` stay as they were after the last good epoch.
+training state in ``out/last``. Rerunning the same command resumes from ``out/last``. A non-finite loss stops the
+run with a clear error; ``best`` and ``last`` stay as they were after the last good epoch.
 """
 
 from __future__ import annotations
