@@ -79,7 +79,7 @@ class ServeConfig:
     # embedded engine: glibc malloc arenas for the threads the serving process creates from then on (mallopt
     # M_ARENA_MAX; 0 leaves glibc's default of 8 per core). Handler threads come and go under load, and each new
     # arena fragments: measured, the 1,000-request mixed load grew 123 MiB first to last quarter with the default
-    # and 66 MiB with 2 (serving/model_thread.py)
+    # and 94 MiB with 2 (serving/model_thread.py)
     malloc_arena_max: int = 2
     # `overstory serve` records the served stack (roles, models, uptime) here; background servers do not
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
