@@ -2,8 +2,9 @@
 
     overstory eval compressor --config configs/eval/compressor.yaml --checkpoint DIR --data FILE --out DIR
 
-Methods, for every upper-level chunk of the held-out documents (the training split's validation
-documents, by the same hash):
+Methods, for every upper-level chunk of the held-out documents: the training split's validation documents, by
+the same hash (``held_out: validation``, for a ``data`` file the compressor was trained on), or every document of
+``data`` (``held_out: all``, for summaries of documents kept out of training, e.g. the QASPER dev papers):
 - ``compressor``: the trained compressor ``checkpoint`` (either design);
 - ``mean_pool``: the mean of the children's embeddings;
 - ``direct_encode``: the encoder on the chunk's text (truncated as the encoder truncates);
@@ -28,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 from rich.progress import Progress
@@ -42,7 +44,7 @@ from overstory.data_pipeline.summaries import SummariesConfig, SummaryFailed, su
 from overstory.evaluation.plots import plot_recall_vs_cost
 from overstory.models.text_compressor import checkpoint_kind
 from overstory.retrieval.index import DenseIndex, chunk_text_for_index
-from overstory.retrieval.metrics import mean, recall_at_k
+from overstory.retrieval.metrics import bootstrap_interval, mean, recall_at_k
 from overstory.serving.client import Client
 from overstory.serving.config import RoleConfig, ServeConfig
 from overstory.serving.launch import serve_in_background
@@ -58,7 +60,10 @@ class EvalCompressorConfig:
     out: str
     # further compressors to compare, each a method row of its own: {name: checkpoint folder}
     extra_checkpoints: dict[str, str] = field(default_factory=dict)
-    val_fraction: float = 0.2  # must match the training run's train.val_fraction
+    # validation: the hash split's validation documents of `data` (val_fraction must match the training run's
+    # train.val_fraction); all: every document of `data`, summaries of documents the compressor never saw
+    held_out: Literal["validation", "all"] = "validation"
+    val_fraction: float = 0.2
     k: int = 5
     max_summary_tokens: int = 128
     max_input_chars: int = 12000  # as the summaries job's: chunks are cut at this many characters before summarising
@@ -80,11 +85,19 @@ def _timed(fn: Callable[[], np.ndarray]) -> tuple[np.ndarray, float]:
     return result, time.perf_counter() - started
 
 
+def held_out_records(records: list[SummaryRecord], config: EvalCompressorConfig) -> list[SummaryRecord]:
+    """The summary records evaluated: the validation documents of the training split, or all of them."""
+    held_out = split_by_document(records, config.val_fraction)[1] if config.held_out == "validation" else records
+    if not held_out:
+        raise ValueError(f"no held-out upper-level chunks in {config.data} (held_out: {config.held_out})")
+    return held_out
+
+
 def run(config: EvalCompressorConfig) -> dict:
     checkpoints = {"compressor": config.checkpoint, **config.extra_checkpoints}
     kinds = {name: checkpoint_kind(folder) for name, folder in checkpoints.items()}  # fails before models load
     records = list(read_jsonl(config.data, SummaryRecord))
-    _, held_out = split_by_document(records, config.val_fraction)
+    held_out = held_out_records(records, config)
     questions = load_corpus(config.corpus)[1]  # the questions and their evidence; the chunks come from the data job
     kept = stored_hierarchy_path(config.data)
     if not kept.exists():
@@ -153,10 +166,13 @@ def run(config: EvalCompressorConfig) -> dict:
             index = DenseIndex(upper, vectors, lambda texts: client.embed("embedder", texts))
             hits = index.search([q.question for q in test_questions], config.k) if test_questions else []
             normed = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+            recalls = [recall_at_k([h.chunk for h in row], q.evidence, config.k)
+                       for q, row in zip(test_questions, hits)]
+            interval = bootstrap_interval(recalls)
             results[method] = {
                 "cosine_to_target": float(np.mean(np.sum(normed * targets, axis=1))),
-                f"recall@{config.k}": mean([recall_at_k([h.chunk for h in row], q.evidence, config.k)
-                                            for q, row in zip(test_questions, hits)]),
+                f"recall@{config.k}": mean(recalls),
+                f"recall@{config.k}_ci95": list(interval) if interval else None,
                 "seconds": round(seconds, 3),
                 "llm_completion_tokens": after.get("completion_tokens", 0) - before.get("completion_tokens", 0),
                 "llm_prompt_tokens": after.get("prompt_tokens", 0) - before.get("prompt_tokens", 0),
@@ -183,11 +199,15 @@ def _print(report: dict, k: int) -> None:
 
     table = Table(title=f"{report['n_upper_chunks']} upper-level chunks of {report['n_documents']} held-out "
                         f"documents, {report['n_questions']} questions")
-    for column in ("method", "cosine to e_gt", f"recall@{k}", "seconds", "LLM tokens", "speed-up vs summarize"):
+    for column in ("method", "cosine to e_gt", f"recall@{k} [95% CI]", "seconds", "LLM tokens",
+                   "speed-up vs summarize"):
         table.add_column(column, justify="right")
     for method, row in report["methods"].items():
-        recall = row[f"recall@{k}"]
-        table.add_row(method, f"{row['cosine_to_target']:.3f}", "-" if recall is None else f"{recall:.3f}",
+        recall, interval = row[f"recall@{k}"], row[f"recall@{k}_ci95"]
+        shown = "-" if recall is None else f"{recall:.3f}"
+        if recall is not None and interval:
+            shown += f" [{interval[0]:.2f}, {interval[1]:.2f}]"
+        table.add_row(method, f"{row['cosine_to_target']:.3f}", shown,
                       f"{row['seconds']:.2f}", str(row["llm_prompt_tokens"] + row["llm_completion_tokens"]),
                       f"{row['speedup_vs_summarize']:g}x")
     Console(width=110).print(table)

@@ -38,13 +38,16 @@ def plot_level_stats(chunks_by_corpus: Mapping[str, Sequence[Chunk]], path: str 
 
 
 def plot_recall_vs_cost(results: Mapping[str, Mapping], k: int, path: str | Path) -> Path:
-    """recall@k against the seconds spent embedding the upper levels, one point per method (log x)."""
+    """recall@k (with its 95% interval where the report has one) against the seconds spent embedding the upper
+    levels, one point per method (log x)."""
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     for method, row in results.items():
         recall = row.get(f"recall@{k}")
         if recall is None:
             continue
-        ax.scatter(max(row["seconds"], 1e-4), recall, s=60)
+        interval = row.get(f"recall@{k}_ci95")
+        error = [[recall - interval[0]], [interval[1] - recall]] if interval else None
+        ax.errorbar(max(row["seconds"], 1e-4), recall, yerr=error, fmt="o", markersize=8, capsize=4)
         ax.annotate(method, (max(row["seconds"], 1e-4), recall), textcoords="offset points", xytext=(6, 4))
     ax.set_xscale("log")
     ax.set_xlabel("seconds to embed the upper levels (log scale)")
