@@ -3,9 +3,10 @@
     overstory eval planner --config configs/eval/planner.yaml --checkpoint DIR --data FILE --out DIR
     overstory eval planner --config configs/eval/planner.yaml --compare base,sft,grpo,stitch
 
-Every variant plans the same held-out questions (the validation documents of the labels' split by document),
-greedily, with the planner prompt. Per variant (``planner_metrics.py``): exact (min, max) accuracy against the
-labels and against the gold levels where the dataset has them, within-one-level accuracy, format-valid rate
+Every variant plans the same held-out questions (the validation documents of the labels' split by document, or
+every question of ``data`` when ``train_data`` names the labels the planners were trained on), greedily, with
+the planner prompt. Per variant (``planner_metrics.py``): exact (min, max) accuracy against the labels and
+against the gold levels where the dataset has them, within-one-level accuracy, format-valid rate
 (``format_valid``: the runtime's tolerant parser found a plan; ``format_valid_strict``: the reply ends in the exact
 JSON the prompt asks for, see ``strict_plan_valid``), median and p90 completion tokens, seconds per plan, and,
 through the SmartChunk runtime (retrieval over the predicted range of the question's document, then the
@@ -33,14 +34,14 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
 from overstory.core.config import ConfigError, to_dict
 from overstory.core.tracking import TrackingConfig, start_run
-from overstory.data_pipeline.formats import LEVELS, PseudoLabel, read_jsonl
+from overstory.data_pipeline.formats import LEVELS, Chunk, PseudoLabel, read_jsonl
 from overstory.data_pipeline.planner_examples import PlannerDataConfig, planner_rows, unlabelled_rows
 from overstory.evaluation.planner_metrics import (
     ALL_RANGES,
@@ -68,13 +69,17 @@ from overstory.serving.launch import stack_in_background
 class EvalPlannerConfig:
     data: str  # pseudo-label JSONL (`overstory data pseudo-labels`)
     out: str
+    # the labels the planners were trained on (e.g. `overstory data mix`'s file): the majority range and the
+    # fixed-range selection come from all of them, and every question of `data` is held out (e.g. the QASPER dev
+    # papers' labels; no document may be in both). Empty: both come from `data`'s split by document
+    train_data: str = ""
     checkpoint: str = ""  # one planner (adapter folder, full model folder or model name)
     # named variants for --compare, e.g. {base: builtin:..., sft: runs/train/planner_sft/final}
     variants: dict[str, str] = field(default_factory=dict)
     compare: str = ""  # comma-separated names from `variants`; empty: evaluate `checkpoint`
     hierarchy: str = ""  # the chunks the labels refer to; empty: the one stored beside the labels
     metadata_tokens: int = 1000  # how much of the document the planner reads (as in training)
-    val_fraction: float = 0.2  # must match the training runs' data.val_fraction
+    val_fraction: float = 0.2  # must match the training runs' data.val_fraction (unused with train_data)
     max_new_tokens: int = 160
     length_limit: int = 128  # L_max: completions above it count as over-long
     batch_size: int = 8
@@ -144,22 +149,39 @@ def generate_plans(model, tokenizer, prompts: list[list[dict]], max_new_tokens: 
     return texts, lengths, (time.perf_counter() - started) / max(len(prompts), 1)
 
 
+def split_rows(config: EvalPlannerConfig, data: PlannerDataConfig, tokenizer_name: str
+               ) -> tuple[list[dict], list[dict], list[Chunk], str]:
+    """(training rows, held-out rows, the chunks both refer to, how they were split): ``data``'s split by document,
+    or with ``train_data`` all of ``data`` held out and all of ``train_data`` for training (no shared document)."""
+    if not config.train_data:
+        train, val, chunks = planner_rows(data, tokenizer_name)
+        return (train, val, chunks, "validation documents") if val else ([], train, chunks, "all (no split)")
+    held_out, _, chunks = planner_rows(replace(data, val_fraction=0), tokenizer_name)
+    train, _, train_chunks = planner_rows(replace(data, labels=config.train_data, hierarchy="", val_fraction=0),
+                                          tokenizer_name)
+    shared = sorted({r["doc_id"] for r in train} & {r["doc_id"] for r in held_out})
+    if shared:
+        raise ConfigError(f"train_data: {len(shared)} documents (e.g. {shared[0]}) are also in data {config.data}; "
+                          "the held-out questions must come from documents no training label comes from")
+    return train, held_out, chunks + train_chunks, f"all of data (training labels: {config.train_data})"
+
+
 def run(config: EvalPlannerConfig) -> dict:
     variants = config.selected()
     data = PlannerDataConfig(labels=config.data, hierarchy=config.hierarchy, metadata_tokens=config.metadata_tokens,
                              val_fraction=config.val_fraction)
-    train_rows, val_rows, chunks = planner_rows(data, base_model_of(next(iter(variants.values()))))
-    rows = (val_rows or train_rows)[: config.limit or None]
+    base = base_model_of(next(iter(variants.values())))
+    train_rows, held_out, chunks, split = split_rows(config, data, base)
+    rows = held_out[: config.limit or None]
     extra = []
     if config.unlabelled:
-        held_out_docs = {r["doc_id"] for r in (val_rows or train_rows)}
-        extra = unlabelled_rows(data, base_model_of(next(iter(variants.values()))), held_out_docs)
-        extra = extra[: config.limit or None]
+        extra = unlabelled_rows(data, base, {r["doc_id"] for r in held_out})[: config.limit or None]
     evidence = {label.id: label.evidence for label in read_jsonl(config.data, PseudoLabel)}
-    report: dict = {"n_questions": len(rows), "n_unlabelled": len(extra),
-                    "split": "validation documents" if val_rows else "all (no split)",
+    if config.train_data:
+        evidence |= {label.id: label.evidence for label in read_jsonl(config.train_data, PseudoLabel)}
+    report: dict = {"n_questions": len(rows), "n_unlabelled": len(extra), "split": split,
                     "datasets": dict(Counter(dataset_of(r) for r in rows)),
-                    "majority_baseline": majority_baseline(train_rows, rows), "variants": {},
+                    "majority_baseline": majority_baseline(train_rows or held_out, rows), "variants": {},
                     "checkpoints": variants, "config": to_dict(config)}
     qa_cache: dict[tuple[str, str, str], dict] = {}
     with ExitStack() as stack:
@@ -183,7 +205,7 @@ def run(config: EvalPlannerConfig) -> dict:
             report["variants"][name] = metrics = evaluate_variant(config, checkpoint, rows, extra, answer)
             tracker.log({f"{name}/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
         if answer is not None and config.reference_ranges():
-            selection = train_rows[: config.fixed_range_selection] if val_rows else []
+            selection = train_rows[: config.fixed_range_selection]
             report["fixed_ranges"] = fixed_ranges(selection, rows, config.reference_ranges(), answer)
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)

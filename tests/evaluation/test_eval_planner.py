@@ -13,10 +13,12 @@ from overstory.cli import main
 from overstory.core.config import ConfigError, load_config
 from overstory.data_pipeline.formats import LEVEL_RANK, Chunk, PseudoLabel, read_jsonl, write_jsonl
 from overstory.data_pipeline.hierarchy import stored_hierarchy_path
+from overstory.data_pipeline.planner_examples import PlannerDataConfig
 from overstory.data_pipeline.splits import split_by_document
-from overstory.evaluation.planner import EvalPlannerConfig
+from overstory.evaluation.planner import EvalPlannerConfig, split_rows
 from overstory.evaluation.planner_metrics import fixed_ranges, majority_baseline, plan_outcomes, qa_outcome, summarize
 from overstory.models.planner import plan_json
+from overstory.models.registry import SMOLLM2
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs/eval/planner.yaml"
@@ -89,6 +91,36 @@ def test_fixed_ranges_pick_the_best_on_training_questions_and_report_it_held_out
     assert report["best"]["qa_accuracy"] == 0.5 and report["best"]["tokens_read"] == 20.0
     assert report["ranges"]["sentence..section"]["qa_accuracy"] == 1.0
     assert report["ranges"]["sentence..sentence"]["by_dataset"]["squad"]["chunk_tokens"] == 10.0
+
+
+def _labels_of(labels: Path, doc_ids: set[str], path: Path) -> Path:
+    """The labels of ``doc_ids``, stored with the hierarchy as the pseudo-labels job would."""
+    path.parent.mkdir(exist_ok=True)
+    write_jsonl(path, [r for r in read_jsonl(labels, PseudoLabel) if r.doc_id in doc_ids])
+    shutil.copy(stored_hierarchy_path(labels), stored_hierarchy_path(path))
+    return path
+
+
+def test_train_data_holds_out_every_question_of_data(planner_labels: Path, tmp_path: Path) -> None:
+    """With ``train_data``, the training rows (majority range, fixed-range selection) are all of its labels and the
+    held-out rows all of ``data``'s; a document in both is refused, naming the key."""
+    docs = sorted({r.doc_id for r in read_jsonl(planner_labels, PseudoLabel)})
+    train = _labels_of(planner_labels, set(docs[:2]), tmp_path / "train" / "labels.jsonl")
+    held = _labels_of(planner_labels, {docs[2]}, tmp_path / "dev" / "labels.jsonl")
+    config = load_config(EvalPlannerConfig, CONFIG, [f"data={held}", f"train_data={train}", "checkpoint=x"])
+    data = PlannerDataConfig(labels=str(held), metadata_tokens=64)
+    train_rows, held_out, chunks, split = split_rows(config, data, SMOLLM2)
+    assert {r["doc_id"] for r in train_rows} == set(docs[:2]) and {r["doc_id"] for r in held_out} == {docs[2]}
+    assert len(train_rows) + len(held_out) == len(list(read_jsonl(planner_labels, PseudoLabel)))
+    assert {c.doc_id for c in chunks} == set(docs) and str(train) in split
+    # without train_data: data's own split by document, as before
+    default = replace(config, train_data="", data=str(planner_labels))
+    own_train, own_held, _, own_split = split_rows(default, replace(data, labels=str(planner_labels)), SMOLLM2)
+    assert own_split == "validation documents" and own_train and own_held
+    assert not {r["doc_id"] for r in own_train} & {r["doc_id"] for r in own_held}
+    overlapping = _labels_of(planner_labels, set(docs[1:]), tmp_path / "overlap" / "labels.jsonl")
+    with pytest.raises(ConfigError, match="train_data: 1 documents"):
+        split_rows(replace(config, train_data=str(overlapping)), data, SMOLLM2)
 
 
 def _with_unanswered(labels: Path, folder: Path, n: int) -> tuple[Path, set[str]]:
