@@ -61,10 +61,16 @@ def planner_table(report: dict) -> str:
 def compressor_table(report: dict) -> str:
     """``eval compressor`` metrics.json: one row per way of embedding the upper levels."""
     k = report["config"]["k"]
-    rows = [[name, _fmt(m["cosine_to_target"]), _fmt(m.get(f"recall@{k}")), _fmt(m["seconds"], 2),
+
+    def recall(m: dict) -> str:  # with its 95% bootstrap interval where the report has one
+        interval = m.get(f"recall@{k}_ci95")
+        return _fmt(m.get(f"recall@{k}")) + (f" [{_fmt(interval[0])}, {_fmt(interval[1])}]" if interval else "")
+
+    rows = [[name, _fmt(m["cosine_to_target"]), recall(m), _fmt(m["seconds"], 2),
              str(m["llm_completion_tokens"] + m["llm_prompt_tokens"]), f"{m['speedup_vs_summarize']}x"]
             for name, m in report["methods"].items()]
-    return _table(["method", "cosine to e_gt", f"recall@{k}", "seconds", "LLM tokens", "speed-up vs summarize"], rows)
+    return _table(["method", "cosine to e_gt", f"recall@{k} [95% CI]", "seconds", "LLM tokens",
+                   "speed-up vs summarize"], rows)
 
 
 def serve_bench_table(report: dict) -> str:

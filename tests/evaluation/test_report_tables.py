@@ -24,3 +24,15 @@ def test_render_replaces_only_marked_tables_whose_file_exists(tmp_path: Path) ->
     assert notes == ["rendered quickstart from q/report.json", "kept planner: missing/metrics.json not found"]
     again, notes = render_readme(rendered, tmp_path)
     assert again == rendered and notes[0].startswith("unchanged")
+
+
+def test_compressor_table_shows_recall_with_its_interval_where_the_report_has_one() -> None:
+    from overstory.evaluation.report_tables import compressor_table
+
+    row = {"cosine_to_target": 0.9, "seconds": 0.5, "llm_completion_tokens": 0, "llm_prompt_tokens": 0,
+           "speedup_vs_summarize": 10.0}
+    table = compressor_table({"config": {"k": 5}, "methods": {
+        "mean_pool": {**row, "recall@5": 0.5, "recall@5_ci95": [0.25, 0.75]},
+        "older_report": {**row, "recall@5": 0.4}}})
+    assert "| recall@5 [95% CI] |" in table
+    assert "| mean_pool | 0.900 | 0.500 [0.250, 0.750] |" in table and "| older_report | 0.900 | 0.400 |" in table
