@@ -190,6 +190,21 @@ def write_jsonl(path: str | Path, records: Iterable[Any]) -> int:
     return n
 
 
+def drop_records(path: str | Path, ids: set[str], id_key: str = "id") -> int:
+    """Rewrite ``path`` (atomically) without the records whose id is in ``ids``; returns how many were dropped.
+
+    A job that retries its failures on restart calls this on its failures file with the ids it has since
+    written, so the file lists what is still missing rather than every failure it ever had."""
+    path = Path(path)
+    if not path.exists():
+        return 0
+    records = list(read_jsonl(path))
+    kept = [r for r in records if str(r.get(id_key)) not in ids]
+    if len(kept) < len(records):
+        write_jsonl(path, kept)
+    return len(records) - len(kept)
+
+
 def read_jsonl(path: str | Path, cls: type[R] | None = None) -> Iterator[Any]:
     """Yield records from ``path``; a truncated last line (a killed writer) is skipped, any other
     malformed line raises with its line number."""

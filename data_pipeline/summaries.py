@@ -7,8 +7,9 @@ prompt ("Summarize the following text in at most n tokens"), the ``embedder`` ro
 summary (the compressor's target e_gt) and the chunk's children (its input), and one
 ``SummaryRecord`` is appended to ``out``. A summary that comes back empty, or not in the source's
 script, is retried; after ``max_attempts`` it goes to ``<out>.failures.jsonl`` with the raw text.
-Finished ids are skipped on restart, so a killed run resumes; failures are retried on restart. The
-hierarchy that was summarised is kept in ``<out>.hierarchy.jsonl`` for resumes and later jobs.
+Finished ids are skipped on restart, so a killed run resumes; failures are retried on restart, and those
+written since leave the failures file (it lists what is still missing). The hierarchy that was summarised is
+kept in ``<out>.hierarchy.jsonl`` for resumes and later jobs.
 """
 
 from __future__ import annotations
@@ -25,7 +26,14 @@ from rich.progress import Progress
 from overstory.core.config import ConfigError
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
-from overstory.data_pipeline.formats import Chunk, FailureRecord, JsonlAppender, SummaryRecord, check_level
+from overstory.data_pipeline.formats import (
+    Chunk,
+    FailureRecord,
+    JsonlAppender,
+    SummaryRecord,
+    check_level,
+    drop_records,
+)
 from overstory.data_pipeline.hierarchy import (
     HierarchyConfig,
     build_hierarchies,
@@ -176,9 +184,10 @@ def run(config: SummariesConfig) -> dict:
                     failures.write(failed.record)
                     counts["failed"] += 1
                 progress.advance(task)
+        counts["resolved"] = drop_records(failures_path(config.out), out.done)
         if client is not None:
             usage = client.stats.summary()
             tracker.summary({**counts, "generator_tokens": usage.get("generator", {}).get("completion_tokens", 0)})
     print(f"summaries: {counts['ok']} written, {counts['failed']} failed (see {failures_path(config.out)}), "
-          f"{counts['skipped']} already done -> {config.out}")
+          f"{counts['skipped']} already done, {counts['resolved']} earlier failures since written -> {config.out}")
     return counts

@@ -9,7 +9,7 @@ import pytest
 
 from overstory.cli import main
 from overstory.core.config import ConfigError
-from overstory.data_pipeline.formats import Chunk, SummaryRecord, read_jsonl
+from overstory.data_pipeline.formats import Chunk, SummaryRecord, read_jsonl, write_jsonl
 from overstory.data_pipeline.hierarchy import load_hierarchies, stored_hierarchy_path
 from overstory.data_pipeline.summaries import (
     SummariesConfig,
@@ -42,9 +42,13 @@ def test_real_summaries_and_resume(tmp_path: Path) -> None:
         assert record.generator == "builtin:smollm2-135m-instruct"
     kept = stored_hierarchy_path(out)
     assert {r.id for r in records} <= {c.id for c in load_hierarchies(kept)}
+    # an earlier failure of a chunk that is now written leaves the failures file; one still missing stays
+    failed = [{"id": records[0].id, "error": "timed out", "raw": ""}, {"id": "never-written", "error": "x", "raw": ""}]
+    write_jsonl(failures_path(out), failed)
     assert _run(out, "limit=4") == 0  # resumes: only the 4th chunk is new
     again = list(read_jsonl(out, SummaryRecord))
     assert [r.id for r in again[:3]] == [r.id for r in records] and len(again) == 4
+    assert [r["id"] for r in read_jsonl(failures_path(out))] == ["never-written"]
 
 
 class EmptyGenerator:
