@@ -38,6 +38,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
+from rich.progress import track
 
 from overstory.core.config import ConfigError, to_dict
 from overstory.core.tracking import TrackingConfig, start_run
@@ -136,7 +137,7 @@ def generate_plans(model, tokenizer, prompts: list[list[dict]], max_new_tokens: 
     tokenizer.padding_side = "left"
     texts, lengths = [], []
     started = time.perf_counter()
-    for start in range(0, len(prompts), batch_size):
+    for start in track(range(0, len(prompts), batch_size), description=f"planning ({batch_size} per batch)"):
         chunk = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
                  for p in prompts[start: start + batch_size]]
         batch = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=False)
@@ -291,6 +292,11 @@ def _print(report: dict) -> None:
             print(f"{name} on {dataset} ({summary['n']}): accuracy {_fmt(summary, 'accuracy')}, gold "
                   f"{_fmt(summary, 'accuracy_gold')}, QA {_fmt(summary, 'qa_accuracy')}, chunk tokens "
                   f"{_fmt(summary, 'chunk_tokens')}")
+    for dataset, summary in majority.get("by_dataset", {}).items():
+        if "dataset_label" in summary:  # the reference a per-dataset planner must beat
+            own = summary["dataset_label"]
+            print(f"always {'..'.join(own['label'])} (the majority of {dataset}'s training labels) on {dataset} "
+                  f"({own['n']}): accuracy {_fmt(own, 'accuracy')}, gold {_fmt(own, 'accuracy_gold')}")
     if report.get("n_unlabelled"):
         total = report["n_questions"] + report["n_unlabelled"]
         print(f"format valid (strict) on all {total} planned questions, {report['n_unlabelled']} of them without a "
