@@ -34,11 +34,13 @@ def test_quickstart_end_to_end(tmp_path: Path, port_8000_taken) -> None:
     (out).mkdir()
     # a stage written by another job must survive the quickstart's report update
     (out / "report.json").write_text(json.dumps({"stages": {"later_issue": {"x": 1}}}))
-    # the default serve port (0: a free one) while 8000 is taken; smaller compressor and planner slices
+    # the default serve port (0: a free one) while 8000 is taken; smaller compressor and planner slices, and no
+    # SmartChunk QA in the planner comparison (eval planner's own test runs it): the suite's CI time
     code = main(["quickstart", "--out", str(out), "rag_questions=6", "tracking.backend=jsonl",
                  f"tracking.dir={tmp_path / 'tracking'}", "compressor.max_summary_tokens=8", "compressor.epochs=3",
-                 "planner.questions=30", "planner.eval_questions=8", "planner.metadata_tokens=48",
-                 "planner.sft_batch_size=2", "planner.sft_epochs=6"])
+                 "planner.questions=30", "planner.eval_questions=6", "planner.metadata_tokens=48",
+                 "planner.sft_batch_size=2", "planner.sft_epochs=6", "planner.stitch_generations=2",
+                 "planner.qa=false"])
     assert code == 0
     report = json.loads((out / "report.json").read_text())
     stages = report["stages"]

@@ -16,6 +16,6 @@ def summaries(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("summaries") / "hotpotqa.jsonl"
     code = main(["data", "summaries", "--config", str(ROOT / "configs/data/summaries.yaml"), f"out={out}",
                  "corpus.kind=hotpotqa", f"corpus.path={ROOT / 'data/hotpotqa'}", "levels=[paragraph]",
-                 "limit=30", "max_summary_tokens=24", "tracking.backend=none"])
+                 "limit=30", "max_summary_tokens=24", "concurrency=8", "tracking.backend=none"])
     assert code == 0
     return out
