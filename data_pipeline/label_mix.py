@@ -12,17 +12,26 @@ planner recipes split by document and ``eval planner`` reports per dataset by th
 the same document (gold and pseudo-labels of one corpus) must have chunked it alike, and a question id met twice
 keeps its first source's label; both are checked, not assumed. The mix is cheap and deterministic, so a rerun
 rewrites it.
+
+A source named in ``hold_out`` is split by document (``held_out_by_threshold``: a document's side is fixed by a
+hash of its id, so every mix of that file, or of a longer one from a resumed labelling job, draws the same line)
+and the mix takes the ``side`` named: the training mix takes ``train``, an
+evaluation set of the same sources takes ``held_out`` (e.g. one SQuAD article, a share of the NarrativeQA stories).
+The sources named in ``unlabelled`` keep their questions without a label too (after their labelled ones): ``eval
+planner``'s ``unlabelled`` plans them, and scores them on everything but the label.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Literal
 
 from overstory.core.config import ConfigError
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.formats import Chunk, PseudoLabel, read_jsonl, write_jsonl
 from overstory.data_pipeline.hierarchy import load_hierarchies, save_hierarchies, stored_hierarchy_path
+from overstory.data_pipeline.splits import held_out_by_threshold
 
 
 @dataclass(frozen=True)
@@ -30,7 +39,13 @@ class LabelMixConfig:
     # name -> label JSONL (its hierarchy stored beside it); required (a default only for `--help`)
     sources: dict[str, str] = field(default_factory=dict)
     out: str = "runs/data/planner_mix/labels.jsonl"
-    per_source_limit: int = 0  # at most this many labelled questions per source (0: all)
+    per_source_limit: int = 0  # at most this many questions per source (0: all)
+    # source name -> share of its documents held out; the mix takes `side` of each such split (others whole)
+    hold_out: dict[str, float] = field(default_factory=dict)
+    side: Literal["train", "held_out"] = "train"
+    # sources that also keep their questions without a label (for eval planner's `unlabelled`; e.g. NarrativeQA's
+    # unanswered ones, not QASPER's unanswerable ones)
+    unlabelled: list[str] = field(default_factory=list)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
@@ -39,6 +54,29 @@ class LabelMixConfig:
                               "qasper_train.jsonl")
         if self.per_source_limit < 0:
             raise ConfigError(f"per_source_limit must be >= 0, got {self.per_source_limit}")
+        for key in ("hold_out", "unlabelled"):
+            unknown = sorted(set(getattr(self, key)) - set(self.sources))
+            if unknown:
+                raise ConfigError(f"{key}: {', '.join(unknown)} not in sources ({', '.join(self.sources)})")
+        bad = [name for name, share in self.hold_out.items() if not 0 < share < 1]
+        if bad:
+            raise ConfigError(f"hold_out.{bad[0]} must be a share of documents in (0, 1), got {self.hold_out[bad[0]]}")
+
+
+def source_questions(config: LabelMixConfig, name: str) -> list[PseudoLabel]:
+    """A source's questions that the mix takes: its side of the document split when it is held out from, the
+    labelled ones (then the others, when ``unlabelled`` names it), at most ``per_source_limit``."""
+    records = list(read_jsonl(config.sources[name], PseudoLabel))
+    if name in config.hold_out:
+        train, held_out = held_out_by_threshold(records, config.hold_out[name])
+        records = held_out if config.side == "held_out" else train
+    labelled = round_robin([x for x in records if x.correct], config.per_source_limit)
+    if name not in config.unlabelled:
+        return labelled
+    room = config.per_source_limit - len(labelled) if config.per_source_limit else 0
+    if config.per_source_limit and room <= 0:
+        return labelled
+    return labelled + round_robin([x for x in records if not x.correct], room)
 
 
 def round_robin(labels: list[PseudoLabel], limit: int) -> list[PseudoLabel]:
@@ -65,7 +103,7 @@ def run(config: LabelMixConfig) -> dict:
     counts: dict[str, dict] = {}
     with start_run(config.tracking, "data mix", config) as tracker:
         for name, path in config.sources.items():
-            labels = round_robin([x for x in read_jsonl(path, PseudoLabel) if x.correct], config.per_source_limit)
+            labels = source_questions(config, name)
             duplicates = [x.id for x in labels if x.id in seen]
             labels = [x for x in labels if x.id not in seen]
             seen.update(x.id for x in labels)
@@ -84,13 +122,20 @@ def run(config: LabelMixConfig) -> dict:
                                      f"source; build both with the same hierarchy settings")
                 chunks.setdefault(doc_id, doc_chunks)
             mixed.extend(labels)
-            counts[name] = {"labels": len(labels), "documents": len(needed), "duplicates_skipped": len(duplicates)}
-            print(f"{name}: {len(labels)} labelled questions from {len(needed)} documents"
+            n_labelled = sum(x.correct for x in labels)
+            counts[name] = {"labels": n_labelled, "unlabelled": len(labels) - n_labelled, "documents": len(needed),
+                            "duplicates_skipped": len(duplicates)}
+            print(f"{name}: {n_labelled} labelled questions"
+                  + (f" and {len(labels) - n_labelled} without a label" if name in config.unlabelled else "")
+                  + f" from {len(needed)} documents"
                   + (f" ({len(duplicates)} already taken from an earlier source)" if duplicates else ""))
         write_jsonl(config.out, mixed)
         save_hierarchies(stored_hierarchy_path(config.out), [c for doc in chunks.values() for c in doc])
         datasets = dict(Counter(x.doc_id.split("/", 1)[0] for x in mixed))
         tracker.summary({f"{name}/labels": c["labels"] for name, c in counts.items()})
-    print(f"mix: {len(mixed)} labelled questions ({', '.join(f'{k} {v}' for k, v in datasets.items())}) from "
+    n_labelled = sum(x.correct for x in mixed)
+    print(f"mix: {n_labelled} labelled questions"
+          + (f" and {len(mixed) - n_labelled} without a label" if config.unlabelled else "")
+          + f" ({', '.join(f'{k} {v}' for k, v in datasets.items())}) from "
           f"{len(chunks)} documents -> {config.out}")
     return {"sources": counts, "datasets": datasets}

@@ -108,14 +108,15 @@ def planner_rows(config: PlannerDataConfig, tokenizer_name: str) -> tuple[list[d
     return [row(label) for label in train], [row(label) for label in val], chunks
 
 
-def unlabelled_rows(config: PlannerDataConfig, tokenizer_name: str, doc_ids: set[str]) -> list[dict]:
-    """Prompt rows (``prompt``, ``example_id``, ``doc_id``, ``question``) for the questions of ``doc_ids`` without a
-    correct pseudo-label, in file order: no label to score a plan against, but the same prompt a runtime sends."""
+def unlabelled_rows(config: PlannerDataConfig, tokenizer_name: str, doc_ids: set[str] | None = None) -> list[dict]:
+    """Prompt rows (``prompt``, ``example_id``, ``doc_id``, ``question``, ``answers``) for the questions of ``doc_ids``
+    without a correct pseudo-label, in file order: no label to score a plan against, but the same prompt a runtime
+    sends and the reference answers to score what it reads. ``doc_ids`` None: every document's."""
     labels = [label for label in read_jsonl(config.labels, PseudoLabel)
-              if not label.correct and label.doc_id in doc_ids]
+              if not label.correct and (doc_ids is None or label.doc_id in doc_ids)]
     if not labels:
         return []
     chunks = labelled_hierarchy(config.labels, config.hierarchy)
     metadata = planner_metadata(chunks, {label.doc_id for label in labels}, tokenizer_name, config.metadata_tokens)
     return [{"prompt": planner_messages(label.question, metadata[label.doc_id]), "example_id": label.id,
-             "doc_id": label.doc_id, "question": label.question} for label in labels]
+             "doc_id": label.doc_id, "question": label.question, "answers": label.answers} for label in labels]

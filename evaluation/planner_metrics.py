@@ -49,17 +49,18 @@ def within_one(levels: tuple[str, str], label: tuple[str, str]) -> bool:
 def plan_outcomes(rows: Sequence[dict], replies: Sequence[str], lengths: Sequence[int],
                   length_limit: int) -> tuple[list[dict], list[tuple[str, str]]]:
     """Per question: the planning outcomes of one variant's reply, and the range the runtime answers from (the
-    plan, or the full range when none could be parsed)."""
+    plan, or the full range when none could be parsed). A row without a label (no ``level_min``) has no
+    label-based outcomes (None), as a row without gold levels has no ``accuracy_gold``."""
     outcomes, ranges = [], []
     for row, text, length in zip(rows, replies, lengths):
         plan = parse_plan(text)
-        label = (row["level_min"], row["level_max"])
+        label = (row["level_min"], row["level_max"]) if row.get("level_min") else None
         gold = (row["gold_level_min"], row["gold_level_max"]) if row.get("gold_level_min") else None
         outcomes.append({
             "dataset": dataset_of(row), "range": plan.levels if plan.valid else None,
-            "accuracy": float(plan.valid and plan.levels == label),
+            "accuracy": None if label is None else float(plan.valid and plan.levels == label),
             "accuracy_gold": None if gold is None else float(plan.valid and plan.levels == gold),
-            "within_one_level": float(plan.valid and within_one(plan.levels, label)),
+            "within_one_level": None if label is None else float(plan.valid and within_one(plan.levels, label)),
             "format_valid": float(plan.valid), "format_valid_strict": float(strict_plan_valid(text)),
             "completion_tokens": length, "over_length": float(length > length_limit)})
         ranges.append(plan.levels if plan.valid else FALLBACK_RANGE)
@@ -143,6 +144,22 @@ def majority_baseline(train_rows: Sequence[dict], rows: Sequence[dict]) -> dict:
             entry["dataset_label"] = score(majority_range(own), subset)
         report["by_dataset"][name] = entry
     return report
+
+
+def spread_over_datasets(rows: Sequence[dict], n: int) -> list[dict]:
+    """The first ``n`` rows taken one dataset at a time (file order within a dataset), so that a selection from a
+    mix written dataset after dataset represents every dataset.
+
+    >>> rows = [{"doc_id": d} for d in ("qasper/a", "qasper/b", "qasper/c", "squad/d")]
+    >>> [r["doc_id"] for r in spread_over_datasets(rows, 3)]
+    ['qasper/a', 'squad/d', 'qasper/b']
+    """
+    queues: dict[str, list[dict]] = {}
+    for row in rows:
+        queues.setdefault(dataset_of(row), []).append(row)
+    ordered = [q[i] for i in range(max((len(q) for q in queues.values()), default=0)) for q in queues.values()
+               if i < len(q)]
+    return ordered[:n]
 
 
 def fixed_ranges(train_rows: Sequence[dict], rows: Sequence[dict], ranges: Sequence[tuple[str, str]],

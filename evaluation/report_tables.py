@@ -119,8 +119,7 @@ def _quickstart_figures(name: str, stage: dict) -> str:
         return (f"{stage['pseudo_labels']['correct']} correct pseudo-labels of "
                 f"{stage['pseudo_labels']['correct'] + stage['pseudo_labels']['unsolved']}; format valid (strict) on "
                 f"{planned} held-out questions: " + ", ".join(
-                    f"{variant} {row.get('format_valid_all', row['format_valid']):.2f} "
-                    f"({_fmt(row.get('format_valid_strict_all', row.get('format_valid_strict')), 2)})"
+                    f"{variant} {row['format_valid']:.2f} ({_fmt(row.get('format_valid_strict'), 2)})"
                     for variant, row in stage["variants"].items()))
     return ""
 

@@ -94,7 +94,7 @@ class PlannerStageConfig:
     stitch_steps: int = 1
     stitch_generations: int = 4
     # held-out questions per variant in the comparison (0 = all); a few dozen labels hold out a handful of questions,
-    # so the held-out questions without a label are planned too, for the format rates (eval planner's `unlabelled`)
+    # so the held-out questions without a label are planned and answered too (eval planner's `unlabelled`)
     eval_questions: int = 16
     qa: bool = True  # SmartChunk QA for the predicted ranges in the comparison, on the job's stack
 
@@ -316,8 +316,7 @@ def _planner_stage(config: QuickstartConfig, folder: Path, server_url: str) -> d
             "split": comparison["split"],
             "majority_baseline": comparison["majority_baseline"],
             # over every planned held-out question, labelled or not
-            "format_valid": {name: row.get("format_valid_all", row["format_valid"])
-                             for name, row in comparison["variants"].items()},
+            "format_valid": {name: row["format_valid"] for name, row in comparison["variants"].items()},
             "variants": {name: {k: v for k, v in row.items() if k != "examples"}
                          for name, row in comparison["variants"].items()},
             "plots": [str(folder / "eval" / "planner_comparison.png"), str(folder / "eval" / "training_curves.png")],
