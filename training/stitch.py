@@ -12,7 +12,9 @@ The loop of the SmartChunk paper's Algorithm 2, per step:
    conclusion (the template teacher's traces name the chunk sizes only there). Roll out again with the
    hint appended to the prompt; solved -> RL buffer with the hinted prompt, still unsolved -> imitation buffer.
 3. A GRPO update (TRL's GRPOTrainer, DAPO loss, the rewards of ``training/rewards.py``) on the RL buffer,
-   which is then cleared.
+   which is then cleared. With ``rewards.qa`` > 0, R_QA joins the rewards as in planner_grpo: SmartChunk
+   retrieval over each rollout's range and the generator's answer, on a stack started for the run or
+   ``server_url``.
 4. When the imitation buffer holds ``imitation_threshold`` questions, an SFT update (TRL's SFTTrainer) on
    their full expert traces, then the buffer is cleared; the step is logged as an SFT injection point.
 
@@ -33,6 +35,7 @@ import random
 import re
 import time
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -45,9 +48,20 @@ from overstory.data_pipeline.formats import PlannerTrace, read_jsonl
 from overstory.data_pipeline.planner_examples import PlannerDataConfig, planner_rows
 from overstory.models.planner import parse_plan, strict_plan_valid
 from overstory.models.registry import SMOLLM2, load_lm_checkpoint
+from overstory.retrieval.judge import CorrectnessConfig
+from overstory.serving.client import Client
+from overstory.serving.config import ServeConfig
+from overstory.serving.launch import stack_in_background
 from overstory.training.common import LoraSettings, lora_config, write_manifest
 from overstory.training.distributed import process_group_backend, world_size
-from overstory.training.planner_common import GrpoSettings, RewardSettings, build_rewards, grpo_args, trace_rows
+from overstory.training.planner_common import (
+    GrpoSettings,
+    RewardSettings,
+    build_rewards,
+    grpo_args,
+    make_qa_judge,
+    trace_rows,
+)
 
 # (prompts, number of rollouts each) -> completions, prompt by prompt: the policy, or a stand-in in tests
 RolloutFn = Callable[[list[list[dict[str, str]]], int], list[list[str]]]
@@ -86,6 +100,9 @@ class StitchConfig:
     rewards: RewardSettings = field(default_factory=RewardSettings)
     grpo: GrpoSettings = field(default_factory=GrpoSettings)
     stitch: StitchSettings = field(default_factory=StitchSettings)
+    correctness: CorrectnessConfig = field(default_factory=CorrectnessConfig)  # for R_QA (rewards.qa > 0)
+    serve: ServeConfig = field(default_factory=lambda: ServeConfig.local(port=0))  # R_QA's generator
+    server_url: str = ""  # R_QA on a running stack (a URL or stack.json) instead of one started for this run
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
 
@@ -212,80 +229,91 @@ def run(config: StitchConfig) -> dict:
         if not config.lora.enabled:
             raise ConfigError("stitch trains a LoRA adapter; set lora.enabled: true")
         model = get_peft_model(model, lora_config(config.lora))
-    rows, _, _ = planner_rows(config.data, base)
+    rows, _, chunks = planner_rows(config.data, base)
     traces = {t.question_id: t for t in read_jsonl(config.traces, PlannerTrace)}
     if not traces:
         raise ValueError(f"{config.traces} holds no traces; STITCH needs expert traces for hints and imitation")
-    reward_funcs, weights = build_rewards(config.rewards)
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    # no weight decay, as the Trainer-built optimizers of planner_sft / planner_grpo (torch's AdamW default is 0.01):
-    # the weights then move only where a gradient moved them, which is what grpo_weight_change reports
-    grpo_optimizer = torch.optim.AdamW(trainable, lr=config.grpo.lr, weight_decay=0.0)
-    sft_optimizer = torch.optim.AdamW(trainable, lr=settings.sft_lr, weight_decay=0.0)
-    state = {"step": 0, "success_rate": 0.0, "imitation": [], "history": []}
-    if (last / "stitch_state.json").exists():
-        state = json.loads((last / "stitch_state.json").read_text())
-        grpo_optimizer.load_state_dict(torch.load(last / "grpo_optimizer.pt"))
-        sft_optimizer.load_state_dict(torch.load(last / "sft_optimizer.pt"))
-        print(f"resuming STITCH after step {state['step']}")
-    count = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
-    rollout = policy_rollout(model, tokenizer, settings)
-    tracker = start_run(config.tracking, "train stitch", config)
-    log_path = out / "stitch_log.jsonl"
-    out.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
+    with ExitStack() as stack:  # R_QA's stack, when rewards.qa is on: stopped when training ends or fails
+        judge = None
+        if config.rewards.qa:
+            client = Client.from_url(config.server_url or stack.enter_context(stack_in_background(config.serve)))
+            judge = make_qa_judge(rows, chunks, client, config.correctness, config.rewards.k)
+        reward_funcs, weights = build_rewards(config.rewards, judge)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        # no weight decay, as the Trainer-built optimizers of planner_sft / planner_grpo (torch's AdamW default is
+        # 0.01): the weights then move only where a gradient moved them, which is what grpo_weight_change reports
+        grpo_optimizer = torch.optim.AdamW(trainable, lr=config.grpo.lr, weight_decay=0.0)
+        sft_optimizer = torch.optim.AdamW(trainable, lr=settings.sft_lr, weight_decay=0.0)
+        state = {"step": 0, "success_rate": 0.0, "imitation": [], "history": []}
+        if (last / "stitch_state.json").exists():
+            state = json.loads((last / "stitch_state.json").read_text())
+            grpo_optimizer.load_state_dict(torch.load(last / "grpo_optimizer.pt"))
+            sft_optimizer.load_state_dict(torch.load(last / "sft_optimizer.pt"))
+            print(f"resuming STITCH after step {state['step']}")
+        count = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+        rollout = policy_rollout(model, tokenizer, settings)
+        tracker = start_run(config.tracking, "train stitch", config)
+        log_path = out / "stitch_log.jsonl"
+        out.mkdir(parents=True, exist_ok=True)
+        started = time.perf_counter()
 
-    # --- train -------------------------------------------------------------------------------------
-    for step in range(state["step"] + 1, settings.steps + 1):
-        batch = random.Random(settings.seed * 100_003 + step).sample(rows, min(settings.questions_per_step, len(rows)))
-        routing = route(batch, rollout, traces, state["success_rate"], settings, count)
-        state["success_rate"] = 0.8 * state["success_rate"] + 0.2 * (routing.solved_plain / len(batch))
-        state["imitation"].extend(r["example_id"] for r in routing.imitation)
-        record = {"step": step, "solve_none_ratio": 1 - routing.solved_plain / len(batch),
-                  "hinted_solve_ratio": routing.solved_hinted / max(1, len(batch) - routing.solved_plain),
-                  "rl_buffer": len(routing.rl), "imitation_buffer": len(state["imitation"]),
-                  "success_rate": state["success_rate"], "format_valid": routing.format_valid,
-                  "format_valid_strict": routing.format_valid_strict, "grpo_updates": 0, "sft_injection": False}
-        if routing.rl:  # GRPO on the RL buffer (TRL regenerates on-policy rollouts of these prompts)
-            # one generation batch = G rollouts of every buffered prompt, one prompt per micro-batch, one
-            # optimizer step per ``grpo_steps``: the whole buffer shapes each update
-            args = grpo_args(config.grpo, out / "grpo", weights, max_steps=settings.grpo_steps, save_strategy="no",
-                             num_generations=settings.num_generations,
-                             per_device_train_batch_size=settings.num_generations,
-                             gradient_accumulation_steps=len(routing.rl), steps_per_generation=None)
-            trainer = GRPOTrainer(model=model, reward_funcs=reward_funcs, args=args, processing_class=tokenizer,
-                                  train_dataset=Dataset.from_list(routing.rl), optimizers=(grpo_optimizer, None))
-            before = [p.detach().clone() for p in trainable]
-            trainer.train()
-            logged = [r for r in trainer.state.log_history if "reward" in r]
-            record["reward"] = logged[-1]["reward"] if logged else None
-            # proof of an update: optimizer steps taken, their gradient norm (0 when every group's rewards were
-            # flat: zero advantages) and how far the trainable (LoRA) weights moved
-            record["grpo_updates"] = trainer.state.global_step
-            record["grpo_grad_norm"] = logged[-1].get("grad_norm") if logged else None
-            record["grpo_weight_change"] = float(sum((p.detach() - b).abs().sum() for p, b in zip(trainable, before)))
-        if len(state["imitation"]) >= settings.imitation_threshold:  # SFT on the full expert traces
-            imitation = [traces[i] for i in state["imitation"]]
-            sft_args = SFTConfig(output_dir=str(out / "sft"), max_steps=settings.sft_steps,
-                                 learning_rate=settings.sft_lr, per_device_train_batch_size=min(8, len(imitation)),
-                                 save_strategy="no", report_to="none", logging_steps=1, completion_only_loss=True,
-                                 bf16=config.grpo.bf16, seed=settings.seed, ddp_backend=process_group_backend())
-            sft = SFTTrainer(model=model, args=sft_args, processing_class=tokenizer,
-                             train_dataset=Dataset.from_list(trace_rows(imitation)), optimizers=(sft_optimizer, None))
-            record["sft_loss"] = sft.train().training_loss
-            record["sft_injection"], state["imitation"] = True, []
-        # --- save ----------------------------------------------------------------------------------
-        state["step"] = step
-        state["history"].append(record)
-        model.save_pretrained(last)
-        tokenizer.save_pretrained(last)
-        torch.save(grpo_optimizer.state_dict(), last / "grpo_optimizer.pt")
-        torch.save(sft_optimizer.state_dict(), last / "sft_optimizer.pt")
-        (last / "stitch_state.json").write_text(json.dumps(state, indent=2))
-        with log_path.open("a") as fh:
-            fh.write(json.dumps(record) + "\n")
-        tracker.log(record, step=step)
-        print(json.dumps(record))
+        # --- train -------------------------------------------------------------------------------------
+        for step in range(state["step"] + 1, settings.steps + 1):
+            sampler = random.Random(settings.seed * 100_003 + step)
+            batch = sampler.sample(rows, min(settings.questions_per_step, len(rows)))
+            routing = route(batch, rollout, traces, state["success_rate"], settings, count)
+            state["success_rate"] = 0.8 * state["success_rate"] + 0.2 * (routing.solved_plain / len(batch))
+            state["imitation"].extend(r["example_id"] for r in routing.imitation)
+            record = {"step": step, "solve_none_ratio": 1 - routing.solved_plain / len(batch),
+                      "hinted_solve_ratio": routing.solved_hinted / max(1, len(batch) - routing.solved_plain),
+                      "rl_buffer": len(routing.rl), "imitation_buffer": len(state["imitation"]),
+                      "success_rate": state["success_rate"], "format_valid": routing.format_valid,
+                      "format_valid_strict": routing.format_valid_strict, "grpo_updates": 0, "sft_injection": False}
+            if routing.rl:  # GRPO on the RL buffer (TRL regenerates on-policy rollouts of these prompts)
+                # one generation batch = G rollouts of every buffered prompt, one prompt per micro-batch, one
+                # optimizer step per ``grpo_steps``: the whole buffer shapes each update
+                args = grpo_args(config.grpo, out / "grpo", weights, max_steps=settings.grpo_steps, save_strategy="no",
+                                 num_generations=settings.num_generations,
+                                 per_device_train_batch_size=settings.num_generations,
+                                 gradient_accumulation_steps=len(routing.rl), steps_per_generation=None)
+                trainer = GRPOTrainer(model=model, reward_funcs=reward_funcs, args=args, processing_class=tokenizer,
+                                      train_dataset=Dataset.from_list(routing.rl), optimizers=(grpo_optimizer, None))
+                before = [p.detach().clone() for p in trainable]
+                trainer.train()
+                logged = [r for r in trainer.state.log_history if "reward" in r]
+                record["reward"] = logged[-1]["reward"] if logged else None
+                # each reward's mean (TRL's rewards/<name>/mean): R_QA's share of the total shows here
+                record["rewards"] = {key.split("/")[1]: value for key, value in (logged[-1] if logged else {}).items()
+                                     if key.startswith("rewards/") and key.endswith("/mean")}
+                # proof of an update: optimizer steps taken, their gradient norm (0 when every group's rewards were
+                # flat: zero advantages) and how far the trainable (LoRA) weights moved
+                record["grpo_updates"] = trainer.state.global_step
+                record["grpo_grad_norm"] = logged[-1].get("grad_norm") if logged else None
+                record["grpo_weight_change"] = float(sum((p.detach() - b).abs().sum()
+                                                         for p, b in zip(trainable, before)))
+            if len(state["imitation"]) >= settings.imitation_threshold:  # SFT on the full expert traces
+                imitation = [traces[i] for i in state["imitation"]]
+                sft_args = SFTConfig(output_dir=str(out / "sft"), max_steps=settings.sft_steps,
+                                     learning_rate=settings.sft_lr, per_device_train_batch_size=min(8, len(imitation)),
+                                     save_strategy="no", report_to="none", logging_steps=1, completion_only_loss=True,
+                                     bf16=config.grpo.bf16, seed=settings.seed, ddp_backend=process_group_backend())
+                sft = SFTTrainer(model=model, args=sft_args, processing_class=tokenizer,
+                                 train_dataset=Dataset.from_list(trace_rows(imitation)),
+                                 optimizers=(sft_optimizer, None))
+                record["sft_loss"] = sft.train().training_loss
+                record["sft_injection"], state["imitation"] = True, []
+            # --- save ----------------------------------------------------------------------------------
+            state["step"] = step
+            state["history"].append(record)
+            model.save_pretrained(last)
+            tokenizer.save_pretrained(last)
+            torch.save(grpo_optimizer.state_dict(), last / "grpo_optimizer.pt")
+            torch.save(sft_optimizer.state_dict(), last / "sft_optimizer.pt")
+            (last / "stitch_state.json").write_text(json.dumps(state, indent=2))
+            with log_path.open("a") as fh:
+                fh.write(json.dumps(record) + "\n")
+            tracker.log(record, step=step)
+            print(json.dumps(record))
 
     final = out / "final"
     model.save_pretrained(final)

@@ -118,8 +118,9 @@ def test_stitch_steps_on_the_real_model_update_inject_sft_and_resume(planner_lab
             "grpo.num_generations=4", "grpo.batch_size=4", "grpo.max_completion_length=72", "tracking.backend=jsonl",
             f"tracking.dir={out / 'tracking'}"]
     before = load_file(sft_planner / "final" / "adapter_model.safetensors")
-    # one step: measured, the first already solves a question (GRPO update) and injects SFT for the others
-    assert main([*args, "stitch.steps=1"]) == 0
+    # one step: measured, the first already solves a question (GRPO update) and injects SFT for the others; with
+    # R_QA on, through an embedded stack (built-in SmolLM2 generator, MiniLM embedder) the job starts for itself
+    assert main([*args, "stitch.steps=1", "rewards.qa=1.0", "serve.port=0"]) == 0
     log = [json.loads(line) for line in (out / "stitch_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [1]
     for record in log:
@@ -131,6 +132,7 @@ def test_stitch_steps_on_the_real_model_update_inject_sft_and_resume(planner_lab
     assert updated, log  # some question was solved, so a GRPO update ran
     for record in updated:
         assert record["grpo_updates"] == 1 and isinstance(record["reward"], float)
+        assert {"format_reward", "qa_reward"} <= set(record["rewards"]) and 0 <= record["rewards"]["qa_reward"] <= 1
     # a real gradient step on the LoRA: 4 rollouts per prompt, some with a plan and some without, give a group whose
     # rewards differ (an update whose groups were all flat has a zero gradient and, without weight decay, moves nothing)
     assert any(r["grpo_grad_norm"] > 0 and r["grpo_weight_change"] > 0 for r in updated), updated
