@@ -93,9 +93,9 @@ class PlannerStageConfig:
     sft_lr: float = 2e-3  # a LoRA adapter on a few dozen traces: a high rate learns the format in few steps
     stitch_steps: int = 1
     stitch_generations: int = 4
-    # held-out questions per variant in the comparison (0 = all); a few dozen labels hold out a handful of questions,
-    # so the held-out questions without a label are planned and answered too (eval planner's `unlabelled`)
-    eval_questions: int = 16
+    # held-out questions per variant in the comparison (0 = all), and at most as many without a label: a few dozen
+    # labels hold out a handful of questions, so the unlabelled ones are planned and answered too (`unlabelled`)
+    eval_questions: int = 8
     qa: bool = True  # SmartChunk QA for the predicted ranges in the comparison, on the job's stack
 
 
