@@ -58,6 +58,49 @@ def planner_table(report: dict) -> str:
                    "median / p90 tokens", "s/plan", "QA accuracy"], rows)
 
 
+def _with_ci(summary: dict, key: str, digits: int = 3) -> str:
+    value, interval = summary.get(key), (summary.get("ci95") or {}).get(key)
+    if value is None:
+        return "-"
+    return f"{value:.{digits}f} [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else _fmt(float(value), digits)
+
+
+def planner_by_dataset_table(report: dict) -> str:
+    """``eval planner`` metrics.json, per dataset: each variant, the dataset's own majority range and every fixed
+    range, with 95% intervals (accuracy against gold levels and against the labels, QA score, tokens read, the mean
+    size of the chunks read: the SmartChunk paper's Figure 4b in numbers).
+
+    >>> summary = {"n": 2, "accuracy": 0.5, "accuracy_gold": None, "qa_accuracy": 1.0, "tokens_read": 80.0,
+    ...            "chunk_tokens": 16.0, "ci95": {"accuracy": [0.0, 1.0], "qa_accuracy": [1.0, 1.0]}}
+    >>> print(planner_by_dataset_table({"variants": {"sft": {"by_dataset": {"squad": summary}}},
+    ...       "majority_baseline": {"by_dataset": {"squad": {"dataset_label": {"label": ["sentence", "sentence"],
+    ...       "n": 2, "accuracy": 0.0, "accuracy_gold": None}}}}}))
+    | dataset | variant | n | accuracy vs gold | accuracy vs label | QA | tokens read | chunk tokens |
+    | --- | --- | --- | --- | --- | --- | --- | --- |
+    | squad | sft | 2 | - | 0.500 [0.00, 1.00] | 1.000 [1.00, 1.00] | 80 | 16 |
+    | squad | reference: always sentence..sentence | 2 | - | 0.000 | - | - | - |
+    """
+    rows = []
+    datasets = dict.fromkeys(d for m in report["variants"].values() for d in m.get("by_dataset", {}))
+    fixed = report.get("fixed_ranges", {})
+    for dataset in datasets:
+        entries = [(name, m["by_dataset"][dataset]) for name, m in report["variants"].items()
+                   if dataset in m.get("by_dataset", {})]
+        own = report["majority_baseline"].get("by_dataset", {}).get(dataset, {}).get("dataset_label")
+        if own:
+            entries.append((f"reference: always {'..'.join(own['label'])}", own))
+        for name, ranges in fixed.get("ranges", {}).items():
+            if dataset in ranges.get("by_dataset", {}):
+                best = " (best on training questions)" if fixed.get("best", {}).get("range") == name else ""
+                entries.append((f"reference: fixed {name}{best}", ranges["by_dataset"][dataset]))
+        for name, summary in entries:
+            rows.append([dataset, name, _fmt(summary.get("n")), _with_ci(summary, "accuracy_gold"),
+                         _with_ci(summary, "accuracy"), _with_ci(summary, "qa_accuracy"),
+                         _fmt(summary.get("tokens_read"), 0), _with_ci(summary, "chunk_tokens", 0)])
+    return _table(["dataset", "variant", "n", "accuracy vs gold", "accuracy vs label", "QA", "tokens read",
+                   "chunk tokens"], rows)
+
+
 def compressor_table(report: dict) -> str:
     """``eval compressor`` metrics.json: one row per way of embedding the upper levels."""
     k = report["config"]["k"]
@@ -142,8 +185,8 @@ def quickstart_table(report: dict) -> str:
 
 
 RENDERERS: dict[str, Callable[[dict], str]] = {
-    "planner": planner_table, "compressor": compressor_table, "serve_bench": serve_bench_table,
-    "train_bench": train_bench_table, "quickstart": quickstart_table,
+    "planner": planner_table, "planner_by_dataset": planner_by_dataset_table, "compressor": compressor_table,
+    "serve_bench": serve_bench_table, "train_bench": train_bench_table, "quickstart": quickstart_table,
 }
 
 
