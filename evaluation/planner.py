@@ -244,8 +244,8 @@ def run(config: EvalPlannerConfig) -> dict:
 
 def evaluate_variant(config: EvalPlannerConfig, checkpoint: str, rows: list[dict], extra: list[dict],
                      answer: Callable[[dict, str, str], dict] | None) -> dict:
-    """One planner's metrics on ``rows`` (overall and ``by_dataset``), its format rates over ``rows + extra``,
-    and, given ``answer``, the runtime's outcomes for the ranges it planned."""
+    """One planner's metrics on ``rows + extra`` (overall and ``by_dataset``; the label-based ones on ``rows``
+    only, ``extra`` having no label) and, given ``answer``, the runtime's outcomes for the ranges it planned."""
     model, tokenizer, _ = load_lm_checkpoint(checkpoint)
     planned = rows + extra
     replies, lengths, seconds = generate_plans(model, tokenizer, [r["prompt"] for r in planned],
