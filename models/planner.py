@@ -26,6 +26,7 @@ import re
 from dataclasses import dataclass
 
 from overstory.data_pipeline.formats import LEVELS
+from overstory.models.json_reply import json_objects, loads_tolerant
 
 SYSTEM_PROMPT = (
     "You choose how a retrieval system reads a document to answer a question. The document is split into "
@@ -142,34 +143,6 @@ def normalise_level(name: object) -> str | None:
     return _SYNONYMS.get(key)
 
 
-def _json_objects(text: str) -> list[str]:
-    """The outermost balanced ``{...}`` spans of ``text``, in order."""
-    spans, depth, start = [], 0, 0
-    for i, ch in enumerate(text):
-        if ch == "{":
-            if depth == 0:
-                start = i
-            depth += 1
-        elif ch == "}" and depth:
-            depth -= 1
-            if depth == 0:
-                spans.append(text[start: i + 1])
-    return spans
-
-
-def _loads_tolerant(span: str) -> dict | None:
-    double_quoted = re.sub(r",\s*}", "}", span.replace("'", '"'))  # single quotes, trailing comma
-    quoted_keys = re.sub(r'([{,]\s*)([A-Za-z_][\w ]*?)\s*:', r'\1"\2":', double_quoted)  # {largest: "x"}
-    for candidate in (span, double_quoted, quoted_keys):
-        try:
-            value = json.loads(candidate)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(value, dict):
-            return value
-    return None
-
-
 def _pick(mapping: dict, keys: tuple[str, ...]) -> object:
     lowered = {str(k).strip().lower().replace(" ", "_").replace("-", "_"): v for k, v in mapping.items()}
     return next((lowered[k] for k in keys if k in lowered), None)
@@ -194,7 +167,7 @@ def strict_plan_valid(text: str) -> bool:
     >>> strict_plan_valid('{"largest_chunk_size": "section", "smallest_chunk_size": "sentence", "why": "x"}')
     False
     """
-    spans = _json_objects(text)
+    spans = json_objects(text)
     if not spans:
         return False
     try:
@@ -221,8 +194,8 @@ def parse_plan(text: str) -> Plan:
     "unknown level 'chapter 2' for largest_chunk_size"
     """
     found: dict | None = None
-    for span in reversed(_json_objects(text)):
-        value = _loads_tolerant(span)
+    for span in reversed(json_objects(text)):
+        value = loads_tolerant(span)
         if value is not None and (_pick(value, _MAX_KEYS) is not None or _pick(value, _MIN_KEYS) is not None):
             found = value
             break

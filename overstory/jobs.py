@@ -33,6 +33,14 @@ JOBS: dict[tuple[str, str], tuple[str, str, str, str]] = {
         "overstory.data_pipeline.label_mix", "LabelMixConfig", "run",
         "one planner label file from several (gold and pseudo-labels of several datasets), with its hierarchy",
     ),
+    ("data", "lattice-tree"): (
+        "overstory.data_pipeline.lattice_tree", "LatticeTreeConfig", "run",
+        "LATTICE's semantic tree: 5-level keyword summaries of every leaf, then top-down LLM clustering",
+    ),
+    ("data", "lattice-tree-stats"): (
+        "overstory.data_pipeline.lattice_tree", "LatticeTreeStatsConfig", "run_stats",
+        "a saved LATTICE tree's depth, branching, leaves per node and build cost",
+    ),
     ("data", "verl-export"): (
         "overstory.training.verl.export", "VerlExportConfig", "run",
         "the planner's GRPO prompts and SFT traces as verl parquet (reward entry: training/verl/reward.py)",

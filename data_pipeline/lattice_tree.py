@@ -1,0 +1,169 @@
+"""`overstory data lattice-tree`: build LATTICE's semantic tree over a corpus; `lattice-tree-stats` describes one.
+
+    overstory data lattice-tree --config configs/data/lattice_tree.yaml
+    overstory data lattice-tree-stats tree=runs/lattice/hotpotqa/tree.json
+
+The leaves are the corpus's chunks at ``leaf_level`` (paragraphs: a HotpotQA document is one; a QASPER
+paper has dozens). The ``generator`` writes each leaf's 5-level keyword summaries
+(``retrieval.lattice.keywords``; appended to ``<out>/keywords.jsonl``, so a killed run resumes there),
+then ``retrieval.lattice.top_down`` clusters them into a tree of branching at most M. The job writes
+``<out>/tree.json`` (``Tree.load`` reads it) and ``<out>/build.json``: the tree's statistics and what each
+stage spent (LLM calls, prompt and completion tokens from the server's usage, seconds). A resumed run
+counts only what it did itself.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from rich.progress import Progress
+
+from overstory.core.config import ConfigError
+from overstory.core.tracking import TrackingConfig, start_run
+from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
+from overstory.data_pipeline.formats import JsonlAppender, check_level, read_jsonl
+from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies, chunks_at_levels
+from overstory.retrieval.lattice.keywords import KeywordSummariser
+from overstory.retrieval.lattice.top_down import TopDownBuilder
+from overstory.retrieval.lattice.tree import Node, Tree
+from overstory.serving.client import Client
+from overstory.serving.config import ServeConfig
+from overstory.serving.launch import stack_in_background
+
+
+@dataclass(frozen=True)
+class KeywordsConfig:
+    batch_size: int = 20  # leaves per prompt (the paper: 20)
+    max_passage_chars: int = 1000
+    max_tokens: int = 1024
+    max_attempts: int = 3
+    concurrency: int = 4
+
+
+@dataclass(frozen=True)
+class ClusteringConfig:
+    m_max: int = 10  # M: children per node at most (the paper: 10 to 20)
+    m_min: int = 0  # clusters per LLM split at least; 0 = ceil(M / 2) (see retrieval/lattice/top_down.py)
+    token_budget: int = 3000  # the cluster prompt's summaries must fit this many (estimated) tokens
+    max_attempts: int = 2
+    max_tokens: int = 1536
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class LatticeTreeConfig:
+    corpus: CorpusConfig
+    out: str
+    method: Literal["top-down"] = "top-down"
+    leaf_level: str = "paragraph"
+    hierarchy: HierarchyConfig = field(default_factory=HierarchyConfig)
+    keywords: KeywordsConfig = field(default_factory=KeywordsConfig)
+    clustering: ClusteringConfig = field(default_factory=ClusteringConfig)
+    limit_leaves: int = 0  # build over the first N leaves only (0 = all)
+    server_url: str = ""  # empty: start the stack in `serve` for the run
+    serve: ServeConfig = field(default_factory=lambda: ServeConfig.local(port=0))
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    def __post_init__(self) -> None:
+        try:
+            check_level(self.leaf_level)
+        except ValueError as exc:
+            raise ConfigError(f"leaf_level: {exc}") from exc
+        if self.leaf_level == "document":
+            raise ConfigError("leaf_level: document chunks have no parent level to cluster; use paragraph")
+        if self.clustering.m_max < 2:
+            raise ConfigError(f"clustering.m_max must be >= 2, got {self.clustering.m_max}")
+        if self.clustering.m_min and not 2 <= self.clustering.m_min <= self.clustering.m_max:
+            raise ConfigError(f"clustering.m_min must be 0 or between 2 and m_max={self.clustering.m_max}, "
+                              f"got {self.clustering.m_min}")
+        if self.keywords.batch_size < 1 or self.keywords.max_attempts < 1 or self.keywords.concurrency < 1:
+            raise ConfigError("keywords.batch_size, keywords.max_attempts and keywords.concurrency must be >= 1")
+        if self.limit_leaves < 0:
+            raise ConfigError(f"limit_leaves must be >= 0, got {self.limit_leaves}")
+
+
+def corpus_leaves(config: LatticeTreeConfig) -> list[Node]:
+    """The corpus's chunks at ``leaf_level`` as tree leaves (chunk id, document id, the chunk's text)."""
+    documents = load_corpus(config.corpus)[0]
+    chunks = chunks_at_levels(build_hierarchies(documents, config.hierarchy), config.leaf_level)
+    if config.limit_leaves:
+        chunks = chunks[: config.limit_leaves]
+    if not chunks:
+        raise ConfigError(f"corpus {config.corpus.path!r} has no {config.leaf_level} chunks to build a tree over")
+    return [Node(id=c.id, leaf=True, text=f"{c.title}: {c.text}" if c.title else c.text, doc_id=c.doc_id)
+            for c in chunks]
+
+
+def run(config: LatticeTreeConfig) -> dict:
+    out_dir = Path(config.out)
+    leaves = corpus_leaves(config)
+    kw_path, failures_path = out_dir / "keywords.jsonl", out_dir / "keywords.failures.jsonl"
+    with ExitStack() as stack:
+        tracker = stack.enter_context(start_run(config.tracking, "data lattice-tree", config))
+        url = config.server_url or stack.enter_context(stack_in_background(config.serve))
+        client = Client.from_url(url)
+        keywords_out = stack.enter_context(JsonlAppender(kw_path))
+        failures = stack.enter_context(JsonlAppender(failures_path))
+        started = time.perf_counter()
+        with Progress() as progress:
+            todo = sum(1 for leaf in leaves if leaf.id not in keywords_out)
+            task = progress.add_task("keyword summaries", total=todo)
+            summariser = KeywordSummariser(client, batch_size=config.keywords.batch_size,
+                                           max_attempts=config.keywords.max_attempts,
+                                           max_passage_chars=config.keywords.max_passage_chars,
+                                           max_tokens=config.keywords.max_tokens,
+                                           concurrency=config.keywords.concurrency)
+            counts = summariser.run([(leaf.id, leaf.text) for leaf in leaves], keywords_out, failures,
+                                    on_done=lambda n: progress.advance(task, n))
+        keywords_usage = client.stats.summary().get("generator", {})
+        keyword_cost = {"llm_calls": counts["calls"], "prompt_tokens": keywords_usage.get("prompt_tokens", 0),
+                        "completion_tokens": keywords_usage.get("completion_tokens", 0),
+                        "seconds": round(time.perf_counter() - started, 2),
+                        "leaves_llm": counts["llm"], "leaves_fallback": counts["fallback"],
+                        "leaves_skipped_done": counts["skipped"]}
+        keywords_out.close()
+        keywords = {r["id"]: r["keywords"] for r in read_jsonl(kw_path)}
+        builder = TopDownBuilder(client, embed=lambda texts: client.embed("embedder", texts),
+                                 m_max=config.clustering.m_max, m_min=config.clustering.m_min or None,
+                                 token_budget=config.clustering.token_budget,
+                                 max_attempts=config.clustering.max_attempts, max_tokens=config.clustering.max_tokens,
+                                 seed=config.clustering.seed)
+        tree = builder.build(leaves, keywords)
+        tree.validate(max_branching=config.clustering.m_max, expected_leaves={leaf.id for leaf in leaves})
+        tree.meta.update({"corpus": config.corpus.path, "leaf_level": config.leaf_level,
+                          "keywords_cost": keyword_cost})
+        tree.save(out_dir / "tree.json")
+        report = {"stats": tree.stats(), "keywords": keyword_cost, "clustering": builder.stats.as_dict()}
+        (out_dir / "build.json").write_text(json.dumps(report, indent=2))
+        tracker.summary({"leaves": len(leaves), "depth": report["stats"]["depth"],
+                         "keywords_llm_calls": keyword_cost["llm_calls"],
+                         "clustering_llm_calls": builder.stats.llm_calls})
+    print(f"lattice tree ({config.method}): {len(leaves)} leaves, depth {report['stats']['depth']}, "
+          f"branching {report['stats']['branching']['mean']} mean / {report['stats']['branching']['max']} max; "
+          f"keywords {keyword_cost['llm_calls']} calls {keyword_cost['seconds']} s "
+          f"({keyword_cost['leaves_fallback']} leaves fell back), clustering {builder.stats.llm_calls} calls "
+          f"{builder.stats.seconds:.1f} s -> {out_dir / 'tree.json'}")
+    return report
+
+
+@dataclass(frozen=True)
+class LatticeTreeStatsConfig:
+    tree: str
+
+    def __post_init__(self) -> None:
+        if not self.tree:
+            raise ConfigError("tree: name a tree file, e.g. tree=runs/lattice/hotpotqa/tree.json")
+
+
+def run_stats(config: LatticeTreeStatsConfig) -> dict:
+    """Print and return a saved tree's depth, branching and leaves per internal node, and its build cost."""
+    tree = Tree.load(config.tree)
+    tree.validate()
+    stats = tree.stats()
+    print(json.dumps({"stats": stats, "meta": tree.meta}, indent=2))
+    return stats

@@ -1,0 +1,160 @@
+"""The `scorer` role's I/O for LATTICE's listwise traversal: slate prompts, the reply schema, the tolerant parser.
+
+A slate is a query plus numbered candidates: the children of the node being expanded (topic clusters or
+passages) and a few calibration nodes from other branches. The scorer reasons first, then scores every
+candidate from 0 to 100, in the released LATTICE code's schema::
+
+    {"reasoning": "...", "ranking": [2, 0, 1], "relevance_scores": [[0, 85], [1, 10], [2, 92]]}
+
+Candidates are numbered by slate position (0..n-1), as in the released code: short ids a small model
+copies reliably. The parser keeps every valid score of a damaged reply and counts the rest, where the
+released code drops the whole slate (and crashes on a score above 100).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from overstory.models.json_reply import json_objects, loads_tolerant
+
+CLUSTER_PROMPT = """You navigate a tree of topics to find what answers a search query. Each candidate below \
+is a topic cluster (a name and a description of the passages under it) or a passage.
+
+Query: {query}
+
+Candidates:
+{candidates}
+
+Reason briefly about what the query needs and which candidates lead to it, then rank the candidates and \
+give each one a relevance score from 0 (cannot lead to an answer) to 100 (certainly leads to one). \
+Reply with one JSON object: {{"reasoning": string, "ranking": [candidate ids, best first], \
+"relevance_scores": [[candidate id, score], ...]}} covering every candidate id."""
+
+LEAF_PROMPT = """You judge passages for a search query. A passage is relevant when its own text answers the \
+query or gives a critical part of the answer; a title, heading or mention of other content is not.
+
+Query: {query}
+
+Candidates:
+{candidates}
+
+Reason briefly about what the query needs and what each passage contributes, then rank the passages and \
+give each one a relevance score from 0 (no help) to 100 (answers it). Reply with one JSON object: \
+{{"reasoning": string, "ranking": [candidate ids, best first], "relevance_scores": [[candidate id, score], \
+...]}} covering every candidate id."""
+
+SLATE_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "reasoning": {"type": "string"},
+        "ranking": {"type": "array", "items": {"type": "integer"}},
+        "relevance_scores": {
+            "type": "array",
+            "items": {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 2},
+        },
+    },
+    "required": ["reasoning", "ranking", "relevance_scores"],
+}
+SLATE_RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "lattice_slate", "schema": SLATE_SCHEMA}}
+
+
+def slate_prompt(query: str, candidates: Sequence[str], leaf: bool, max_chars: int = 1200) -> str:
+    """The user message for one slate; each candidate is cut to ``max_chars`` and shown on one line.
+
+    >>> print(slate_prompt("who?", ["Ann: a person", "Bob"], leaf=False).split("Candidates:")[1].splitlines()[1:3])
+    ['[0] Ann: a person', '[1] Bob']
+    """
+    lines = []
+    for i, text in enumerate(candidates):
+        flat = " ".join(text.split())
+        lines.append(f"[{i}] {flat[:max_chars]}")
+    template = LEAF_PROMPT if leaf else CLUSTER_PROMPT
+    return template.format(query=" ".join(query.split()), candidates="\n".join(lines))
+
+
+@dataclass
+class SlateParse:
+    """A parsed slate reply: ``scores`` by slate position (0-100, only valid ones), and what was wrong."""
+
+    scores: dict[int, float] = field(default_factory=dict)
+    reasoning: str = ""
+    ranking: list[int] = field(default_factory=list)
+    parsed: bool = False
+    hallucinated: int = 0
+    duplicate: int = 0
+    missing: int = 0
+    out_of_range: int = 0
+    malformed_pairs: int = 0
+
+    @property
+    def problems(self) -> dict[str, int]:
+        return {"hallucinated": self.hallucinated, "duplicate": self.duplicate, "missing": self.missing,
+                "out_of_range": self.out_of_range, "malformed_pairs": self.malformed_pairs}
+
+
+def parse_slate_reply(text: str, n_candidates: int) -> SlateParse:
+    """Read a scorer reply for a slate of ``n_candidates``, keeping every usable score.
+
+    Ids outside the slate are hallucinated (dropped, counted); a repeated id keeps its first score;
+    candidates without a score are missing (the search leaves them unscored); scores outside [0, 100]
+    are clipped and counted. ``parsed`` is False when no JSON object with ``relevance_scores`` is found.
+
+    >>> p = parse_slate_reply('ok {"reasoning": "r", "ranking": [1], "relevance_scores": [[1, 90], [1, 5], '
+    ...                       '[7, 50], [0, 140]]}', n_candidates=3)
+    >>> p.scores, p.hallucinated, p.duplicate, p.missing, p.out_of_range
+    ({1: 90.0, 0: 100.0}, 1, 1, 1, 1)
+    """
+    result = SlateParse()
+    reply = next((obj for obj in map(loads_tolerant, reversed(json_objects(text)))
+                  if obj is not None and "relevance_scores" in obj), None)
+    if reply is None:
+        result.missing = n_candidates
+        return result
+    result.parsed = True
+    result.reasoning = str(reply.get("reasoning", ""))
+    ranking = reply.get("ranking")
+    ids = [_as_int(i) for i in ranking] if isinstance(ranking, list) else []
+    result.ranking = [i for i in ids if i is not None]
+    pairs = reply["relevance_scores"]
+    for pair in pairs if isinstance(pairs, list) else []:
+        if isinstance(pair, dict):  # {"id": 0, "score": 80}, a common small-model variant
+            pair = list(pair.values())
+        position, score = (_as_int(pair[0]), _as_float(pair[1])) if isinstance(pair, list) and len(pair) == 2 \
+            else (None, None)
+        if position is None or score is None or score != score:  # score != score: NaN
+            result.malformed_pairs += 1
+            continue
+        if not 0 <= position < n_candidates:
+            result.hallucinated += 1
+        elif position in result.scores:
+            result.duplicate += 1
+        else:
+            if not 0.0 <= score <= 100.0:
+                result.out_of_range += 1
+                score = min(max(score, 0.0), 100.0)
+            result.scores[position] = score
+    result.missing = n_candidates - len(result.scores)
+    return result
+
+
+def _as_int(value: object) -> int | None:
+    """An id as an int: 3, 3.0, "3" and "[3]" all read as 3; anything else is None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and (digits := value.strip().strip("[]").strip()).isdigit():
+        return int(digits)
+    return None
+
+
+def _as_float(value: object) -> float | None:
+    if isinstance(value, bool):
+        return None
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None

@@ -1,0 +1,164 @@
+"""Multi-level keyword summaries of the leaves: the input of LATTICE's top-down tree construction.
+
+Each passage gets 5 summaries, from the most abstract to the most specific: 1-2, 3-4, 4-6, 7-10 and
+11-20 words (the paper's Figure 11 prompt, reworded). Several passages go into one prompt (the paper
+batches 20); the reply is JSON through the serving structured-output schema. Passages a reply leaves
+out, or gives the wrong number of levels, are asked again in a smaller batch; after ``max_attempts`` a
+passage gets a fallback made from its own words (marked ``source="fallback"``) and a failure record with
+the raw reply, so construction never loses a leaf. Records are appended to JSONL and finished ids are
+skipped, so a killed run resumes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from overstory.data_pipeline.formats import FailureRecord, JsonlAppender
+from overstory.models.json_reply import json_objects, loads_tolerant
+from overstory.serving.client import Client, ClientError
+
+LEVEL_WORDS: tuple[tuple[int, int], ...] = ((1, 2), (3, 4), (4, 6), (7, 10), (11, 20))
+
+KEYWORDS_PROMPT = """For each passage below, write 5 summaries of it, from the most general to the most \
+specific: level 1 in 1-2 words (the broad field), level 2 in 3-4 words, level 3 in 4-6 words, level 4 in \
+7-10 words, level 5 in 11-20 words (the passage's specific content).
+
+{passages}
+
+Reply with one JSON object: {{"passages_keywords": [{{"passage_id": id, "hierarchical_keywords": \
+[level 1, level 2, level 3, level 4, level 5]}}, ...]}} with one entry per passage."""
+
+KEYWORDS_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "passages_keywords": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "passage_id": {"type": "string"},
+                    "hierarchical_keywords": {"type": "array", "items": {"type": "string"},
+                                              "minItems": 5, "maxItems": 5},
+                },
+                "required": ["passage_id", "hierarchical_keywords"],
+            },
+        }
+    },
+    "required": ["passages_keywords"],
+}
+KEYWORDS_RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "passages_keywords",
+                                                                   "schema": KEYWORDS_SCHEMA}}
+
+
+@dataclass(frozen=True)
+class LeafKeywords:
+    """The 5 summaries of one leaf, most abstract first; ``source`` is "llm" or "fallback"."""
+
+    id: str
+    keywords: list[str]
+    source: str
+
+
+def keywords_prompt(passages: Sequence[tuple[str, str]], max_chars: int) -> str:
+    """The prompt for a batch of ``(passage_id, text)``, passages cut to ``max_chars``."""
+    blocks = [f"Passage {pid}: {' '.join(text.split())[:max_chars]}" for pid, text in passages]
+    return KEYWORDS_PROMPT.format(passages="\n\n".join(blocks))
+
+
+def parse_keywords_reply(text: str, passage_ids: Sequence[str]) -> dict[str, list[str]]:
+    """Passage id -> its 5 summaries, for each entry of the reply naming a passage of the batch with 5
+    non-empty strings; anything else in the reply is ignored (its passages are asked again).
+
+    >>> parse_keywords_reply('{"passages_keywords": [{"passage_id": "p1", "hierarchical_keywords": '
+    ...                      '["a", "b", "c", "d", "e"]}, {"passage_id": "zz", "hierarchical_keywords": []}]}',
+    ...                      ["p1", "p2"])
+    {'p1': ['a', 'b', 'c', 'd', 'e']}
+    """
+    wanted = set(passage_ids)
+    reply = next((obj for obj in map(loads_tolerant, reversed(json_objects(text)))
+                  if obj is not None and isinstance(obj.get("passages_keywords"), list)), None)
+    out: dict[str, list[str]] = {}
+    for entry in reply["passages_keywords"] if reply else []:
+        if not isinstance(entry, dict):
+            continue
+        pid = str(entry.get("passage_id", "")).strip()
+        levels = entry.get("hierarchical_keywords")
+        if pid in wanted and pid not in out and isinstance(levels, list) and len(levels) == len(LEVEL_WORDS):
+            cleaned = [" ".join(str(level).split()) for level in levels]
+            if all(cleaned):
+                out[pid] = cleaned
+    return out
+
+
+def fallback_keywords(text: str) -> list[str]:
+    """Summaries made of the passage's own first words, one per level's word budget (used when the model
+    never gave usable ones: the leaf still gets clustered, by embedding similarity in practice).
+
+    >>> fallback_keywords("Marie Curie won two Nobel prizes in physics and chemistry")[:3]
+    ['Marie Curie', 'Marie Curie won two', 'Marie Curie won two Nobel prizes']
+    """
+    words = text.split() or ["(empty)"]
+    return [" ".join(words[:high]) for _, high in LEVEL_WORDS]
+
+
+class KeywordSummariser:
+    """Runs the batches through the ``generator`` role, concurrently, and appends records to ``out``."""
+
+    def __init__(self, client: Client, role: str = "generator", batch_size: int = 20, max_attempts: int = 3,
+                 max_passage_chars: int = 1000, max_tokens: int = 1024, concurrency: int = 4):
+        self.client, self.role = client, role
+        self.batch_size, self.max_attempts = batch_size, max_attempts
+        self.max_passage_chars, self.max_tokens, self.concurrency = max_passage_chars, max_tokens, concurrency
+
+    def run(self, passages: Sequence[tuple[str, str]], out: JsonlAppender, failures: JsonlAppender,
+            on_done: Callable[[int], None] | None = None) -> dict[str, int]:
+        todo = [(pid, text) for pid, text in passages if pid not in out]
+        batches = [todo[i: i + self.batch_size] for i in range(0, len(todo), self.batch_size)]
+        counts = {"llm": 0, "fallback": 0, "skipped": len(passages) - len(todo), "calls": 0}
+        with ThreadPoolExecutor(max_workers=max(1, self.concurrency)) as pool:
+            for records, failed, calls in pool.map(self._summarise_batch, batches):
+                for record in records:
+                    out.write(record)
+                    counts[record.source] += 1
+                for failure in failed:
+                    failures.write(failure)
+                counts["calls"] += calls
+                if on_done is not None:
+                    on_done(len(records))
+        return counts
+
+    def _summarise_batch(self, batch: list[tuple[str, str]]) -> tuple[list[LeafKeywords], list[FailureRecord], int]:
+        """One batch: ask, keep what came back, ask again for the rest (in halves), then fall back."""
+        texts = dict(batch)
+        pending, done, raw_by_id, calls = list(texts), [], {}, 0
+        for attempt in range(self.max_attempts):
+            if not pending:
+                break
+            size = max(1, len(pending) // (2 ** attempt))
+            still: list[str] = []
+            for start in range(0, len(pending), size):
+                ids = pending[start: start + size]
+                prompt = keywords_prompt([(pid, texts[pid]) for pid in ids], self.max_passage_chars)
+                calls += 1
+                try:
+                    reply = self.client.chat(self.role, [{"role": "user", "content": prompt}],
+                                             max_tokens=self.max_tokens, temperature=0.0,
+                                             response_format=KEYWORDS_RESPONSE_FORMAT)
+                except ClientError as exc:
+                    raw_by_id.update({pid: f"<request failed: {exc}>" for pid in ids})
+                    still.extend(ids)
+                    continue
+                parsed = parse_keywords_reply(reply.text, ids)
+                for pid in ids:
+                    if pid in parsed:
+                        done.append(LeafKeywords(pid, parsed[pid], "llm"))
+                    else:
+                        raw_by_id[pid] = reply.text
+                        still.append(pid)
+            pending = still
+        failures = [FailureRecord(id=pid, job="lattice keywords", error="no usable summaries in the reply",
+                                  raw=raw_by_id.get(pid, ""), attempts=self.max_attempts) for pid in pending]
+        done.extend(LeafKeywords(pid, fallback_keywords(texts[pid]), "fallback") for pid in pending)
+        return done, failures, calls

@@ -1,0 +1,35 @@
+"""The scorer's slate replies: every valid score of a damaged reply is kept, the rest counted."""
+
+from __future__ import annotations
+
+from overstory.models.scorer import SLATE_SCHEMA, parse_slate_reply, slate_prompt
+
+
+def test_clean_reply():
+    parsed = parse_slate_reply('{"reasoning": "b answers it", "ranking": [1, 0], '
+                               '"relevance_scores": [[0, 20], [1, 95]]}', n_candidates=2)
+    assert parsed.parsed and parsed.scores == {0: 20.0, 1: 95.0} and parsed.ranking == [1, 0]
+    assert parsed.reasoning == "b answers it" and sum(parsed.problems.values()) == 0
+
+
+def test_damaged_replies_keep_their_valid_scores():
+    # prose around it, single quotes, a trailing comma, string ids, an id as "[2]", a dict pair
+    parsed = parse_slate_reply("Here you go: {'reasoning': 'x', 'ranking': [0], 'relevance_scores': "
+                               "[['0', 50], ['[2]', 70.5], {'id': 1, 'score': 10},]}", n_candidates=4)
+    assert parsed.scores == {0: 50.0, 2: 70.5, 1: 10.0} and parsed.missing == 1
+    parsed = parse_slate_reply('{"reasoning": "", "ranking": [], "relevance_scores": [[0, -5], [0, 60], [9, 60], '
+                               '[1, "high"], [2]]}', n_candidates=3)
+    assert parsed.scores == {0: 0.0}
+    assert (parsed.out_of_range, parsed.duplicate, parsed.hallucinated, parsed.malformed_pairs, parsed.missing) == \
+        (1, 1, 1, 2, 2)
+
+
+def test_non_json_reply_is_unparsed_with_every_candidate_missing():
+    parsed = parse_slate_reply("I think passage 2 is the best one.", n_candidates=3)
+    assert not parsed.parsed and parsed.scores == {} and parsed.missing == 3
+
+
+def test_prompt_numbers_candidates_and_schema_requires_reasoning_first():
+    prompt = slate_prompt("Which band?", ["Topic A: bands", "Passage\nwith  newline"], leaf=True, max_chars=10)
+    assert "[0] Topic A: b" in prompt and "[1] Passage wi" in prompt and "Which band?" in prompt
+    assert list(SLATE_SCHEMA["properties"]) == ["reasoning", "ranking", "relevance_scores"]
