@@ -44,19 +44,30 @@ give each one a relevance score from 0 (no help) to 100 (answers it). Reply with
 {{"reasoning": string, "ranking": [candidate ids, best first], "relevance_scores": [[candidate id, score], \
 ...]}} covering every candidate id."""
 
-SLATE_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "reasoning": {"type": "string"},
-        "ranking": {"type": "array", "items": {"type": "integer"}},
-        "relevance_scores": {
-            "type": "array",
-            "items": {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 2},
+def slate_response_format(n_candidates: int, max_reasoning_chars: int = 400) -> dict:
+    """The reply schema for a slate of ``n_candidates``, bounded: ids in range, scores 0-100, at most one entry
+    per candidate, and the reasoning capped (a small model otherwise reasons until its token limit and
+    never reaches the scores). Grammar-constrained decoding enforces every bound; the parser still checks
+    them for servers that do not.
+
+    >>> fmt = slate_response_format(3)["json_schema"]["schema"]["properties"]
+    >>> fmt["relevance_scores"]["maxItems"], fmt["relevance_scores"]["items"]["prefixItems"][0]["maximum"]
+    (3, 2)
+    """
+    candidate_id = {"type": "integer", "minimum": 0, "maximum": max(n_candidates - 1, 0)}
+    score = {"type": "integer", "minimum": 0, "maximum": 100}
+    schema = {
+        "type": "object",
+        "properties": {
+            "reasoning": {"type": "string", "maxLength": max_reasoning_chars},
+            "ranking": {"type": "array", "items": candidate_id, "maxItems": n_candidates},
+            "relevance_scores": {"type": "array", "minItems": 1, "maxItems": n_candidates,
+                                 "items": {"type": "array", "prefixItems": [candidate_id, score],
+                                           "minItems": 2, "maxItems": 2, "items": False}},
         },
-    },
-    "required": ["reasoning", "ranking", "relevance_scores"],
-}
-SLATE_RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "lattice_slate", "schema": SLATE_SCHEMA}}
+        "required": ["reasoning", "ranking", "relevance_scores"],
+    }
+    return {"type": "json_schema", "json_schema": {"name": "lattice_slate", "schema": schema}}
 
 
 def slate_prompt(query: str, candidates: Sequence[str], leaf: bool, max_chars: int = 1200) -> str:

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from overstory.models.scorer import SLATE_RESPONSE_FORMAT, parse_slate_reply, slate_prompt
+from overstory.models.scorer import parse_slate_reply, slate_prompt, slate_response_format
 from overstory.retrieval.lattice.tree import Tree
 from overstory.serving.client import Client, ClientError
 
@@ -62,13 +62,14 @@ class LLMSlateScorer:
     listwise = True
 
     def __init__(self, client: Client, role: str = "scorer", max_tokens: int = 384, temperature: float = 0.0,
-                 max_attempts: int = 2, concurrency: int = 8, max_candidate_chars: int = 600):
+                 max_attempts: int = 2, concurrency: int = 8, max_candidate_chars: int = 600,
+                 max_reasoning_chars: int = 400):
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
         self.client, self.role = client, role
         self.max_tokens, self.temperature = max_tokens, temperature
         self.max_attempts, self.concurrency = max_attempts, concurrency
-        self.max_candidate_chars = max_candidate_chars
+        self.max_candidate_chars, self.max_reasoning_chars = max_candidate_chars, max_reasoning_chars
 
     def score(self, slates: Sequence[Slate]) -> list[SlateScore]:
         if not slates:
@@ -85,7 +86,8 @@ class LLMSlateScorer:
             try:
                 reply = self.client.chat(self.role, [{"role": "user", "content": prompt}],
                                          max_tokens=self.max_tokens, temperature=self.temperature,
-                                         response_format=SLATE_RESPONSE_FORMAT)
+                                         response_format=slate_response_format(len(slate.texts),
+                                                                                       self.max_reasoning_chars))
             except ClientError as exc:
                 total.raw = f"<request failed: {exc}>"
                 continue

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from overstory.models.scorer import SLATE_SCHEMA, parse_slate_reply, slate_prompt
+from overstory.models.scorer import parse_slate_reply, slate_prompt, slate_response_format
 
 
 def test_clean_reply():
@@ -32,4 +32,6 @@ def test_non_json_reply_is_unparsed_with_every_candidate_missing():
 def test_prompt_numbers_candidates_and_schema_requires_reasoning_first():
     prompt = slate_prompt("Which band?", ["Topic A: bands", "Passage\nwith  newline"], leaf=True, max_chars=10)
     assert "[0] Topic A: b" in prompt and "[1] Passage wi" in prompt and "Which band?" in prompt
-    assert list(SLATE_SCHEMA["properties"]) == ["reasoning", "ranking", "relevance_scores"]
+    schema = slate_response_format(2, max_reasoning_chars=50)["json_schema"]["schema"]
+    assert list(schema["properties"]) == ["reasoning", "ranking", "relevance_scores"]  # reasoning first
+    assert schema["properties"]["reasoning"]["maxLength"] == 50
