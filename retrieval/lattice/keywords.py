@@ -20,6 +20,9 @@ from overstory.models.json_reply import json_objects, loads_tolerant
 from overstory.serving.client import Client, ClientError
 
 LEVEL_WORDS: tuple[tuple[int, int], ...] = ((1, 2), (3, 4), (4, 6), (7, 10), (11, 20))
+# Characters each level may take in a constrained reply: its word budget at about 8 characters a word. The
+# caps keep a small model from rambling (and a batch's reply within max_tokens: about 100 tokens a passage).
+LEVEL_MAX_CHARS: tuple[int, ...] = (24, 40, 56, 96, 176)
 
 KEYWORDS_PROMPT = """For each passage below, write 5 summaries of it, from the most general to the most \
 specific: level 1 in 1-2 words (the broad field), level 2 in 3-4 words, level 3 in 4-6 words, level 4 in \
@@ -30,26 +33,23 @@ specific: level 1 in 1-2 words (the broad field), level 2 in 3-4 words, level 3 
 Reply with one JSON object: {{"passages_keywords": [{{"passage_id": id, "hierarchical_keywords": \
 [level 1, level 2, level 3, level 4, level 5]}}, ...]}} with one entry per passage."""
 
-KEYWORDS_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "passages_keywords": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "passage_id": {"type": "string"},
-                    "hierarchical_keywords": {"type": "array", "items": {"type": "string"},
-                                              "minItems": 5, "maxItems": 5},
-                },
-                "required": ["passage_id", "hierarchical_keywords"],
-            },
-        }
-    },
-    "required": ["passages_keywords"],
-}
-KEYWORDS_RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "passages_keywords",
-                                                                   "schema": KEYWORDS_SCHEMA}}
+def keywords_response_format(passage_ids: Sequence[str]) -> dict:
+    """The reply schema for one batch: one entry per passage, ids from the batch (an enum, so a constrained
+    decoder cannot invent one), exactly 5 summaries each, each within its level's ``LEVEL_MAX_CHARS``."""
+    entry = {
+        "type": "object",
+        "properties": {
+            "passage_id": {"enum": list(passage_ids)},
+            "hierarchical_keywords": {"type": "array", "minItems": len(LEVEL_WORDS), "maxItems": len(LEVEL_WORDS),
+                                      "prefixItems": [{"type": "string", "minLength": 1, "maxLength": n}
+                                                      for n in LEVEL_MAX_CHARS], "items": False},
+        },
+        "required": ["passage_id", "hierarchical_keywords"],
+    }
+    schema = {"type": "object", "required": ["passages_keywords"],
+              "properties": {"passages_keywords": {"type": "array", "items": entry,
+                                                   "minItems": len(passage_ids), "maxItems": len(passage_ids)}}}
+    return {"type": "json_schema", "json_schema": {"name": "passages_keywords", "schema": schema}}
 
 
 @dataclass(frozen=True)
@@ -145,7 +145,7 @@ class KeywordSummariser:
                 try:
                     reply = self.client.chat(self.role, [{"role": "user", "content": prompt}],
                                              max_tokens=self.max_tokens, temperature=0.0,
-                                             response_format=KEYWORDS_RESPONSE_FORMAT)
+                                             response_format=keywords_response_format(ids))
                 except ClientError as exc:
                     raw_by_id.update({pid: f"<request failed: {exc}>" for pid in ids})
                     still.extend(ids)

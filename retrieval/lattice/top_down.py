@@ -47,26 +47,18 @@ Reply with one JSON object: {{"clusters": [{{"name": short cluster name, "descri
 describing the cluster, "keywords": [the summaries of this cluster, copied exactly]}}, ...]}}. Put every \
 summary in exactly one cluster."""
 
-CLUSTER_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "clusters": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {"name": {"type": "string"}, "description": {"type": "string"},
-                               "keywords": {"type": "array", "items": {"type": "string"}}},
-                "required": ["name", "description", "keywords"],
-            },
-        }
-    },
-    "required": ["clusters"],
-}
-
-
-def cluster_response_format(m_min: int, m_max: int) -> dict:
-    schema = {**CLUSTER_SCHEMA, "properties": {"clusters": {**CLUSTER_SCHEMA["properties"]["clusters"],
-                                                            "minItems": m_min, "maxItems": m_max}}}
+def cluster_response_format(m_min: int, m_max: int, summaries: list[str]) -> dict:
+    """The reply schema for one split: ``m_min`` to ``m_max`` clusters, each listing summaries from the input
+    (an enum, so a constrained decoder copies them exactly rather than paraphrasing)."""
+    cluster = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 60},
+                       "description": {"type": "string", "maxLength": 120},
+                       "keywords": {"type": "array", "items": {"enum": summaries}, "minItems": 1}},
+        "required": ["name", "description", "keywords"],
+    }
+    schema = {"type": "object", "required": ["clusters"],
+              "properties": {"clusters": {"type": "array", "items": cluster, "minItems": m_min, "maxItems": m_max}}}
     return {"type": "json_schema", "json_schema": {"name": "clusters", "schema": schema}}
 
 
@@ -191,7 +183,7 @@ class TopDownBuilder:
         """(name, description, the normalised summaries it lists) per cluster, from the first usable reply
         (at most M clusters are kept)."""
         prompt = CLUSTER_PROMPT.format(m_min=self.m_min, m_max=self.m_max, summaries=summary_lines(distinct))
-        fmt = cluster_response_format(self.m_min, self.m_max)
+        fmt = cluster_response_format(self.m_min, self.m_max, list(distinct))
         for _ in range(self.max_attempts):
             self.stats.llm_calls += 1
             try:
