@@ -119,14 +119,14 @@ class TopDownBuilder:
 
     def __init__(self, client: Client, embed: EmbedFn, m_max: int = 10, m_min: int | None = None,
                  role: str = "generator", token_budget: int = 3000, max_attempts: int = 2, max_tokens: int = 1536,
-                 seed: int = 0):
+                 seed: int = 0, id_prefix: str = "t"):
         self.m_min = m_min if m_min is not None else math.ceil(m_max / 2)
         if not 2 <= self.m_min <= m_max:
             raise ValueError(f"need 2 <= m_min <= m_max, got m_min={self.m_min}, m_max={m_max}")
         self.client, self.embed, self.m_max, self.role = client, embed, m_max, role
         self.token_budget, self.max_attempts, self.max_tokens, self.seed = token_budget, max_attempts, max_tokens, seed
         self.stats = BuildStats()
-        self._next_id = 0
+        self.id_prefix, self._next_id = id_prefix, 0
 
     def build(self, leaves: Sequence[Node], keywords: dict[str, list[str]]) -> Tree:
         if not leaves:
@@ -142,7 +142,7 @@ class TopDownBuilder:
 
     def _new_id(self) -> str:
         self._next_id += 1
-        return f"t{self._next_id}"
+        return f"{self.id_prefix}{self._next_id}"
 
     def _make_node(self, leaf_ids: list[str], name: str, description: str) -> str:
         node = Node(id=self._new_id(), name=name, description=description)

@@ -55,6 +55,10 @@ class Tree:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self.refresh_parents()
+
+    def refresh_parents(self) -> None:
+        """Rebuild the child -> parent map (after editing ``children`` lists directly)."""
         self._parent: dict[str, str] = {c: n.id for n in self.nodes.values() for c in n.children}
 
     # --- navigation -------------------------------------------------------------------------------

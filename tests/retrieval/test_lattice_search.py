@@ -7,6 +7,7 @@ the real MiniLM embeddings and the test needs no LLM call (the LLM clustering ha
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ import pytest
 
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
 from overstory.models.registry import MINILM, SMOLLM2, load_sentence_encoder
+from overstory.retrieval.lattice.insert import insert_leaf, overfull_nodes, split_overfull
 from overstory.retrieval.lattice.keywords import fallback_keywords
 from overstory.retrieval.lattice.scorers import LLMSlateScorer, OracleSlateScorer, SlateScore
 from overstory.retrieval.lattice.search import SearchConfig, search
@@ -112,12 +114,34 @@ def test_search_with_the_real_built_in_scorer(hotpot_tree):
     engine = EmbeddedEngine(ServeConfig(port=0, roles={"scorer": RoleConfig(model=SMOLLM2)}))
     scorer = LLMSlateScorer(Client.in_process(engine), max_tokens=160, max_candidate_chars=160,
                             max_reasoning_chars=160)
-    results = search(tree, [(q.id, q.question) for q in questions[:2]], scorer, SearchConfig(iterations=2))
+    results = search(tree, [(q.id, q.question) for q in questions[:1]], scorer, SearchConfig(iterations=2, beam=1))
     for result in results:
-        assert len(result.slates) == 3  # the root, then the beam of 2
+        assert len(result.slates) == 2  # the root, then the best of its children
         assert result.llm_calls >= 3 and result.input_tokens > 0 and result.output_tokens > 0
         assert result.scorer_seconds > 0 and result.seconds > 0
         parsed = [s for s in result.slates if s.parsed]
         assert all(s.raw_reply for s in result.slates)
         assert all(any(v is not None for v in s.raw_scores) for s in parsed)
     assert any(s.parsed for r in results for s in r.slates)  # grammar-constrained JSON parses
+
+
+def test_insert_places_a_leaf_by_search_and_splits_an_overfull_cluster(hotpot_tree):
+    tree = copy.deepcopy(hotpot_tree[0])  # the fixture's tree is shared with the other tests
+    cluster = next(n for n in tree.nodes.values() if not n.leaf and all(tree.nodes[c].leaf for c in n.children)
+                   and len(n.children) >= 2)
+    sibling = cluster.children[0]
+    # the oracle's gold for the new leaf is a leaf of that cluster: the search must reach it, and the leaf joins it
+    new = Node(id="new-doc", leaf=True, text=tree.nodes[sibling].text, doc_id="new-doc")
+    scorer = OracleSlateScorer(tree, {"insert:new-doc": {sibling}})
+    assert insert_leaf(tree, new, scorer) == cluster.id and tree.parent("new-doc") == cluster.id
+    tree.validate(max_branching=None)
+    # fill the cluster past M = 10, then split it in place: every leaf stays, the bound holds again
+    for i in range(11 - len(cluster.children)):
+        tree.add_child(cluster.id, Node(id=f"extra-{i}", leaf=True, text=f"{tree.nodes[sibling].text} ({i})"))
+    assert overfull_nodes(tree, 10) == [cluster.id]
+    leaves_before = {n.id for n in tree.leaves()}
+    encoder = load_sentence_encoder(MINILM)
+    splitter = TopDownBuilder(client=None, embed=lambda texts: encoder.encode(texts), m_max=10, token_budget=0,
+                              id_prefix="split-")
+    assert split_overfull(tree, [cluster.id], splitter, {}) >= 2
+    tree.validate(max_branching=10, expected_leaves=leaves_before)
