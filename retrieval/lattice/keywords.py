@@ -11,6 +11,8 @@ skipped, so a killed run resumes.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -24,14 +26,23 @@ LEVEL_WORDS: tuple[tuple[int, int], ...] = ((1, 2), (3, 4), (4, 6), (7, 10), (11
 # caps keep a small model from rambling (and a batch's reply within max_tokens: about 100 tokens a passage).
 LEVEL_MAX_CHARS: tuple[int, ...] = (24, 40, 56, 96, 176)
 
+EXAMPLE_KEYWORDS = ("Science", "Physics and chemistry", "Pioneers of radioactivity research",
+                    "Marie Curie's discovery of polonium and radium",
+                    "Marie Curie discovered polonium and radium and won Nobel prizes in physics and chemistry")
+
 KEYWORDS_PROMPT = """For each passage below, write 5 summaries of it, from the most general to the most \
 specific: level 1 in 1-2 words (the broad field), level 2 in 3-4 words, level 3 in 4-6 words, level 4 in \
-7-10 words, level 5 in 11-20 words (the passage's specific content).
+7-10 words, level 5 in 11-20 words (the passage's specific content). For example, a passage about Marie \
+Curie's work gets: {example}.
 
 {passages}
 
-Reply with one JSON object: {{"passages_keywords": [{{"passage_id": id, "hierarchical_keywords": \
-[level 1, level 2, level 3, level 4, level 5]}}, ...]}} with one entry per passage."""
+Reply with one JSON object: {{"passages_keywords": [{{"passage_id": id, "hierarchical_keywords": [5 \
+summaries of that passage]}}, ...]}} with one entry per passage."""
+
+# What a small model copies from the prompt instead of summarising: "level 1", "Level 2: ...", the example's lines.
+_COPIED = re.compile(r"^\s*level\s*\d\b", re.IGNORECASE)
+
 
 def keywords_response_format(passage_ids: Sequence[str]) -> dict:
     """The reply schema for one batch: one entry per passage, ids from the batch (an enum, so a constrained
@@ -64,15 +75,17 @@ class LeafKeywords:
 def keywords_prompt(passages: Sequence[tuple[str, str]], max_chars: int) -> str:
     """The prompt for a batch of ``(passage_id, text)``, passages cut to ``max_chars``."""
     blocks = [f"Passage {pid}: {' '.join(text.split())[:max_chars]}" for pid, text in passages]
-    return KEYWORDS_PROMPT.format(passages="\n\n".join(blocks))
+    return KEYWORDS_PROMPT.format(passages="\n\n".join(blocks), example=json.dumps(list(EXAMPLE_KEYWORDS)))
 
 
 def parse_keywords_reply(text: str, passage_ids: Sequence[str]) -> dict[str, list[str]]:
     """Passage id -> its 5 summaries, for each entry of the reply naming a passage of the batch with 5
-    non-empty strings; anything else in the reply is ignored (its passages are asked again).
+    non-empty strings that are not copied from the prompt ("level 1", the example); anything else in the reply
+    is ignored (its passages are asked again).
 
     >>> parse_keywords_reply('{"passages_keywords": [{"passage_id": "p1", "hierarchical_keywords": '
-    ...                      '["a", "b", "c", "d", "e"]}, {"passage_id": "zz", "hierarchical_keywords": []}]}',
+    ...                      '["a", "b", "c", "d", "e"]}, {"passage_id": "zz", "hierarchical_keywords": []}, '
+    ...                      '{"passage_id": "p2", "hierarchical_keywords": ["level 1", "b", "c", "d", "e"]}]}',
     ...                      ["p1", "p2"])
     {'p1': ['a', 'b', 'c', 'd', 'e']}
     """
@@ -87,7 +100,8 @@ def parse_keywords_reply(text: str, passage_ids: Sequence[str]) -> dict[str, lis
         levels = entry.get("hierarchical_keywords")
         if pid in wanted and pid not in out and isinstance(levels, list) and len(levels) == len(LEVEL_WORDS):
             cleaned = [" ".join(str(level).split()) for level in levels]
-            if all(cleaned):
+            copied = any(_COPIED.match(level) or level in EXAMPLE_KEYWORDS for level in cleaned)
+            if all(cleaned) and not copied:
                 out[pid] = cleaned
     return out
 
