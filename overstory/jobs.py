@@ -41,6 +41,10 @@ JOBS: dict[tuple[str, str], tuple[str, str, str, str]] = {
         "overstory.data_pipeline.lattice_tree", "LatticeTreeStatsConfig", "run_stats",
         "a saved LATTICE tree's depth, branching, leaves per node and build cost",
     ),
+    ("data", "lattice-traces"): (
+        "overstory.data_pipeline.lattice_traces", "LatticeTracesConfig", "run",
+        "LATTICE searches with a teacher scorer over training questions, every slate logged (resumable)",
+    ),
     ("data", "verl-export"): (
         "overstory.training.verl.export", "VerlExportConfig", "run",
         "the planner's GRPO prompts and SFT traces as verl parquet (reward entry: training/verl/reward.py)",

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from overstory.core.config import ConfigError
 from overstory.retrieval.lattice.calibration import Observation, fit_latent_scores
 from overstory.retrieval.lattice.scorers import Slate, SlateScore, SlateScorer
 from overstory.retrieval.lattice.tree import Tree
@@ -55,11 +56,11 @@ class SearchConfig:
     def __post_init__(self) -> None:
         for key in ("beam", "iterations", "top_k"):
             if getattr(self, key) < 1:
-                raise ValueError(f"search.{key} must be >= 1, got {getattr(self, key)}")
+                raise ConfigError(f"search.{key} must be >= 1, got {getattr(self, key)}")
         if not 0.0 <= self.alpha < 1.0:
-            raise ValueError(f"search.alpha must be in [0, 1), got {self.alpha}")
+            raise ConfigError(f"search.alpha must be in [0, 1), got {self.alpha}")
         if self.calibration_leaves < 0:
-            raise ValueError(f"search.calibration_leaves must be >= 0, got {self.calibration_leaves}")
+            raise ConfigError(f"search.calibration_leaves must be >= 0, got {self.calibration_leaves}")
 
 
 @dataclass

@@ -117,7 +117,7 @@ def test_search_with_the_real_built_in_scorer(hotpot_tree):
     results = search(tree, [(q.id, q.question) for q in questions[:1]], scorer, SearchConfig(iterations=2, beam=1))
     for result in results:
         assert len(result.slates) == 2  # the root, then the best of its children
-        assert result.llm_calls >= 3 and result.input_tokens > 0 and result.output_tokens > 0
+        assert result.llm_calls >= len(result.slates) and result.input_tokens > 0 and result.output_tokens > 0
         assert result.scorer_seconds > 0 and result.seconds > 0
         parsed = [s for s in result.slates if s.parsed]
         assert all(s.raw_reply for s in result.slates)
@@ -143,5 +143,6 @@ def test_insert_places_a_leaf_by_search_and_splits_an_overfull_cluster(hotpot_tr
     encoder = load_sentence_encoder(MINILM)
     splitter = TopDownBuilder(client=None, embed=lambda texts: encoder.encode(texts), m_max=10, token_budget=0,
                               id_prefix="split-")
-    assert split_overfull(tree, [cluster.id], splitter, {}) >= 2
+    assert split_overfull(tree, [cluster.id], splitter, {}) >= 1  # k-means groups of 2+ become new clusters
     tree.validate(max_branching=10, expected_leaves=leaves_before)
+    assert overfull_nodes(tree, 10) == []

@@ -1,0 +1,152 @@
+"""`overstory data lattice-traces`: LATTICE searches with a teacher scorer over training questions, every slate logged.
+
+    overstory data lattice-traces --config configs/data/lattice_traces.yaml
+
+The distillation data of the scorer students. Questions come from the corpus the tree was built over; their
+gold leaves are the tree's leaf chunks that overlap the question's evidence (HotpotQA: the supporting
+paragraphs; QASPER: the evidence paragraphs). ``batch_queries`` questions are searched together (their slates
+go to the server concurrently); when a batch finishes, each slate is appended to ``out`` (query, candidate ids
+and texts, the teacher's raw scores and reasoning, the latent scores after the refit, whether each candidate
+leads to gold) and each question's summary (ranking, recall@10, calls, tokens, seconds) to
+``<out>.queries.jsonl``. Finished questions are skipped on restart, so a killed run resumes.
+``scorer: oracle`` scores from the gold labels instead of an LLM (no server needed): it checks what the
+search can reach and gives a best-case trace set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from rich.progress import Progress
+
+from overstory.core.config import ConfigError
+from overstory.core.tracking import TrackingConfig, start_run
+from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
+from overstory.data_pipeline.formats import Chunk, JsonlAppender, QAExample
+from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies, chunks_at_levels
+from overstory.retrieval.lattice.scorers import LLMSlateScorer, OracleSlateScorer, SlateScorer
+from overstory.retrieval.lattice.search import SearchConfig, SearchResult, search
+from overstory.retrieval.lattice.tree import Tree
+from overstory.serving.client import Client
+from overstory.serving.config import ServeConfig
+from overstory.serving.launch import stack_in_background
+
+
+@dataclass(frozen=True)
+class LatticeTracesConfig:
+    tree: str  # a tree from `overstory data lattice-tree`
+    corpus: CorpusConfig  # the questions, and the documents the tree's leaves came from
+    out: str
+    hierarchy: HierarchyConfig = field(default_factory=HierarchyConfig)  # as the tree was built with
+    leaf_level: str = "paragraph"
+    scorer: Literal["llm", "oracle"] = "llm"
+    role: str = "scorer"  # the teacher's role on the server
+    max_tokens: int = 384
+    max_reasoning_chars: int = 400
+    max_candidate_chars: int = 600
+    max_attempts: int = 2
+    concurrency: int = 8
+    search: SearchConfig = field(default_factory=SearchConfig)
+    batch_queries: int = 8
+    limit: int = 0  # trace at most this many questions (0 = all with gold leaves in the tree)
+    server_url: str = ""
+    serve: ServeConfig = field(default_factory=lambda: ServeConfig.local(port=0))
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    def __post_init__(self) -> None:
+        if self.batch_queries < 1 or self.concurrency < 1 or self.max_attempts < 1:
+            raise ConfigError("batch_queries, concurrency and max_attempts must be >= 1")
+        if self.limit < 0:
+            raise ConfigError(f"limit must be >= 0, got {self.limit}")
+
+
+def gold_leaves(questions: Iterable[QAExample], leaves: Iterable[Chunk]) -> dict[str, set[str]]:
+    """Question id -> the leaf chunks overlapping its evidence spans (questions without any are left out)."""
+    by_doc: dict[str, list[Chunk]] = {}
+    for chunk in leaves:
+        by_doc.setdefault(chunk.doc_id, []).append(chunk)
+    gold = {}
+    for question in questions:
+        hits = {c.id for span in question.evidence for c in by_doc.get(span.doc_id, [])
+                if c.start < span.end and span.start < c.end}
+        if hits:
+            gold[question.id] = hits
+    return gold
+
+
+def leads_to_gold(tree: Tree, node_ids: list[str], gold: set[str]) -> list[bool]:
+    """For each node: is it a gold leaf, or does a gold leaf lie below it."""
+    return [bool({leaf.id for leaf in tree.leaves(n)} & gold) for n in node_ids]
+
+
+def slate_records(tree: Tree, result: SearchResult, query: str, gold: set[str], teacher: str) -> list[dict]:
+    return [{"id": s.slate_id, "query_id": result.query_id, "query": query, "teacher": teacher,
+             **{k: v for k, v in asdict(s).items() if k != "slate_id"},
+             "leads_to_gold": leads_to_gold(tree, s.node_ids, gold)} for s in result.slates]
+
+
+def query_record(result: SearchResult, query: str, gold: set[str], k: int = 10) -> dict:
+    top = [n for n, _ in result.ranking[:k]]
+    return {"id": result.query_id, "query": query, "gold": sorted(gold), "ranking": result.ranking,
+            f"recall@{k}": len(set(top) & gold) / len(gold), "llm_calls": result.llm_calls,
+            "input_tokens": result.input_tokens, "output_tokens": result.output_tokens,
+            "scorer_seconds": round(result.scorer_seconds, 3), "seconds": round(result.seconds, 3),
+            "failed_slates": result.failed_slates, "problems": result.problems}
+
+
+def run(config: LatticeTracesConfig) -> dict:
+    tree = Tree.load(config.tree)
+    documents, questions = load_corpus(config.corpus)
+    tree_leaves = {n.id for n in tree.nodes.values() if n.leaf}
+    leaves = [c for c in chunks_at_levels(build_hierarchies(documents, config.hierarchy), config.leaf_level)
+              if c.id in tree_leaves]
+    gold = gold_leaves(questions, leaves)
+    todo_questions = [q for q in questions if q.id in gold]
+    if config.limit:
+        todo_questions = todo_questions[: config.limit]
+    if not todo_questions:
+        raise ConfigError(f"no question of {config.corpus.path!r} has evidence in the tree's leaves ({config.tree}); "
+                          f"build the tree over the same corpus and hierarchy settings")
+    out = Path(config.out)
+    queries_path = out.with_name(out.stem + ".queries.jsonl")
+    totals = {"questions": 0, "slates": 0, "skipped": 0, "recall@10": 0.0}
+    with ExitStack() as stack:
+        tracker = stack.enter_context(start_run(config.tracking, "data lattice-traces", config))
+        slates_out = stack.enter_context(JsonlAppender(out))
+        queries_out = stack.enter_context(JsonlAppender(queries_path))
+        todo = [q for q in todo_questions if q.id not in queries_out]
+        totals["skipped"] = len(todo_questions) - len(todo)
+        scorer: SlateScorer
+        if config.scorer == "oracle":
+            scorer, teacher = OracleSlateScorer(tree, gold), "oracle"
+        else:
+            url = config.server_url or (stack.enter_context(stack_in_background(config.serve)) if todo else "")
+            scorer = LLMSlateScorer(Client.from_url(url), role=config.role, max_tokens=config.max_tokens,
+                                    max_attempts=config.max_attempts, concurrency=config.concurrency,
+                                    max_candidate_chars=config.max_candidate_chars,
+                                    max_reasoning_chars=config.max_reasoning_chars)
+            teacher = config.role
+        progress = stack.enter_context(Progress())
+        task = progress.add_task("lattice traces (questions)", total=len(todo))
+        for start in range(0, len(todo), config.batch_queries):
+            batch = todo[start: start + config.batch_queries]
+            results = search(tree, [(q.id, q.question) for q in batch], scorer, config.search)
+            for question, result in zip(batch, results, strict=True):
+                for record in slate_records(tree, result, question.question, gold[question.id], teacher):
+                    if record["id"] not in slates_out:
+                        slates_out.write(record)
+                        totals["slates"] += 1
+                summary = query_record(result, question.question, gold[question.id])
+                queries_out.write(summary)
+                totals["questions"] += 1
+                totals["recall@10"] += summary["recall@10"]
+            progress.advance(task, len(batch))
+        totals["recall@10"] = round(totals["recall@10"] / max(totals["questions"], 1), 4)
+        tracker.summary(totals)
+    print(f"lattice traces ({teacher}): {totals['questions']} questions, {totals['slates']} slates, "
+          f"recall@10 {totals['recall@10']}, {totals['skipped']} already done -> {out}")
+    return totals
