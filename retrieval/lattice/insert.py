@@ -30,9 +30,10 @@ def insert_leaf(tree: Tree, leaf: Node, scorer: SlateScorer, config: SearchConfi
     if not leaf.leaf:
         raise TreeError(f"{leaf.id!r} is not a leaf")
     [result] = search(tree, [(f"insert:{leaf.id}", leaf.text[:max_query_chars])], scorer, config or SearchConfig())
-    parent = tree.parent(result.ranking[0][0]) if result.ranking else tree.root
-    tree.add_child(parent or tree.root, leaf)
-    return parent or tree.root
+    parent = tree.parent(result.ranking[0][0]) if result.ranking else None
+    parent = parent or tree.root
+    tree.add_child(parent, leaf)
+    return parent
 
 
 def overfull_nodes(tree: Tree, m_max: int) -> list[str]:

@@ -6,7 +6,7 @@ batches 20); the reply is JSON through the serving structured-output schema. Pas
 out, or gives the wrong number of levels, are asked again in a smaller batch; after ``max_attempts`` a
 passage gets a fallback made from its own words (marked ``source="fallback"``) and a failure record with
 the raw reply, so construction never loses a leaf. Records are appended to JSONL and finished ids are
-skipped, so a killed run resumes.
+skipped, so a killed run resumes (a fallback counts as finished: delete its line to ask again).
 """
 
 from __future__ import annotations
