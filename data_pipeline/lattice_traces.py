@@ -26,7 +26,7 @@ from rich.progress import Progress
 from overstory.core.config import ConfigError
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
-from overstory.data_pipeline.formats import Chunk, JsonlAppender, QAExample
+from overstory.data_pipeline.formats import Chunk, Document, JsonlAppender, QAExample
 from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies, chunks_at_levels
 from overstory.retrieval.lattice.scorers import LLMSlateScorer, OracleSlateScorer, SlateScorer
 from overstory.retrieval.lattice.search import SearchConfig, SearchResult, search
@@ -78,6 +78,14 @@ def gold_leaves(questions: Iterable[QAExample], leaves: Iterable[Chunk]) -> dict
     return gold
 
 
+def tree_leaf_chunks(tree: Tree, documents: Iterable[Document], hierarchy: HierarchyConfig,
+                     leaf_level: str) -> list[Chunk]:
+    """The corpus's chunks at ``leaf_level`` that are leaves of ``tree`` (rebuilt with the tree's hierarchy
+    settings, so their spans locate the evidence)."""
+    tree_leaves = {n.id for n in tree.nodes.values() if n.leaf}
+    return [c for c in chunks_at_levels(build_hierarchies(documents, hierarchy), leaf_level) if c.id in tree_leaves]
+
+
 def leads_to_gold(tree: Tree, node_ids: list[str], gold: set[str]) -> list[bool]:
     """For each node: is it a gold leaf, or does a gold leaf lie below it."""
     return [bool({leaf.id for leaf in tree.leaves(n)} & gold) for n in node_ids]
@@ -101,9 +109,7 @@ def query_record(result: SearchResult, query: str, gold: set[str], k: int = 10) 
 def run(config: LatticeTracesConfig) -> dict:
     tree = Tree.load(config.tree)
     documents, questions = load_corpus(config.corpus)
-    tree_leaves = {n.id for n in tree.nodes.values() if n.leaf}
-    leaves = [c for c in chunks_at_levels(build_hierarchies(documents, config.hierarchy), config.leaf_level)
-              if c.id in tree_leaves]
+    leaves = tree_leaf_chunks(tree, documents, config.hierarchy, config.leaf_level)
     gold = gold_leaves(questions, leaves)
     todo_questions = [q for q in questions if q.id in gold]
     if config.limit:

@@ -136,3 +136,23 @@ def plot_chunk_size_by_dataset(report: Mapping, path: str | Path) -> Path:
     ax.set_title("chunk size the plans select, per dataset (95% bootstrap intervals)")
     ax.legend(fontsize=8)
     return save_figure(fig, path)
+
+
+def plot_quality_vs_cost(systems: Mapping[str, Mapping], path: str | Path, quality: str = "ndcg@10") -> Path:
+    """``quality`` (with its 95% interval) against seconds per question, one point per retrieval system (log x);
+    a system's scorer calls per question are written beside its name."""
+    fig, ax = plt.subplots(figsize=(7.0, 4.8))
+    for name, row in systems.items():
+        value, interval = row.get(quality), row.get(f"{quality}_ci95")
+        if value is None:
+            continue
+        x = max(row["seconds"], 1e-4)
+        error = [[value - interval[0]], [interval[1] - value]] if interval else None
+        ax.errorbar(x, value, yerr=error, fmt="o", markersize=7, capsize=4)
+        calls = f", {row['llm_calls']:g} calls" if row.get("llm_calls") else ""
+        ax.annotate(f"{name}{calls}", (x, value), textcoords="offset points", xytext=(6, 4), fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlabel("seconds per question (log scale)")
+    ax.set_ylabel(quality)
+    ax.set_title("tree search and flat retrieval: quality against cost per question")
+    return save_figure(fig, path)

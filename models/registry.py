@@ -167,3 +167,27 @@ def load_lm_checkpoint(name: str, dtype: torch.dtype | None = None):
         return PeftModel.from_pretrained(model, folder, is_trainable=True), tokenizer, base
     model, tokenizer = load_causal_lm(name, **kwargs)
     return model, tokenizer, name
+
+
+def init_cross_encoder(name: str, max_length: int | None = None, seed: int = 0):
+    """A one-label sentence-transformers ``CrossEncoder`` with a sigmoid (scores in [0, 1], what ``/score``
+    serves), to be trained. ``name`` may be a cross-encoder (a hub reranker, a trained student) or a bi-encoder
+    such as the built-in MiniLM: a folder whose ``modules.json`` describes pooling is a bi-encoder, so its
+    transformer body gets a new one-label classification head (seeded: every start is identical)."""
+    from sentence_transformers import CrossEncoder
+    from sentence_transformers.base.modules import Transformer
+
+    path = resolve(name)
+    modules = Path(path) / "modules.json"
+    try:
+        if modules.exists() and "Pooling" in modules.read_text():
+            torch.manual_seed(seed)  # the new classifier head is drawn here
+            body = Transformer(path, transformer_task="sequence-classification", config_kwargs={"num_labels": 1},
+                               max_seq_length=max_length)
+            model = CrossEncoder(modules=[body], device="cpu", activation_fn=torch.nn.Sigmoid())
+        else:
+            model = CrossEncoder(path, num_labels=1, max_length=max_length, device="cpu",
+                                 activation_fn=torch.nn.Sigmoid())
+    except OSError as exc:
+        raise _offline_hint(name, exc) from exc
+    return model

@@ -13,6 +13,7 @@ released code drops the whole slate (and crashes on a score above 100).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -82,6 +83,22 @@ def slate_prompt(query: str, candidates: Sequence[str], leaf: bool, max_chars: i
         lines.append(f"[{i}] {flat[:max_chars]}")
     template = LEAF_PROMPT if leaf else CLUSTER_PROMPT
     return template.format(query=" ".join(query.split()), candidates="\n".join(lines))
+
+
+def slate_completion(scores: Sequence[float | None], reasoning: str = "", max_reasoning_chars: int = 400) -> str:
+    """A scorer reply in the schema above, from scores by slate position (None: not scored, left out): what a
+    distilled student learns to write for a slate. Scores are rounded to integers and the ranking is best first
+    (ties by position), so every reply the parser reads back gives the same scores.
+
+    >>> slate_completion([40.4, None, 90.0], "b")
+    '{"reasoning": "b", "ranking": [2, 0], "relevance_scores": [[0, 40], [2, 90]]}'
+    >>> parse_slate_reply(slate_completion([10, 70]), 2).scores
+    {0: 10.0, 1: 70.0}
+    """
+    scored = [(i, int(round(float(s)))) for i, s in enumerate(scores) if s is not None]
+    ranking = [i for i, s in sorted(scored, key=lambda item: (-item[1], item[0]))]
+    return json.dumps({"reasoning": reasoning[:max_reasoning_chars], "ranking": ranking,
+                       "relevance_scores": [[i, s] for i, s in scored]})
 
 
 @dataclass

@@ -49,6 +49,10 @@ JOBS: dict[tuple[str, str], tuple[str, str, str, str]] = {
         "overstory.training.verl.export", "VerlExportConfig", "run",
         "the planner's GRPO prompts and SFT traces as verl parquet (reward entry: training/verl/reward.py)",
     ),
+    ("train", "distill-scorer"): (
+        "overstory.training.distill_scorer", "DistillScorerConfig", "run",
+        "LATTICE's traversal scorer distilled from its traces: a LoRA LLM (TRL SFT) or a cross-encoder student",
+    ),
     ("train", "compressor"): (
         "overstory.training.compressor", "CompressorJobConfig", "run",
         "train the chunk compression encoder on summary embeddings (runs under accelerate launch too)",
@@ -76,6 +80,10 @@ JOBS: dict[tuple[str, str], tuple[str, str, str, str]] = {
     ("eval", "rag"): (
         "overstory.evaluation.rag", "RagEvalConfig", "run",
         "retrieve-then-generate over a QA dataset: recall@k, exact match, token F1, latency",
+    ),
+    ("eval", "lattice"): (
+        "overstory.evaluation.lattice", "LatticeEvalConfig", "run",
+        "LATTICE search with each scorer beside BM25, dense, hybrid and LATTICE++: nDCG@10, Recall@10/100, cost",
     ),
     ("eval", "compressor"): (
         "overstory.evaluation.compressor", "EvalCompressorConfig", "run",

@@ -55,8 +55,9 @@ from overstory.serving.launch import serve_in_background
 from overstory.training.compressor import CompressorJobConfig, CompressorTrainConfig
 from overstory.training.compressor import run as run_training
 from overstory.training.planner_common import GrpoSettings
-from overstory.training.planner_sft import PlannerSftConfig, SftTrainSettings
+from overstory.training.planner_sft import PlannerSftConfig
 from overstory.training.planner_sft import run as run_sft
+from overstory.training.sft import SftTrainSettings
 from overstory.training.stitch import StitchConfig, StitchSettings
 from overstory.training.stitch import run as run_stitch
 

@@ -1,5 +1,6 @@
 """Shared fixtures: caches point into the tree so tests never reach a hub (they are offline); the planner's
-labels, traces and a short SFT adapter on real SQuAD questions, made once per session."""
+labels, traces and a short SFT adapter on real SQuAD questions; a LATTICE tree over real HotpotQA paragraphs, its
+oracle traversal traces and the scorer students distilled from them; each made once per session."""
 
 from __future__ import annotations
 
@@ -87,3 +88,63 @@ def sft_planner(planner_traces: Path, tmp_path_factory) -> Path:
                  "tracking.backend=none"])
     assert code == 0
     return out
+
+
+HOTPOTQA_150 = [f"corpus.path={ROOT / 'data/hotpotqa'}", "corpus.limit_docs=150"]  # 11 questions with gold leaves
+
+
+@pytest.fixture(scope="session")
+def lattice_tree(tmp_path_factory) -> Path:
+    """A LATTICE tree over the first 150 HotpotQA paragraphs (leaf ids as the lattice-tree job gives them), clustered
+    by k-means on MiniLM (token_budget=0: no LLM; the LLM construction has its own tests), at most 6 children."""
+    from overstory.core.config import load_config
+    from overstory.data_pipeline.lattice_tree import LatticeTreeConfig, corpus_leaves
+    from overstory.models.registry import MINILM, load_sentence_encoder
+    from overstory.retrieval.lattice.keywords import fallback_keywords
+    from overstory.retrieval.lattice.top_down import TopDownBuilder
+
+    config = load_config(LatticeTreeConfig, ROOT / "configs/data/lattice_tree.yaml", [*HOTPOTQA_150, "out=unused"])
+    leaves = corpus_leaves(config)
+    encoder = load_sentence_encoder(MINILM)
+    builder = TopDownBuilder(client=None, embed=lambda texts: encoder.encode(texts), m_max=6, token_budget=0)
+    tree = builder.build(leaves, {leaf.id: fallback_keywords(leaf.text) for leaf in leaves})
+    return tree.save(tmp_path_factory.mktemp("lattice_tree") / "tree.json")
+
+
+@pytest.fixture(scope="session")
+def lattice_oracle_traces(lattice_tree: Path) -> Path:
+    """Traversal traces of all 11 questions with the oracle as the teacher (scores 100 for a candidate that leads
+    to gold, else 0; no reasoning): the distillation data of the student tests. A real traces run."""
+    from overstory.cli import main
+
+    out = lattice_tree.parent / "traces.jsonl"
+    assert main(["data", "lattice-traces", "--config", str(ROOT / "configs/data/lattice_traces.yaml"),
+                 f"tree={lattice_tree}", f"out={out}", *HOTPOTQA_150, "scorer=oracle", "search.iterations=4",
+                 "tracking.backend=none"]) == 0
+    return out
+
+
+def distill(traces: Path, out: Path, config: str, *overrides: str) -> Path:
+    """``overstory train distill-scorer`` as a user runs it; returns ``out``."""
+    from overstory.cli import main
+
+    assert main(["train", "distill-scorer", "--config", str(ROOT / "configs/train" / config), f"traces={traces}",
+                 f"out={out}", "train.val_fraction=0.2", "tracking.backend=none", *overrides]) == 0
+    return out
+
+
+@pytest.fixture(scope="session")
+def ce_student(lattice_oracle_traces: Path, tmp_path_factory) -> Path:
+    """A cross-encoder student (pointwise) distilled from the oracle traces: 40 steps from the built-in MiniLM."""
+    return distill(lattice_oracle_traces, tmp_path_factory.mktemp("ce_student") / "ce",
+                   "distill_scorer_cross_encoder.yaml", "train.max_steps=40", "train.lr=3e-4",
+                   "train.max_length=128", "max_candidate_chars=300", "train.logging_steps=5")
+
+
+@pytest.fixture(scope="session")
+def llm_student(lattice_oracle_traces: Path, tmp_path_factory) -> Path:
+    """A LoRA LLM student on SmolLM2 distilled from the oracle traces: 2 steps (it checks the recipe and its
+    serving, not what two steps learn)."""
+    return distill(lattice_oracle_traces, tmp_path_factory.mktemp("llm_student") / "llm", "distill_scorer_llm.yaml",
+                   "train.max_steps=2", "train.batch_size=2", "max_candidate_chars=120", "train.max_length=1024",
+                   "train.logging_steps=1")

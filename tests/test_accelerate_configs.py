@@ -17,7 +17,7 @@ from accelerate.utils import DeepSpeedPlugin
 from overstory.cli import JOBS, job_config_class
 from overstory.core.config import load_config
 from overstory.training.planner_common import grpo_args
-from overstory.training.planner_sft import sft_args
+from overstory.training.sft import sft_args
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs" / "accelerate").glob("*.yaml"))

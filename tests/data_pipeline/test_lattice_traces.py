@@ -1,34 +1,17 @@
 """`overstory data lattice-traces`: every slate logged with what it needs for distillation, gold reached by the
-oracle, resume after a kill (the LLM teacher's search has its own test in tests/retrieval/test_lattice_search.py)."""
+oracle, resume after a kill (the LLM teacher's search has its own test in tests/retrieval/test_lattice_search.py).
+The tree is the session's k-means tree over the first 150 HotpotQA paragraphs (``lattice_tree``, tests/conftest.py)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-import pytest
-
 from overstory.cli import main
-from overstory.core.config import load_config
 from overstory.data_pipeline.formats import read_jsonl
-from overstory.data_pipeline.lattice_tree import LatticeTreeConfig, corpus_leaves
-from overstory.models.registry import MINILM, load_sentence_encoder
-from overstory.retrieval.lattice.keywords import fallback_keywords
-from overstory.retrieval.lattice.top_down import TopDownBuilder
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = [f"corpus.path={ROOT / 'data/hotpotqa'}", "corpus.limit_docs=150"]  # 11 questions
-
-
-@pytest.fixture(scope="module")
-def tree_path(tmp_path_factory) -> Path:
-    """A k-means tree (token_budget=0: no LLM) over the first 150 HotpotQA paragraphs, leaf ids as the job has them."""
-    config = load_config(LatticeTreeConfig, ROOT / "configs/data/lattice_tree.yaml", [*CORPUS, "out=unused"])
-    leaves = corpus_leaves(config)
-    encoder = load_sentence_encoder(MINILM)
-    builder = TopDownBuilder(client=None, embed=lambda texts: encoder.encode(texts), m_max=6, token_budget=0)
-    tree = builder.build(leaves, {leaf.id: fallback_keywords(leaf.text) for leaf in leaves})
-    return tree.save(tmp_path_factory.mktemp("tree") / "tree.json")
 
 
 def _run(tree: Path, out: Path, *extra: str) -> int:
@@ -37,9 +20,9 @@ def _run(tree: Path, out: Path, *extra: str) -> int:
                  "tracking.backend=none", *extra])
 
 
-def test_oracle_traces_log_every_slate_and_resume(tree_path: Path, tmp_path: Path) -> None:
+def test_oracle_traces_log_every_slate_and_resume(lattice_tree: Path, tmp_path: Path) -> None:
     out = tmp_path / "traces.jsonl"
-    assert _run(tree_path, out, "limit=3") == 0
+    assert _run(lattice_tree, out, "limit=3") == 0
     slates = list(read_jsonl(out))
     queries = list(read_jsonl(tmp_path / "traces.queries.jsonl"))
     assert len(queries) == 3 and len({s["query_id"] for s in slates}) == 3
@@ -53,15 +36,15 @@ def test_oracle_traces_log_every_slate_and_resume(tree_path: Path, tmp_path: Pat
     # a killed run: the last line half written; the rerun drops it, skips the finished questions, adds the rest
     with out.open("a") as fh:
         fh.write('{"id": "half a li')
-    assert _run(tree_path, out, "limit=5") == 0
+    assert _run(lattice_tree, out, "limit=5") == 0
     queries = list(read_jsonl(tmp_path / "traces.queries.jsonl"))
     assert len(queries) == 5 and len({q["id"] for q in queries}) == 5
     ids = [json.loads(line)["id"] for line in out.read_text().splitlines()]
     assert len(ids) == len(set(ids)) and len({s.split("/")[0] for s in ids}) == 5
 
 
-def test_a_tree_of_another_corpus_is_refused(tree_path: Path, tmp_path: Path, capsys) -> None:
+def test_a_tree_of_another_corpus_is_refused(lattice_tree: Path, tmp_path: Path, capsys) -> None:
     code = main(["data", "lattice-traces", "--config", str(ROOT / "configs/data/lattice_traces.yaml"),
-                 f"tree={tree_path}", f"out={tmp_path / 'x.jsonl'}", "corpus.kind=squad",
+                 f"tree={lattice_tree}", f"out={tmp_path / 'x.jsonl'}", "corpus.kind=squad",
                  f"corpus.path={ROOT / 'data/squad/dev-v2.0-articles.json'}", "scorer=oracle", "tracking.backend=none"])
     assert code == 2 and "has evidence in the tree's leaves" in capsys.readouterr().err

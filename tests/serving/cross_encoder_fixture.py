@@ -14,21 +14,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
-from overstory.models.registry import MINILM, resolve
+from overstory.models.registry import MINILM, init_cross_encoder
 
 
 def build_tiny_cross_encoder(out_dir: str | Path, seed: int = 0) -> str:
     """Save an untrained one-label MiniLM cross-encoder into ``out_dir``; return the folder as a string."""
-    from sentence_transformers import CrossEncoder
-    from sentence_transformers.base.modules import Transformer
-
-    # Built from the transformer module rather than CrossEncoder(minilm_folder): that folder's modules.json
-    # describes a bi-encoder (Transformer, Pooling, Normalize), which is not a cross-encoder.
-    torch.manual_seed(seed)  # the new classifier weights are drawn here
-    transformer = Transformer(resolve(MINILM), transformer_task="sequence-classification",
-                              config_kwargs={"num_labels": 1})
-    model = CrossEncoder(modules=[transformer], device="cpu")
-    model.save(str(out_dir))
+    init_cross_encoder(MINILM, seed=seed).save(str(out_dir))
     return str(out_dir)

@@ -1,0 +1,356 @@
+"""`overstory eval lattice`: LATTICE's search with each scorer beside BM25, dense, hybrid and LATTICE++, one table.
+
+    overstory eval lattice --config configs/eval/lattice.yaml --compare oracle,teacher,ce_pointwise,bm25,dense
+
+Every system ranks the tree's leaves for the same questions (those with gold leaves: HotpotQA's supporting
+paragraphs, QASPER's evidence paragraphs; ``heldout_from`` keeps a student's held-out questions only). Quality is
+nDCG@10, Recall@10 and Recall@100 against the gold leaves with binary gains (as the released LATTICE code),
+computed by ``ir_measures`` (trec_eval's definitions), each with a 95% bootstrap interval over questions. Cost per
+question: scorer calls, prompt and completion tokens (the server's ``usage``) and seconds.
+
+System kinds (``systems`` in the config; ``--compare`` picks names):
+
+* ``search``: the calibrated tree search with a scorer: ``oracle`` (gold labels: can the tree and the search reach
+  the gold at all), ``llm`` (the served ``scorer`` role: the teacher, or with ``model`` a distilled LoRA adapter
+  on it) or ``cross_encoder`` (``model``: a CrossEncoder folder, served at ``/score``). ``calibration: false``
+  turns the slate-bias fit off (a pointwise scorer has no slate bias: measure both).
+* ``bm25``, ``dense`` (the built-in MiniLM), ``hybrid`` (their reciprocal rank fusion): flat retrieval over the
+  same leaves.
+* ``fusion``: LATTICE++, the ranking of the search system ``of`` fused with BM25 and dense by min-max normalised
+  weights (``retrieval/lattice/fusion.py``); its cost is that search's.
+
+Each scorer system gets a stack of its own (``serve`` with the ``scorer`` role replaced) unless it names a
+``server_url``. With ``agreement_traces`` (teacher slates from ``overstory data lattice-traces``), each system
+whose ``model`` is a distilled student also scores the teacher's slates of the student's held-out questions
+(``heldout_queries.json`` beside ``model``): Kendall tau with the teacher's scores and top-1 agreement.
+Writes ``metrics.json``, ``table.md``, ``rankings/<system>.jsonl`` and ``quality_vs_cost.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from overstory.core.config import ConfigError
+from overstory.core.tracking import TrackingConfig, start_run
+from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
+from overstory.data_pipeline.hierarchy import HierarchyConfig
+from overstory.data_pipeline.lattice_traces import gold_leaves, tree_leaf_chunks
+from overstory.evaluation.plots import plot_quality_vs_cost
+from overstory.models.registry import MINILM, base_model_of, load_sentence_encoder
+from overstory.retrieval.index import BM25Index, DenseIndex, HybridIndex
+from overstory.retrieval.lattice.fusion import LATTICE_PP_WEIGHTS, lattice_pp
+from overstory.retrieval.lattice.scorers import (
+    CrossEncoderSlateScorer,
+    LLMSlateScorer,
+    OracleSlateScorer,
+    Slate,
+    SlateScorer,
+)
+from overstory.retrieval.lattice.search import SearchConfig, search
+from overstory.retrieval.lattice.tree import Tree
+from overstory.retrieval.metrics import bootstrap_interval
+from overstory.serving.client import Client
+from overstory.serving.config import RoleConfig, ServeConfig
+from overstory.serving.launch import stack_in_background
+
+MEASURES = ("nDCG@10", "R@10", "R@100")
+
+
+@dataclass(frozen=True)
+class SystemConfig:
+    kind: Literal["search", "bm25", "dense", "hybrid", "fusion"]
+    scorer: Literal["oracle", "llm", "cross_encoder"] = "llm"  # search only
+    # search: llm -> a LoRA adapter folder (a distilled student) on its base model, empty = the served scorer
+    # role as configured (the teacher); cross_encoder -> a CrossEncoder folder
+    model: str = ""
+    calibration: bool = True
+    of: str = ""  # fusion: the search system whose ranking is fused
+    weights: dict[str, float] = field(default_factory=lambda: dict(LATTICE_PP_WEIGHTS))
+    note: str = ""  # shown in the table, e.g. "trained on gold labels (not distillation)"
+    server_url: str = ""  # a running server whose scorer role this system uses (no stack is started)
+
+
+@dataclass(frozen=True)
+class LatticeEvalConfig:
+    tree: str
+    corpus: CorpusConfig
+    out: str
+    systems: dict[str, SystemConfig]
+    compare: str = ""  # comma-separated names from `systems`; empty: all of them
+    hierarchy: HierarchyConfig = field(default_factory=HierarchyConfig)  # as the tree was built with
+    leaf_level: str = "paragraph"
+    limit: int = 0  # at most this many questions (0: all with gold leaves in the tree)
+    heldout_from: str = ""  # a distill-scorer output folder: only its held-out questions
+    agreement_traces: str = ""  # teacher slates for the students' agreement (empty: not measured)
+    search: SearchConfig = field(default_factory=SearchConfig)
+    max_tokens: int = 384
+    max_reasoning_chars: int = 400
+    max_candidate_chars: int = 600
+    max_attempts: int = 2
+    concurrency: int = 8
+    serve: ServeConfig = field(default_factory=lambda: ServeConfig.local(port=0))
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    def __post_init__(self) -> None:
+        names = self.names
+        unknown = [n for n in names if n not in self.systems]
+        if unknown:
+            raise ConfigError(f"compare: {', '.join(unknown)} not in systems ({', '.join(self.systems) or 'none'})")
+        for name in names:
+            system = self.systems[name]
+            if system.kind == "fusion" and self.systems.get(system.of, SystemConfig("bm25")).kind != "search":
+                raise ConfigError(f"systems.{name}.of must name a search system, got {system.of!r}")
+            if system.kind == "search" and system.scorer == "cross_encoder" and not system.model:
+                raise ConfigError(f"systems.{name}.model: a cross_encoder scorer needs a CrossEncoder folder")
+        if self.limit < 0:
+            raise ConfigError(f"limit must be >= 0, got {self.limit}")
+
+    @property
+    def names(self) -> list[str]:
+        return [n for n in self.compare.split(",") if n] or list(self.systems)
+
+
+# --- metrics -----------------------------------------------------------------------------------------------
+
+def retrieval_metrics(rankings: dict[str, list[tuple[str, float]]], gold: dict[str, set[str]]) -> dict:
+    """Mean nDCG@10, R@10 and R@100 over the questions of ``gold`` (a question a system left without a ranking
+    scores 0), each with its 95% bootstrap interval, from ``ir_measures``."""
+    import ir_measures
+
+    qrels = {q: dict.fromkeys(leaves, 1) for q, leaves in gold.items()}
+    # trec_eval breaks score ties by document id; the ranks are made explicit so each system's own order counts
+    run = {q: {doc: float(len(ranking) - rank) for rank, (doc, _) in enumerate(ranking)}
+           for q, ranking in rankings.items() if ranking}
+    per_query = {m: dict.fromkeys(gold, 0.0) for m in MEASURES}
+    parsed = [ir_measures.parse_measure(m) for m in MEASURES]
+    for metric in ir_measures.iter_calc(parsed, qrels, run):
+        per_query[str(metric.measure)][metric.query_id] = float(metric.value)
+    out: dict = {}
+    for measure in MEASURES:
+        values = list(per_query[measure].values())
+        key = measure.lower().replace("r@", "recall@")
+        out[key] = round(float(np.mean(values)), 4) if values else None
+        interval = bootstrap_interval(values)
+        out[f"{key}_ci95"] = [round(v, 4) for v in interval] if interval else None
+    return out
+
+
+def agreement(student: SlateScorer, teacher_slates: list[dict]) -> dict:
+    """The student's scores on the teacher's slates: mean Kendall tau over slates with two or more candidates
+    scored by both and not all tied (tau is undefined on a constant list; such slates are counted, not scored),
+    and top-1 agreement (the student's best candidate is among the teacher's best)."""
+    from scipy.stats import kendalltau
+
+    slates = [Slate(s["query_id"], s["query"], s["node_ids"], s["texts"], bool(s["leaf"])) for s in teacher_slates]
+    scored = student.score(slates)
+    taus, top1, undefined = [], [], 0
+    for record, reply in zip(teacher_slates, scored, strict=True):
+        both = [i for i, t in enumerate(record["raw_scores"]) if t is not None and i in reply.scores]
+        if not both:
+            continue
+        teacher = [record["raw_scores"][i] for i in both]
+        student_scores = [reply.scores[i] for i in both]
+        best_teacher = max(teacher)
+        top1.append(float(teacher[int(np.argmax(student_scores))] == best_teacher))
+        if len(both) < 2 or len(set(teacher)) < 2 or len(set(student_scores)) < 2:
+            undefined += 1
+            continue
+        taus.append(float(kendalltau(teacher, student_scores).statistic))
+    return {"kendall_tau": round(float(np.mean(taus)), 4) if taus else None,
+            "top1_agreement": round(float(np.mean(top1)), 4) if top1 else None,
+            "n_slates": len(teacher_slates), "n_tau": len(taus), "tau_undefined": undefined}
+
+
+# --- systems -----------------------------------------------------------------------------------------------
+
+def _scorer_role(config: LatticeEvalConfig, system: SystemConfig) -> RoleConfig:
+    """The ``scorer`` role a search system's stack serves."""
+    if system.scorer == "cross_encoder":
+        return RoleConfig(model=system.model, kind="cross-encoder")
+    teacher = config.serve.roles.get("scorer")
+    if teacher is None:
+        raise ConfigError("serve.roles.scorer: the llm scorer systems need a scorer role to serve")
+    if system.model:  # a distilled LoRA student on its base model
+        return replace(teacher, model=base_model_of(system.model), adapter=system.model)
+    return teacher
+
+
+def _slate_scorer(config: LatticeEvalConfig, system: SystemConfig, url, tree: Tree,
+                  gold: dict[str, set[str]]) -> SlateScorer:
+    if system.scorer == "oracle":
+        return OracleSlateScorer(tree, gold)
+    client = Client.from_url(url)
+    if system.scorer == "cross_encoder":
+        return CrossEncoderSlateScorer(client, concurrency=config.concurrency)
+    return LLMSlateScorer(client, max_tokens=config.max_tokens, max_attempts=config.max_attempts,
+                          concurrency=config.concurrency, max_candidate_chars=config.max_candidate_chars,
+                          max_reasoning_chars=config.max_reasoning_chars)
+
+
+def _heldout_slates(path: str, model: str) -> list[dict]:
+    heldout_file = Path(model).parent / "heldout_queries.json"
+    if not heldout_file.exists():
+        raise ConfigError(f"{heldout_file} not found: agreement needs the student's held-out queries "
+                          f"(written by `overstory train distill-scorer`)")
+    held = set(json.loads(heldout_file.read_text()))
+    with open(path) as handle:
+        records = [json.loads(line) for line in handle if line.strip()]
+    return [r for r in records if r["query_id"] in held and r.get("parsed", True)]
+
+
+def _questions(config: LatticeEvalConfig):
+    tree = Tree.load(config.tree)
+    documents, questions = load_corpus(config.corpus)
+    leaves = tree_leaf_chunks(tree, documents, config.hierarchy, config.leaf_level)
+    gold = gold_leaves(questions, leaves)
+    chosen = [q for q in questions if q.id in gold]
+    if config.heldout_from:
+        held = set(json.loads((Path(config.heldout_from) / "heldout_queries.json").read_text()))
+        chosen = [q for q in chosen if q.id in held]
+    if config.limit:
+        chosen = chosen[: config.limit]
+    if not chosen:
+        raise ConfigError(f"no question of {config.corpus.path!r} has gold leaves in {config.tree}"
+                          + (f" among the held-out queries of {config.heldout_from}" if config.heldout_from else ""))
+    return tree, leaves, chosen, {q.id: gold[q.id] for q in chosen}
+
+
+def run(config: LatticeEvalConfig) -> dict:
+    tree, leaves, questions, gold = _questions(config)
+    queries = [(q.id, q.question) for q in questions]
+    out = Path(config.out)
+    (out / "rankings").mkdir(parents=True, exist_ok=True)
+    flat: dict[str, object] = {}
+    encoder = None
+
+    def flat_index(kind: str):
+        nonlocal encoder
+        if kind not in flat:
+            if kind != "bm25" and encoder is None:
+                encoder = load_sentence_encoder(MINILM)
+            embed = (lambda texts: encoder.encode(texts, batch_size=64)) if kind != "bm25" else None
+            if kind == "bm25":
+                flat[kind] = BM25Index.build(leaves)
+            elif kind == "dense":
+                flat[kind] = DenseIndex.build(leaves, embed)
+            else:
+                flat[kind] = HybridIndex(flat_index("dense"), flat_index("bm25"))
+        return flat[kind]
+
+    results: dict[str, dict] = {}
+    rankings: dict[str, dict[str, list[tuple[str, float]]]] = {}
+    order = sorted(config.names, key=lambda n: config.systems[n].kind == "fusion")  # fusions after their search
+    with ExitStack() as stack:
+        tracker = stack.enter_context(start_run(config.tracking, "eval lattice", config))
+        for name in order:
+            system = config.systems[name]
+            print(f"[{name}] {system.kind}" + (f" / {system.scorer}" if system.kind == "search" else ""))
+            if system.kind == "search":
+                row, rankings[name] = _run_search(config, system, tree, queries, gold)
+            elif system.kind == "fusion":
+                row, rankings[name] = _run_fusion(system, rankings, results, queries, flat_index)
+            else:
+                started = time.perf_counter()
+                hits = flat_index(system.kind).search([q for _, q in queries], k=config.search.top_k)
+                seconds = (time.perf_counter() - started) / len(queries)
+                rankings[name] = {qid: [(h.chunk.id, h.score) for h in row_hits]
+                                  for (qid, _), row_hits in zip(queries, hits, strict=True)}
+                row = {"llm_calls": 0.0, "input_tokens": 0.0, "output_tokens": 0.0, "seconds": round(seconds, 4)}
+            row = {**retrieval_metrics(rankings[name], gold), **row, "kind": system.kind, "note": system.note}
+            if system.kind == "search":
+                row.update(scorer=system.scorer, calibration=system.calibration)
+            if config.agreement_traces and system.kind == "search" and system.model:
+                row["agreement"] = _run_agreement(config, system, tree, gold)
+            results[name] = row
+            with open(out / "rankings" / f"{name}.jsonl", "w") as handle:
+                for qid, ranking in rankings[name].items():
+                    handle.write(json.dumps({"id": qid, "ranking": ranking[:100]}) + "\n")
+        report = {"n_questions": len(queries), "tree": config.tree, "measures": list(MEASURES),
+                  "systems": results}
+        (out / "metrics.json").write_text(json.dumps(report, indent=2))
+        (out / "table.md").write_text(markdown_table(report))
+        plot_quality_vs_cost(results, out / "quality_vs_cost.png")
+        tracker.summary({f"{name}/{k}": v for name, row in results.items() for k, v in row.items()
+                         if isinstance(v, (int, float)) and not isinstance(v, bool)})
+    print(markdown_table(report))
+    print(f"-> {out / 'metrics.json'}, {out / 'table.md'}, {out / 'quality_vs_cost.png'}")
+    return report
+
+
+def _run_search(config: LatticeEvalConfig, system: SystemConfig, tree: Tree, queries, gold):
+    settings = replace(config.search, calibration=system.calibration)
+    with ExitStack() as stack:
+        url = system.server_url
+        if system.scorer != "oracle" and not url:
+            url = stack.enter_context(stack_in_background(replace(config.serve, port=0,
+                                                                  roles={"scorer": _scorer_role(config, system)})))
+        scorer = _slate_scorer(config, system, url, tree, gold)
+        found = search(tree, queries, scorer, settings)
+    n = len(found)
+    problems: dict[str, int] = {}
+    for result in found:
+        for key, value in result.problems.items():
+            problems[key] = problems.get(key, 0) + value
+    row = {"llm_calls": round(sum(r.llm_calls for r in found) / n, 2),
+           "input_tokens": round(sum(r.input_tokens for r in found) / n, 1),
+           "output_tokens": round(sum(r.output_tokens for r in found) / n, 1),
+           "seconds": round(sum(r.seconds for r in found) / n, 3),
+           "slates": round(sum(len(r.slates) for r in found) / n, 2),
+           "failed_slates": sum(r.failed_slates for r in found), "problems": problems}
+    return row, {r.query_id: r.ranking for r in found}
+
+
+def _run_fusion(system: SystemConfig, rankings, results, queries, flat_index):
+    if system.of not in rankings:
+        raise ConfigError(f"fusion of {system.of!r}: compare it too (the fusion reuses its ranking)")
+    k = max(len(r) for r in rankings[system.of].values()) or 100
+    texts = [q for _, q in queries]
+    bm25 = flat_index("bm25").search(texts, k=k)
+    dense = flat_index("dense").search(texts, k=k)
+    fused = {qid: lattice_pp(rankings[system.of][qid], [(h.chunk.id, h.score) for h in b],
+                             [(h.chunk.id, h.score) for h in d], system.weights, top_k=k)
+             for (qid, _), b, d in zip(queries, bm25, dense, strict=True)}
+    base = results[system.of]
+    return {key: base[key] for key in ("llm_calls", "input_tokens", "output_tokens", "seconds")}, fused
+
+
+def _run_agreement(config: LatticeEvalConfig, system: SystemConfig, tree: Tree, gold) -> dict:
+    slates = _heldout_slates(config.agreement_traces, system.model)
+    if not slates:
+        return {"kendall_tau": None, "top1_agreement": None, "n_slates": 0, "n_tau": 0, "tau_undefined": 0}
+    with ExitStack() as stack:
+        url = system.server_url or stack.enter_context(stack_in_background(
+            replace(config.serve, port=0, roles={"scorer": _scorer_role(config, system)})))
+        return agreement(_slate_scorer(config, system, url, tree, gold), slates)
+
+
+def markdown_table(report: dict) -> str:
+    """One row per system: quality with intervals, cost per question, and the students' agreement."""
+    lines = [f"{report['n_questions']} questions; 95% bootstrap intervals; cost per question",
+             "", "| system | nDCG@10 | Recall@10 | Recall@100 | scorer calls | tokens in / out | seconds | "
+                 "Kendall tau / top-1 vs teacher | note |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+
+    def cell(row, key):
+        value, interval = row.get(key), row.get(f"{key}_ci95")
+        if value is None:
+            return "-"
+        return f"{value:.3f} [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else f"{value:.3f}"
+
+    for name, row in report["systems"].items():
+        label = name + ("" if row.get("calibration", True) else " (calibration off)")
+        agree = row.get("agreement")
+        agree_cell = "-" if not agree else (
+            f"{agree['kendall_tau'] if agree['kendall_tau'] is not None else '-'} / "
+            f"{agree['top1_agreement'] if agree['top1_agreement'] is not None else '-'} ({agree['n_slates']} slates)")
+        lines.append(f"| {label} | {cell(row, 'ndcg@10')} | {cell(row, 'recall@10')} | {cell(row, 'recall@100')} | "
+                     f"{row['llm_calls']:g} | {row['input_tokens']:g} / {row['output_tokens']:g} | "
+                     f"{row['seconds']:.3f} | {agree_cell} | {row.get('note', '')} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,124 @@
+"""`overstory eval lattice`: the IR measures against hand-computed values, the students' agreement with the teacher,
+LATTICE++ fusion, and the whole table on the session's HotpotQA tree (tests/conftest.py) with the oracle, a distilled
+cross-encoder (calibration on and off), BM25, dense, hybrid and LATTICE++; the LoRA LLM student's search has a
+short run of its own (its cost comes from the server's usage)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from overstory.cli import main
+from overstory.evaluation.lattice import agreement, retrieval_metrics
+from overstory.retrieval.lattice.fusion import lattice_pp, weighted_fusion
+from overstory.retrieval.lattice.scorers import OracleSlateScorer, SlateScore
+from overstory.retrieval.lattice.tree import Tree
+from tests.conftest import HOTPOTQA_150, ROOT
+
+
+def test_retrieval_metrics_match_trec_eval_by_hand() -> None:
+    gold = {"q1": {"a", "b"}, "q2": {"z"}}
+    metrics = retrieval_metrics({"q1": [("a", 0.9), ("c", 0.5), ("b", 0.1)]}, gold)  # q2: no ranking at all
+    ndcg_q1 = (1 + 1 / math.log2(4)) / (1 + 1 / math.log2(3))
+    assert metrics["ndcg@10"] == pytest.approx(ndcg_q1 / 2, abs=1e-4)
+    assert metrics["recall@10"] == metrics["recall@100"] == 0.5
+    low, high = metrics["ndcg@10_ci95"]
+    assert low <= metrics["ndcg@10"] <= high
+    # the system's own order counts, not the score values (equal scores keep the ranking given)
+    tied = retrieval_metrics({"q1": [("c", 1.0), ("a", 1.0), ("b", 1.0)], "q2": [("z", 1.0)]}, gold)
+    assert tied["ndcg@10"] == pytest.approx((1 / math.log2(3) + 1 / math.log2(4)) / (1 + 1 / math.log2(3)) / 2
+                                            + 0.5, abs=1e-4)
+
+
+def test_lattice_pp_fuses_min_max_normalised_scores() -> None:
+    fused = lattice_pp([("a", 0.9), ("b", 0.5)], [("b", 20.0), ("c", 10.0)], [("c", 0.8), ("a", 0.2)])
+    scores = dict(fused)
+    assert scores["a"] == pytest.approx(0.6)  # lattice 1.0 * 0.6, BM25 absent (0), dense min (0)
+    assert scores["b"] == pytest.approx(0.2)  # lattice min (0), BM25 max 0.2, dense absent
+    assert scores["c"] == pytest.approx(0.2)
+    assert [doc for doc, _ in fused] == ["a", "b", "c"]  # ties by id
+    with pytest.raises(ValueError, match="same sources"):
+        weighted_fusion({"lattice": {"a": 1.0}}, {"bm25": 1.0})
+
+
+class _Reversed:
+    """A scorer that ranks every slate backwards from the oracle (a student that learned the opposite)."""
+
+    listwise = False
+
+    def __init__(self, oracle: OracleSlateScorer):
+        self.oracle = oracle
+
+    def score(self, slates):
+        return [SlateScore(scores={i: 100.0 - s for i, s in reply.scores.items()})
+                for reply in self.oracle.score(slates)]
+
+
+def test_agreement_with_the_teacher(lattice_tree: Path, lattice_oracle_traces: Path) -> None:
+    slates = [json.loads(line) for line in lattice_oracle_traces.read_text().splitlines()]
+    queries = lattice_oracle_traces.with_name("traces.queries.jsonl").read_text().splitlines()
+    oracle = OracleSlateScorer(Tree.load(lattice_tree), {q["id"]: set(q["gold"]) for q in map(json.loads, queries)})
+    same = agreement(oracle, slates)
+    assert same["top1_agreement"] == 1.0 and same["n_tau"] > 0 and same["kendall_tau"] == pytest.approx(1.0)
+    opposite = agreement(_Reversed(oracle), slates)
+    assert opposite["top1_agreement"] == 0.0 and opposite["kendall_tau"] == pytest.approx(-1.0)
+    assert same["n_slates"] == len(slates) and same["tau_undefined"] > 0  # all-0 slates have no order
+
+
+def _eval(out: Path, *overrides: str) -> dict:
+    assert main(["eval", "lattice", "--config", str(ROOT / "configs/eval/lattice.yaml"), *HOTPOTQA_150,
+                 f"out={out}", "tracking.backend=none", *overrides]) == 0
+    return json.loads((out / "metrics.json").read_text())
+
+
+def test_eval_lattice_table(lattice_tree: Path, lattice_oracle_traces: Path, ce_student: Path, tmp_path: Path) -> None:
+    model = ce_student / "final"
+    report = _eval(tmp_path, f"tree={lattice_tree}", f"agreement_traces={lattice_oracle_traces}",
+                   f"heldout_from={ce_student}", "--compare", "oracle,ce_pointwise,ce_pointwise_nocal,bm25,dense,"
+                   "hybrid,lattice++", f"systems.ce_pointwise.model={model}",
+                   f"systems.ce_pointwise_nocal.model={model}", "systems.lattice++.of=oracle",
+                   "search.iterations=8")
+    held = json.loads((ce_student / "heldout_queries.json").read_text())
+    systems = report["systems"]
+    assert report["n_questions"] == len(held) > 0
+    assert list(systems) == ["oracle", "ce_pointwise", "ce_pointwise_nocal", "bm25", "dense", "hybrid", "lattice++"]
+    for name, row in systems.items():
+        for key in ("ndcg@10", "recall@10", "recall@100"):
+            low, high = row[f"{key}_ci95"]
+            assert 0.0 <= low <= row[key] <= high <= 1.0, (name, key)
+    assert systems["oracle"]["recall@100"] == 1.0 and systems["oracle"]["ndcg@10"] == 1.0  # the gold is reachable
+    assert systems["oracle"]["llm_calls"] == 0 and systems["bm25"]["llm_calls"] == 0
+    assert systems["ce_pointwise"]["llm_calls"] > 0 and systems["ce_pointwise"]["slates"] > 0  # one call per slate
+    assert systems["ce_pointwise"]["calibration"] and not systems["ce_pointwise_nocal"]["calibration"]
+    assert systems["lattice++"]["seconds"] == systems["oracle"]["seconds"]  # the fusion costs its search
+    agree = systems["ce_pointwise"]["agreement"]
+    assert agree["n_slates"] > 0 and 0.0 <= agree["top1_agreement"] <= 1.0
+    assert "agreement" not in systems["oracle"]  # only students are compared with their teacher
+    rankings = [json.loads(line) for line in (tmp_path / "rankings" / "lattice++.jsonl").read_text().splitlines()]
+    assert {r["id"] for r in rankings} == set(held) and all(r["ranking"] for r in rankings)
+    table = (tmp_path / "table.md").read_text()
+    assert "ce_pointwise_nocal (calibration off)" in table and "| lattice++ |" in table
+    assert (tmp_path / "quality_vs_cost.png").stat().st_size > 0
+
+
+def test_eval_lattice_llm_student_counts_served_tokens(lattice_tree: Path, lattice_oracle_traces: Path,
+                                                       llm_student: Path, tmp_path: Path) -> None:
+    report = _eval(tmp_path, f"tree={lattice_tree}", "agreement_traces=", f"heldout_from={llm_student}", "limit=1",
+                   "--compare", "llm_student", f"systems.llm_student.model={llm_student / 'final'}",
+                   "search.iterations=2", "max_tokens=160", "max_reasoning_chars=40", "max_candidate_chars=120",
+                   "max_attempts=1")
+    row = report["systems"]["llm_student"]
+    assert report["n_questions"] == 1 and row["llm_calls"] >= 1
+    assert row["input_tokens"] > 0 and row["output_tokens"] > 0 and row["seconds"] > 0
+
+
+def test_unknown_system_and_bad_fusion_name_the_key(tmp_path: Path, capsys) -> None:
+    args = ["eval", "lattice", "--config", str(ROOT / "configs/eval/lattice.yaml"), f"out={tmp_path}",
+            "tracking.backend=none"]
+    assert main([*args, "--compare", "oracle,bm26"]) == 2
+    assert "bm26 not in systems" in capsys.readouterr().err
+    assert main([*args, "--compare", "lattice++", "systems.lattice++.of=bm25"]) == 2
+    assert "systems.lattice++.of must name a search system" in capsys.readouterr().err

@@ -1,0 +1,140 @@
+"""`overstory train distill-scorer`: traces as distillation data (targets, the split by query, rows), the
+cross-encoder students (pointwise and listwise) learning the teacher's preferences, the LoRA LLM student served as
+the scorer role, and bad configs. The teacher here is the oracle (tests/conftest.py: ``lattice_oracle_traces``):
+its 0/100 scores are a clear signal for a few CPU steps; the LLM teacher's traces have their own test."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from overstory.cli import main
+from overstory.models.registry import MINILM, init_cross_encoder
+from overstory.models.scorer import parse_slate_reply
+from overstory.retrieval.lattice.scorers import LLMSlateScorer, Slate
+from overstory.serving.client import Client
+from overstory.serving.config import RoleConfig, ServeConfig
+from overstory.serving.launch import serve_in_background
+from overstory.training.distill_data import (
+    TracedSlate,
+    heldout_queries,
+    listwise_rows,
+    llm_rows,
+    pointwise_rows,
+    read_slates,
+    split_slates,
+)
+from tests.conftest import ROOT, distill
+
+
+def _slate(query_id: str, scores: list, gold: list[bool]) -> TracedSlate:
+    return TracedSlate(f"{query_id}/0/0", query_id, f"question {query_id}", [f"text {i}" for i in range(len(scores))],
+                       True, scores, "because", gold)
+
+
+def test_targets_rows_and_split() -> None:
+    slate = _slate("q1", [80.0, None, 20.0], [True, True, False])
+    assert slate.targets("teacher") == [0.8, None, 0.2]
+    assert slate.targets("gold") == [1.0, None, 0.0]
+    assert slate.targets("mix") == [0.9, None, 0.1]
+    assert llm_rows([slate], 100, 50) == []  # a partly scored slate is no whole reply to learn
+    full = _slate("q2", [10.0, 90.0], [False, True])
+    (row,) = llm_rows([full], 100, 50)
+    assert parse_slate_reply(row["completion"][0]["content"], 2).scores == {0: 10.0, 1: 90.0}
+    assert "question q2" in row["prompt"][0]["content"]
+    points = pointwise_rows([slate, full], "teacher", 100)
+    assert points["label"] == [0.8, 0.2, 0.1, 0.9] and len(points["query"]) == 4
+    lists = listwise_rows([slate, _slate("q3", [50.0, None], [True, False])], "gold", 100, label_scale=10.0)
+    assert lists["labels"] == [[10.0, 0.0]]  # the one-candidate slate has no order to learn
+    # the split is by query, fixed per query whatever else is present, and never empty or total
+    queries = {f"q{i}" for i in range(30)}
+    held = heldout_queries(queries, 0.2)
+    assert 0 < len(held) < 30 and held == heldout_queries(queries, 0.2)
+    assert heldout_queries(queries | {"another"}, 0.2) - {"another"} == held
+    slates = [_slate(q, [1.0], [True]) for q in sorted(queries) for _ in range(2)]
+    train, heldout = split_slates(slates, 0.2)
+    assert {s.query_id for s in train}.isdisjoint({s.query_id for s in heldout}) and len(heldout) == 2 * len(held)
+
+
+def test_read_slates_skips_unusable_and_names_a_broken_line(tmp_path: Path) -> None:
+    good = {"id": "q/0/0", "query_id": "q", "query": "?", "texts": ["a", "b"], "leaf": True,
+            "raw_scores": [10.0, None], "leads_to_gold": [True, False], "parsed": True}
+    unparsed = {**good, "id": "q/0/1", "parsed": False}
+    unscored = {**good, "id": "q/0/2", "raw_scores": [None, None]}
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in (good, unparsed, unscored)) + "\n")
+    assert [s.id for s in read_slates(path)] == ["q/0/0"]
+    path.write_text(json.dumps(good) + "\n{broken\n")
+    with pytest.raises(ValueError, match=r"t.jsonl:2"):
+        read_slates(path)
+
+
+def _squared_error(folder: str, slates: list[TracedSlate]) -> float:
+    """Mean squared error of a cross-encoder's scores against the teacher's targets (score / 100)."""
+    from sentence_transformers import CrossEncoder
+
+    model = CrossEncoder(folder, device="cpu")
+    rows = pointwise_rows(slates, "teacher", 300)
+    scores = model.predict(list(zip(rows["query"], rows["text"], strict=True)), batch_size=64)
+    return float(np.mean((np.asarray(scores) - np.asarray(rows["label"])) ** 2))
+
+
+def test_cross_encoder_student_moves_towards_the_teacher(ce_student: Path, lattice_oracle_traces: Path,
+                                                         tmp_path: Path) -> None:
+    metrics = json.loads((ce_student / "metrics.json").read_text())
+    manifest = json.loads((ce_student / "final" / "overstory.json").read_text())
+    assert metrics["steps"] == 40 and metrics["n_heldout_rows"] > 0 and np.isfinite(metrics["eval_loss"])
+    assert manifest["distilled"] and manifest["teachers"] == ["oracle"] and manifest["student"] == "cross_encoder"
+    held = set(json.loads((ce_student / "heldout_queries.json").read_text()))
+    train = [s for s in read_slates(lattice_oracle_traces) if s.query_id not in held]
+    start = tmp_path / "untrained"
+    init_cross_encoder(MINILM, max_length=128).save(str(start))
+    # The untrained head scores everything near 0.5. Forty CPU steps learn the teacher's score distribution (most
+    # candidates score 0), which this checks; how well the student ranks is what `eval lattice` measures.
+    assert _squared_error(str(ce_student / "final"), train) < _squared_error(str(start), train) - 0.05
+
+
+def test_listwise_student_and_gold_targets(lattice_oracle_traces: Path, tmp_path: Path) -> None:
+    out = distill(lattice_oracle_traces, tmp_path / "listwise", "distill_scorer_cross_encoder.yaml", "loss=listwise",
+                  "targets=gold", "train.max_steps=4", "train.batch_size=4", "train.max_length=96",
+                  "max_candidate_chars=200")
+    metrics = json.loads((out / "metrics.json").read_text())
+    manifest = json.loads((out / "final" / "overstory.json").read_text())
+    assert metrics["loss"] == "listwise" and metrics["steps"] == 4 and np.isfinite(metrics["train_loss"])
+    assert manifest["targets"] == "gold" and not manifest["distilled"]  # gold-trained: never called distillation
+
+
+def test_llm_student_is_an_adapter_the_server_serves_as_the_scorer(llm_student: Path) -> None:
+    final = llm_student / "final"
+    manifest = json.loads((final / "overstory.json").read_text())
+    assert (final / "adapter_config.json").exists() and manifest["adapter"] and manifest["student"] == "llm"
+    assert json.loads((llm_student / "metrics.json").read_text())["steps"] == 2
+    role = RoleConfig(model=manifest["base_model"], adapter=str(final), max_new_tokens=200)
+    with serve_in_background(ServeConfig(port=0, roles={"scorer": role})) as url:
+        scorer = LLMSlateScorer(Client.from_url(url), max_tokens=200, max_reasoning_chars=60, max_attempts=1)
+        (reply,) = scorer.score([Slate("q", "Which city hosted the 1936 Olympics?", ["a", "b"],
+                                       ["Berlin hosted the 1936 Summer Olympics.", "Paris is in France."], True)])
+    assert reply.calls == 1 and reply.input_tokens > 0 and reply.output_tokens > 0
+    assert reply.parsed and set(reply.scores) <= {0, 1}  # the grammar keeps the student's reply in the schema
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["student=llm", "targets=gold"], "targets='gold' needs student=cross_encoder"),
+    (["student=llm", "loss=listwise"], "loss applies to student=cross_encoder only"),
+    (["student=ranker"], "student must be 'llm' or 'cross_encoder'"),
+])
+def test_bad_configs_name_the_key(overrides: list[str], message: str, tmp_path: Path, capsys) -> None:
+    code = main(["train", "distill-scorer", "--config", str(ROOT / "configs/train/distill_scorer_llm.yaml"),
+                 f"out={tmp_path}", "tracking.backend=none", *overrides])
+    assert code == 2 and message in capsys.readouterr().err
+
+
+def test_traces_without_scored_slates_are_refused(tmp_path: Path) -> None:
+    traces = tmp_path / "empty.jsonl"
+    traces.write_text("")
+    with pytest.raises(ValueError, match="holds no scored slates"):
+        main(["train", "distill-scorer", "--config", str(ROOT / "configs/train/distill_scorer_llm.yaml"),
+              f"traces={traces}", f"out={tmp_path / 'out'}", "tracking.backend=none"])

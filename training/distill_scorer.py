@@ -1,0 +1,204 @@
+"""LATTICE's traversal scorer distilled into a small served model: `overstory train distill-scorer`.
+
+    overstory train distill-scorer --config configs/train/distill_scorer_llm.yaml
+    overstory train distill-scorer --config configs/train/distill_scorer_cross_encoder.yaml
+
+Reads the teacher-scored slates of ``overstory data lattice-traces`` (``training/distill_data.py``), holds out a
+share of the queries, and trains one of two students:
+
+* ``student: llm``: LoRA on a causal LM (the built-in SmolLM2 by default, any hub model by ``model``) with TRL's
+  SFTTrainer, to write the teacher's JSON for a slate given the scorer's own slate prompt. ``out/final`` is a
+  PEFT adapter: vLLM serves it as ``--lora-modules scorer=runs/train/distill_scorer-llm/final``, the embedded
+  server as a ``scorer`` role whose model is that folder. Teacher targets only (the JSON is the teacher's).
+* ``student: cross_encoder``: a sentence-transformers ``CrossEncoder`` (from the built-in MiniLM by default: its
+  BERT body and a new one-label head, sigmoid output) trained with ``CrossEncoderTrainer`` on (query, candidate
+  text) pairs, internal-node descriptions and leaves alike, with ``loss: pointwise`` (binary cross-entropy on the
+  target in [0, 1]) or ``loss: listwise`` (ListNet over a slate's candidates, targets * ``listwise_label_scale``:
+  ListNet compares softmax distributions, and on a 0-1 scale a 100-vs-0 teacher preference would be a mild
+  e^1; on 0-10 it is e^10). ``out/final`` is a CrossEncoder folder that ``overstory serve`` puts behind ``/score``
+  and ``/v1/rerank`` (role kind ``cross-encoder``). ``targets: gold`` or ``mix`` trains on relevance labels
+  instead of (or beside) the teacher: such a model is reported as its own row, never as distilled.
+
+Both write ``out/heldout_queries.json`` (the held-out query ids, which ``eval lattice`` scores agreement on),
+``out/metrics.json`` and the ``overstory.json`` manifest. Checkpoints go to ``out/checkpoints``; a rerun resumes
+from the newest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from overstory.core.config import ConfigError, to_dict
+from overstory.core.tracking import TrackingConfig, start_run
+from overstory.models.registry import MINILM, SMOLLM2, init_cross_encoder, load_causal_lm
+from overstory.training.callbacks import StopOnNonFiniteLoss, TrackingCallback
+from overstory.training.common import LoraSettings, lora_config, newest_checkpoint, save_final, write_manifest
+from overstory.training.distill_data import (
+    Targets,
+    TracedSlate,
+    listwise_rows,
+    llm_rows,
+    pointwise_rows,
+    read_slates,
+    split_slates,
+)
+from overstory.training.sft import SftTrainSettings, sft_args
+
+
+@dataclass(frozen=True)
+class DistillScorerConfig:
+    traces: str  # slates from `overstory data lattice-traces`
+    out: str
+    student: Literal["llm", "cross_encoder"] = "llm"
+    model: str = ""  # empty: the built-in SmolLM2 (llm) or MiniLM (cross_encoder)
+    targets: Targets = "teacher"
+    loss: Literal["pointwise", "listwise"] = "pointwise"  # cross_encoder only
+    listwise_label_scale: float = 10.0
+    max_candidate_chars: int = 600  # as the search's scorer shows candidates
+    max_reasoning_chars: int = 400  # llm: the teacher's reasoning is cut to the serving schema's cap
+    lora: LoraSettings = field(default_factory=LoraSettings)  # llm only
+    train: SftTrainSettings = field(default_factory=SftTrainSettings)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    def __post_init__(self) -> None:
+        if self.student not in ("llm", "cross_encoder"):
+            raise ConfigError(f"student must be 'llm' or 'cross_encoder', got {self.student!r}")
+        if self.targets not in ("teacher", "gold", "mix"):
+            raise ConfigError(f"targets must be 'teacher', 'gold' or 'mix', got {self.targets!r}")
+        if self.student == "llm" and self.targets != "teacher":
+            raise ConfigError(f"targets={self.targets!r} needs student=cross_encoder: the llm student learns the "
+                              "teacher's JSON, which only teacher targets define")
+        if self.student == "llm" and self.loss != "pointwise":
+            raise ConfigError("loss applies to student=cross_encoder only; leave it 'pointwise' for the llm student")
+        if self.listwise_label_scale <= 0:
+            raise ConfigError(f"listwise_label_scale must be positive, got {self.listwise_label_scale}")
+
+    @property
+    def model_name(self) -> str:
+        return self.model or (SMOLLM2 if self.student == "llm" else MINILM)
+
+
+def run(config: DistillScorerConfig) -> dict:
+    slates = read_slates(config.traces)
+    if not slates:
+        raise ValueError(f"{config.traces} holds no scored slates (every teacher reply failed, or the file is "
+                         f"empty); run `overstory data lattice-traces` and check its failed_slates")
+    train, heldout = split_slates(slates, config.train.val_fraction)
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "heldout_queries.json").write_text(json.dumps(sorted({s.query_id for s in heldout}), indent=1))
+    manifest = {"kind": "scorer", "student": config.student, "base_model": config.model_name,
+                "targets": config.targets, "distilled": config.targets == "teacher",
+                "recipe": "distill_scorer", "config": to_dict(config), "traces": config.traces,
+                "traces_sha256": hashlib.sha256(Path(config.traces).read_bytes()).hexdigest()[:16],
+                "teachers": _teachers(config.traces)}
+    train_fn = _train_llm if config.student == "llm" else _train_cross_encoder
+    metrics = train_fn(config, train, heldout, manifest)
+    print(json.dumps(metrics, indent=2))
+    return metrics
+
+
+def _teachers(path: str) -> list[str]:
+    with open(path) as handle:
+        return sorted({json.loads(line).get("teacher", "") for line in handle if line.strip()})
+
+
+def _train_llm(config: DistillScorerConfig, train: list[TracedSlate], heldout: list[TracedSlate],
+               manifest: dict) -> dict:
+    from datasets import Dataset
+    from trl import SFTTrainer
+
+    train_rows = llm_rows(train, config.max_candidate_chars, config.max_reasoning_chars)
+    val_rows = llm_rows(heldout, config.max_candidate_chars, config.max_reasoning_chars)
+    if not train_rows:
+        raise ValueError(f"no fully scored training slate in {config.traces} ({len(train)} slates after the split); "
+                         f"the llm student learns whole replies")
+    model, tokenizer = load_causal_lm(config.model_name)
+    args = sft_args(config, evaluate=bool(val_rows))
+    tracker = start_run(config.tracking, "train distill-scorer", config) if args.process_index == 0 else None
+    trainer = SFTTrainer(
+        model=model, args=args, processing_class=tokenizer, peft_config=lora_config(config.lora),
+        train_dataset=Dataset.from_list(train_rows), eval_dataset=Dataset.from_list(val_rows) if val_rows else None,
+        callbacks=[StopOnNonFiniteLoss(f"lower train.lr (now {config.train.lr})"),
+                   *([TrackingCallback(tracker)] if tracker else [])])
+    if len(trainer.train_dataset) == 0:  # TRL drops rows whose completion truncation cut away entirely
+        raise ValueError(f"every slate prompt fills train.max_length={config.train.max_length} tokens; raise it or "
+                         f"lower max_candidate_chars (now {config.max_candidate_chars})")
+    started = time.perf_counter()
+    result = trainer.train(resume_from_checkpoint=newest_checkpoint(args.output_dir))
+    metrics = {"student": "llm", "train_loss": result.training_loss, "steps": trainer.state.global_step,
+               "n_train_slates": len(train_rows), "n_heldout_slates": len(val_rows),
+               "seconds": round(time.perf_counter() - started, 1)}
+    if val_rows:
+        metrics["eval_loss"] = trainer.evaluate()["eval_loss"]
+    save_final(trainer, tokenizer, config.out,
+               {**manifest, "adapter": config.lora.enabled and not config.lora.merge,
+                "tracking_run": tracker.id if tracker else None},
+               metrics, history=trainer.state.log_history, merge_lora=config.lora.enabled and config.lora.merge)
+    if tracker:
+        tracker.summary(metrics)
+        tracker.finish()
+    return metrics
+
+
+def _cross_encoder_columns(config: DistillScorerConfig, slates: list[TracedSlate]) -> dict[str, list]:
+    if config.loss == "pointwise":
+        return pointwise_rows(slates, config.targets, config.max_candidate_chars)
+    return listwise_rows(slates, config.targets, config.max_candidate_chars, config.listwise_label_scale)
+
+
+def _train_cross_encoder(config: DistillScorerConfig, train: list[TracedSlate], heldout: list[TracedSlate],
+                         manifest: dict) -> dict:
+    from datasets import Dataset
+    from sentence_transformers.cross_encoder import CrossEncoderTrainer, CrossEncoderTrainingArguments, losses
+
+    train_columns, val_columns = _cross_encoder_columns(config, train), _cross_encoder_columns(config, heldout)
+    if not train_columns["query"]:
+        raise ValueError(f"no training rows for loss={config.loss} in {config.traces} ({len(train)} slates after "
+                         f"the split; a listwise row needs two scored candidates)")
+    model = init_cross_encoder(config.model_name, max_length=config.train.max_length, seed=config.train.seed)
+    loss = (losses.BinaryCrossEntropyLoss(model) if config.loss == "pointwise"
+            else losses.ListNetLoss(model, mini_batch_size=config.train.batch_size))
+    settings = config.train
+    every_epoch = settings.save_steps <= 0
+    evaluate = bool(val_columns["query"])
+    args = CrossEncoderTrainingArguments(
+        output_dir=str(Path(config.out) / "checkpoints"), num_train_epochs=settings.epochs,
+        max_steps=settings.max_steps, learning_rate=settings.lr, per_device_train_batch_size=settings.batch_size,
+        per_device_eval_batch_size=settings.batch_size, gradient_accumulation_steps=settings.grad_accum,
+        warmup_steps=settings.warmup_ratio, weight_decay=settings.weight_decay,  # a float < 1 is a ratio
+        logging_steps=settings.logging_steps, save_strategy="epoch" if every_epoch else "steps",
+        save_steps=settings.save_steps or 500,
+        eval_strategy=("epoch" if every_epoch else "steps") if evaluate else "no",
+        eval_steps=None if every_epoch else settings.save_steps, save_total_limit=2, seed=settings.seed,
+        data_seed=settings.seed, bf16=settings.bf16, activation_checkpointing=settings.gradient_checkpointing,
+        deepspeed=settings.deepspeed or None, report_to="none", logging_nan_inf_filter=False)
+    tracker = start_run(config.tracking, "train distill-scorer", config) if args.process_index == 0 else None
+    trainer = CrossEncoderTrainer(
+        model=model, args=args, loss=loss, train_dataset=Dataset.from_dict(train_columns),
+        eval_dataset=Dataset.from_dict(val_columns) if evaluate else None,
+        callbacks=[StopOnNonFiniteLoss(f"lower train.lr (now {config.train.lr})"),
+                   *([TrackingCallback(tracker)] if tracker else [])])
+    started = time.perf_counter()
+    result = trainer.train(resume_from_checkpoint=newest_checkpoint(args.output_dir))
+    metrics = {"student": "cross_encoder", "loss": config.loss, "targets": config.targets,
+               "train_loss": result.training_loss, "steps": trainer.state.global_step,
+               "n_train_rows": len(train_columns["query"]), "n_heldout_rows": len(val_columns["query"]),
+               "seconds": round(time.perf_counter() - started, 1)}
+    if evaluate:
+        metrics["eval_loss"] = trainer.evaluate()["eval_loss"]
+    final = Path(config.out) / "final"
+    if trainer.is_world_process_zero():
+        model.save(str(final))
+        write_manifest(final, {**manifest, "tracking_run": tracker.id if tracker else None, "metrics": metrics})
+        (Path(config.out) / "metrics.json").write_text(
+            json.dumps({**metrics, "history": trainer.state.log_history}, indent=2))
+    if tracker:
+        tracker.summary(metrics)
+        tracker.finish()
+    return metrics
