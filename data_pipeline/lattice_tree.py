@@ -4,9 +4,11 @@
     overstory data lattice-tree-stats tree=runs/lattice/hotpotqa/tree.json
 
 The leaves are the corpus's chunks at ``leaf_level`` (paragraphs: a HotpotQA document is one; a QASPER
-paper has dozens). The ``generator`` writes each leaf's 5-level keyword summaries
-(``retrieval.lattice.keywords``; appended to ``<out>/keywords.jsonl``, so a killed run resumes there),
-then ``retrieval.lattice.top_down`` clusters them into a tree of branching at most M. The job writes
+paper has dozens). ``method: top-down`` (the default): the ``generator`` writes each leaf's 5-level keyword
+summaries (``retrieval.lattice.keywords``; appended to ``<out>/keywords.jsonl``, so a killed run resumes there),
+then ``retrieval.lattice.top_down`` clusters them into a tree of branching at most M. ``method: bottom-up``
+clusters embeddings layer by layer and has the generator summarise each new node; ``method: hybrid`` keeps each
+document's own hierarchy and builds bottom-up above the documents (``retrieval.lattice.bottom_up``). The job writes
 ``<out>/tree.json`` (``Tree.load`` reads it) and ``<out>/build.json``: the tree's statistics and what each
 stage spent (LLM calls, prompt and completion tokens from the server's usage, seconds). A resumed run
 counts only what it did itself.
@@ -26,8 +28,9 @@ from rich.progress import Progress
 from overstory.core.config import ConfigError
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
-from overstory.data_pipeline.formats import JsonlAppender, check_level, read_jsonl
+from overstory.data_pipeline.formats import Chunk, JsonlAppender, check_level, read_jsonl
 from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies, chunks_at_levels
+from overstory.retrieval.lattice.bottom_up import BottomUpBuilder
 from overstory.retrieval.lattice.keywords import KeywordSummariser
 from overstory.retrieval.lattice.top_down import TopDownBuilder
 from overstory.retrieval.lattice.tree import Node, Tree
@@ -56,14 +59,25 @@ class ClusteringConfig:
 
 
 @dataclass(frozen=True)
+class GroupSummaryConfig:  # bottom-up and hybrid: one summary (theme, description, fingerprints) per new node
+    max_tokens: int = 256
+    max_attempts: int = 2
+    concurrency: int = 4
+    max_member_chars: int = 300  # each member's text is cut to this in the prompt
+
+
+@dataclass(frozen=True)
 class LatticeTreeConfig:
     corpus: CorpusConfig
     out: str
-    method: Literal["top-down"] = "top-down"
+    # top-down: keyword summaries, then LLM clustering (Algorithm 3); bottom-up: embed, cluster, summarise each
+    # layer; hybrid: each document's own hierarchy, organised bottom-up above the documents
+    method: Literal["top-down", "bottom-up", "hybrid"] = "top-down"
     leaf_level: str = "paragraph"
     hierarchy: HierarchyConfig = field(default_factory=HierarchyConfig)
     keywords: KeywordsConfig = field(default_factory=KeywordsConfig)
-    clustering: ClusteringConfig = field(default_factory=ClusteringConfig)
+    clustering: ClusteringConfig = field(default_factory=ClusteringConfig)  # m_max and seed serve every method
+    summaries: GroupSummaryConfig = field(default_factory=GroupSummaryConfig)
     limit_leaves: int = 0  # build over the first N leaves only (0 = all)
     server_url: str = ""  # empty: start the stack in `serve` for the run
     serve: ServeConfig = field(default_factory=lambda: ServeConfig.local(port=0))
@@ -85,6 +99,23 @@ class LatticeTreeConfig:
             raise ConfigError("keywords.batch_size, keywords.max_attempts and keywords.concurrency must be >= 1")
         if self.limit_leaves < 0:
             raise ConfigError(f"limit_leaves must be >= 0, got {self.limit_leaves}")
+        if self.method not in ("top-down", "bottom-up", "hybrid"):
+            raise ConfigError(f"method must be top-down, bottom-up or hybrid, got {self.method!r}")
+        if self.summaries.max_attempts < 1 or self.summaries.concurrency < 1:
+            raise ConfigError("summaries.max_attempts and summaries.concurrency must be >= 1")
+
+
+def corpus_chunks(config: LatticeTreeConfig) -> list[Chunk]:
+    """Every level of the corpus's hierarchies; with ``limit_leaves``, the documents whose ``leaf_level`` chunks
+    come first, up to that many leaves (whole documents: the hybrid keeps each document's structure)."""
+    documents = load_corpus(config.corpus)[0]
+    chunks = build_hierarchies(documents, config.hierarchy)
+    if config.limit_leaves:
+        kept_docs: set[str] = set()
+        for chunk in chunks_at_levels(chunks, config.leaf_level)[: config.limit_leaves]:
+            kept_docs.add(chunk.doc_id)
+        chunks = [c for c in chunks if c.doc_id in kept_docs]
+    return chunks
 
 
 def corpus_leaves(config: LatticeTreeConfig) -> list[Node]:
@@ -101,54 +132,82 @@ def corpus_leaves(config: LatticeTreeConfig) -> list[Node]:
 
 def run(config: LatticeTreeConfig) -> dict:
     out_dir = Path(config.out)
-    leaves = corpus_leaves(config)
-    kw_path, failures_path = out_dir / "keywords.jsonl", out_dir / "keywords.failures.jsonl"
     with ExitStack() as stack:
         tracker = stack.enter_context(start_run(config.tracking, "data lattice-tree", config))
         url = config.server_url or stack.enter_context(stack_in_background(config.serve))
         client = Client.from_url(url)
-        keywords_out = stack.enter_context(JsonlAppender(kw_path))
-        failures = stack.enter_context(JsonlAppender(failures_path))
-        started = time.perf_counter()
-        with Progress() as progress:
-            todo = sum(1 for leaf in leaves if leaf.id not in keywords_out)
-            task = progress.add_task("keyword summaries", total=todo)
-            summariser = KeywordSummariser(client, batch_size=config.keywords.batch_size,
-                                           max_attempts=config.keywords.max_attempts,
-                                           max_passage_chars=config.keywords.max_passage_chars,
-                                           max_tokens=config.keywords.max_tokens,
-                                           concurrency=config.keywords.concurrency)
-            counts = summariser.run([(leaf.id, leaf.text) for leaf in leaves], keywords_out, failures,
-                                    on_done=lambda n: progress.advance(task, n))
-        keywords_usage = client.stats.summary().get("generator", {})
-        keyword_cost = {"llm_calls": counts["calls"], "prompt_tokens": keywords_usage.get("prompt_tokens", 0),
-                        "completion_tokens": keywords_usage.get("completion_tokens", 0),
-                        "seconds": round(time.perf_counter() - started, 2),
-                        "leaves_llm": counts["llm"], "leaves_fallback": counts["fallback"],
-                        "leaves_skipped_done": counts["skipped"]}
-        keywords_out.close()
-        keywords = {r["id"]: r["keywords"] for r in read_jsonl(kw_path)}
-        builder = TopDownBuilder(client, embed=lambda texts: client.embed("embedder", texts),
-                                 m_max=config.clustering.m_max, m_min=config.clustering.m_min or None,
-                                 token_budget=config.clustering.token_budget,
-                                 max_attempts=config.clustering.max_attempts, max_tokens=config.clustering.max_tokens,
-                                 seed=config.clustering.seed)
-        tree = builder.build(leaves, keywords)
+        if config.method == "top-down":
+            leaves = corpus_leaves(config)
+            tree, report = _top_down(config, client, leaves, stack, out_dir)
+        else:
+            tree, report, leaves = _bottom_up(config, client)
         tree.validate(max_branching=config.clustering.m_max, expected_leaves={leaf.id for leaf in leaves})
-        tree.meta.update({"corpus": config.corpus.path, "leaf_level": config.leaf_level,
-                          "keywords_cost": keyword_cost})
+        tree.meta.update({"corpus": config.corpus.path, "leaf_level": config.leaf_level})
         tree.save(out_dir / "tree.json")
-        report = {"stats": tree.stats(), "keywords": keyword_cost, "clustering": builder.stats.as_dict()}
+        report = {"method": config.method, "stats": tree.stats(), **report}
         (out_dir / "build.json").write_text(json.dumps(report, indent=2))
         tracker.summary({"leaves": len(leaves), "depth": report["stats"]["depth"],
-                         "keywords_llm_calls": keyword_cost["llm_calls"],
-                         "clustering_llm_calls": builder.stats.llm_calls})
+                         "llm_calls": sum(part.get("llm_calls", 0) for part in report.values()
+                                          if isinstance(part, dict))})
+    cost = "; ".join(f"{name} {part['llm_calls']} calls {part['seconds']} s" for name, part in report.items()
+                     if isinstance(part, dict) and "llm_calls" in part)
     print(f"lattice tree ({config.method}): {len(leaves)} leaves, depth {report['stats']['depth']}, "
           f"branching {report['stats']['branching']['mean']} mean / {report['stats']['branching']['max']} max; "
-          f"keywords {keyword_cost['llm_calls']} calls {keyword_cost['seconds']} s "
-          f"({keyword_cost['leaves_fallback']} leaves fell back), clustering {builder.stats.llm_calls} calls "
-          f"{builder.stats.seconds:.1f} s -> {out_dir / 'tree.json'}")
+          f"{cost} -> {out_dir / 'tree.json'}")
     return report
+
+
+def _top_down(config: LatticeTreeConfig, client: Client, leaves: list[Node], stack: ExitStack,
+              out_dir: Path) -> tuple[Tree, dict]:
+    """Keyword summaries of every leaf (resumable), then Algorithm 3's recursive clustering."""
+    kw_path, failures_path = out_dir / "keywords.jsonl", out_dir / "keywords.failures.jsonl"
+    keywords_out = stack.enter_context(JsonlAppender(kw_path))
+    failures = stack.enter_context(JsonlAppender(failures_path))
+    started = time.perf_counter()
+    with Progress() as progress:
+        todo = sum(1 for leaf in leaves if leaf.id not in keywords_out)
+        task = progress.add_task("keyword summaries", total=todo)
+        summariser = KeywordSummariser(client, batch_size=config.keywords.batch_size,
+                                       max_attempts=config.keywords.max_attempts,
+                                       max_passage_chars=config.keywords.max_passage_chars,
+                                       max_tokens=config.keywords.max_tokens,
+                                       concurrency=config.keywords.concurrency)
+        counts = summariser.run([(leaf.id, leaf.text) for leaf in leaves], keywords_out, failures,
+                                on_done=lambda n: progress.advance(task, n))
+    keywords_usage = client.stats.summary().get("generator", {})
+    keyword_cost = {"llm_calls": counts["calls"], "prompt_tokens": keywords_usage.get("prompt_tokens", 0),
+                    "completion_tokens": keywords_usage.get("completion_tokens", 0),
+                    "seconds": round(time.perf_counter() - started, 2),
+                    "leaves_llm": counts["llm"], "leaves_fallback": counts["fallback"],
+                    "leaves_skipped_done": counts["skipped"]}
+    keywords_out.close()
+    keywords = {r["id"]: r["keywords"] for r in read_jsonl(kw_path)}
+    builder = TopDownBuilder(client, embed=lambda texts: client.embed("embedder", texts),
+                             m_max=config.clustering.m_max, m_min=config.clustering.m_min or None,
+                             token_budget=config.clustering.token_budget,
+                             max_attempts=config.clustering.max_attempts, max_tokens=config.clustering.max_tokens,
+                             seed=config.clustering.seed)
+    tree = builder.build(leaves, keywords)
+    tree.meta["keywords_cost"] = keyword_cost
+    return tree, {"keywords": keyword_cost, "clustering": builder.stats.as_dict()}
+
+
+def _bottom_up(config: LatticeTreeConfig, client: Client) -> tuple[Tree, dict, list[Node]]:
+    """Bottom-up over the leaves, or the hybrid over the documents' own hierarchies (no keyword stage)."""
+    builder = BottomUpBuilder(client, embed=lambda texts: client.embed("embedder", texts),
+                              m_max=config.clustering.m_max, max_tokens=config.summaries.max_tokens,
+                              max_attempts=config.summaries.max_attempts, concurrency=config.summaries.concurrency,
+                              max_member_chars=config.summaries.max_member_chars, seed=config.clustering.seed)
+    if config.method == "bottom-up":
+        leaves = corpus_leaves(config)
+        tree = builder.build(leaves)
+    else:
+        chunks = corpus_chunks(config)
+        tree = builder.build_hybrid(chunks, config.leaf_level)
+        leaves = [n for n in tree.nodes.values() if n.leaf]
+        if not leaves:
+            raise ConfigError(f"corpus {config.corpus.path!r} has no {config.leaf_level} chunks to build a tree over")
+    return tree, {"summaries": builder.stats.as_dict()}, leaves
 
 
 @dataclass(frozen=True)

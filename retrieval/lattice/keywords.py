@@ -44,13 +44,16 @@ summaries of that passage]}}, ...]}} with one entry per passage."""
 _COPIED = re.compile(r"^\s*level\s*\d\b", re.IGNORECASE)
 
 
-def keywords_response_format(passage_ids: Sequence[str]) -> dict:
-    """The reply schema for one batch: one entry per passage, ids from the batch (an enum, so a constrained
-    decoder cannot invent one), exactly 5 summaries each, each within its level's ``LEVEL_MAX_CHARS``."""
+def keywords_response_format(n_passages: int) -> dict:
+    """The reply schema for a batch of ``n_passages``: one entry per passage, named by its number in the prompt
+    (0..n-1: a constrained decoder cannot invent one), exactly 5 summaries each, each within its level's
+    ``LEVEL_MAX_CHARS``. It depends on the batch size only, so the server compiles it once and reuses it for every
+    batch of that size (the length caps make a compile take seconds on CPU; ids in the schema made every batch a
+    new compile, which timed out under load)."""
     entry = {
         "type": "object",
         "properties": {
-            "passage_id": {"enum": list(passage_ids)},
+            "passage_id": {"type": "integer", "minimum": 0, "maximum": max(n_passages - 1, 0)},
             "hierarchical_keywords": {"type": "array", "minItems": len(LEVEL_WORDS), "maxItems": len(LEVEL_WORDS),
                                       "prefixItems": [{"type": "string", "minLength": 1, "maxLength": n}
                                                       for n in LEVEL_MAX_CHARS], "items": False},
@@ -59,7 +62,7 @@ def keywords_response_format(passage_ids: Sequence[str]) -> dict:
     }
     schema = {"type": "object", "required": ["passages_keywords"],
               "properties": {"passages_keywords": {"type": "array", "items": entry,
-                                                   "minItems": len(passage_ids), "maxItems": len(passage_ids)}}}
+                                                   "minItems": n_passages, "maxItems": n_passages}}}
     return {"type": "json_schema", "json_schema": {"name": "passages_keywords", "schema": schema}}
 
 
@@ -73,37 +76,48 @@ class LeafKeywords:
 
 
 def keywords_prompt(passages: Sequence[tuple[str, str]], max_chars: int) -> str:
-    """The prompt for a batch of ``(passage_id, text)``, passages cut to ``max_chars``."""
-    blocks = [f"Passage {pid}: {' '.join(text.split())[:max_chars]}" for pid, text in passages]
+    """The prompt for a batch of ``(passage_id, text)``, passages numbered 0..n-1 and cut to ``max_chars``."""
+    blocks = [f"Passage {i}: {' '.join(text.split())[:max_chars]}" for i, (_, text) in enumerate(passages)]
     return KEYWORDS_PROMPT.format(passages="\n\n".join(blocks), example=json.dumps(list(EXAMPLE_KEYWORDS)))
 
 
 def parse_keywords_reply(text: str, passage_ids: Sequence[str]) -> dict[str, list[str]]:
-    """Passage id -> its 5 summaries, for each entry of the reply naming a passage of the batch with 5
-    non-empty strings that are not copied from the prompt ("level 1", the example); anything else in the reply
-    is ignored (its passages are asked again).
+    """Passage id -> its 5 summaries, for each entry of the reply naming a passage of the batch by its number
+    (0..n-1, as the prompt shows them) with 5 non-empty strings that are not copied from the prompt ("level 1",
+    the example); anything else in the reply is ignored (its passages are asked again).
 
-    >>> parse_keywords_reply('{"passages_keywords": [{"passage_id": "p1", "hierarchical_keywords": '
-    ...                      '["a", "b", "c", "d", "e"]}, {"passage_id": "zz", "hierarchical_keywords": []}, '
-    ...                      '{"passage_id": "p2", "hierarchical_keywords": ["level 1", "b", "c", "d", "e"]}]}',
+    >>> parse_keywords_reply('{"passages_keywords": [{"passage_id": 0, "hierarchical_keywords": '
+    ...                      '["a", "b", "c", "d", "e"]}, {"passage_id": 7, "hierarchical_keywords": []}, '
+    ...                      '{"passage_id": "1", "hierarchical_keywords": ["level 1", "b", "c", "d", "e"]}]}',
     ...                      ["p1", "p2"])
     {'p1': ['a', 'b', 'c', 'd', 'e']}
     """
-    wanted = set(passage_ids)
     reply = next((obj for obj in map(loads_tolerant, reversed(json_objects(text)))
                   if obj is not None and isinstance(obj.get("passages_keywords"), list)), None)
     out: dict[str, list[str]] = {}
     for entry in reply["passages_keywords"] if reply else []:
         if not isinstance(entry, dict):
             continue
-        pid = str(entry.get("passage_id", "")).strip()
+        position = _position(entry.get("passage_id"))
         levels = entry.get("hierarchical_keywords")
-        if pid in wanted and pid not in out and isinstance(levels, list) and len(levels) == len(LEVEL_WORDS):
+        if position is None or not 0 <= position < len(passage_ids):
+            continue
+        pid = passage_ids[position]
+        if pid not in out and isinstance(levels, list) and len(levels) == len(LEVEL_WORDS):
             cleaned = [" ".join(str(level).split()) for level in levels]
             copied = any(_COPIED.match(level) or level in EXAMPLE_KEYWORDS for level in cleaned)
             if all(cleaned) and not copied:
                 out[pid] = cleaned
     return out
+
+
+def _position(value: object) -> int | None:
+    """A passage number as an int: 3 and "3" read as 3; anything else is None."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    return None
 
 
 def fallback_keywords(text: str) -> list[str]:
@@ -159,7 +173,7 @@ class KeywordSummariser:
                 try:
                     reply = self.client.chat(self.role, [{"role": "user", "content": prompt}],
                                              max_tokens=self.max_tokens, temperature=0.0,
-                                             response_format=keywords_response_format(ids))
+                                             response_format=keywords_response_format(len(ids)))
                 except ClientError as exc:
                     raw_by_id.update({pid: f"<request failed: {exc}>" for pid in ids})
                     still.extend(ids)

@@ -218,7 +218,7 @@ class TopDownBuilder:
             sizes[best] += count
         if unplaced:
             self.stats.embed_calls += 1
-            vectors = _unit(self.embed(unplaced + [f"{n}: {d}" for n, d, _ in clusters]))
+            vectors = unit_rows(self.embed(unplaced + [f"{n}: {d}" for n, d, _ in clusters]))
             similarity = vectors[: len(unplaced)] @ vectors[len(unplaced):].T
             for summary, row in zip(unplaced, similarity, strict=True):
                 assignment[summary] = int(np.argmax(row))
@@ -228,7 +228,7 @@ class TopDownBuilder:
     def _kmeans(self, leaf_ids: list[str]) -> list[Cluster]:
         """M groups by k-means on the leaves' text embeddings; an even split if k-means finds one group."""
         self.stats.embed_calls += 1
-        vectors = _unit(self.embed([self._texts[i] for i in leaf_ids]))
+        vectors = unit_rows(self.embed([self._texts[i] for i in leaf_ids]))
         k = min(self.m_max, len(leaf_ids))
         labels = KMeans(n_clusters=k, n_init=3, random_state=self.seed).fit_predict(vectors)
         if len(set(labels.tolist())) < 2:
@@ -260,6 +260,7 @@ def _parse_clusters(text: str) -> list[tuple[str, str, list[str]]]:
     return out
 
 
-def _unit(x: np.ndarray) -> np.ndarray:
+def unit_rows(x: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit length (zero rows stay zero): embeddings for cosine similarity and k-means."""
     x = np.asarray(x, dtype=np.float32)
     return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)

@@ -1,0 +1,253 @@
+"""Bottom-up and hybrid tree construction (the LATTICE paper's bottom-up variant, its Figure 13 prompt).
+
+Bottom-up: the leaves are embedded and grouped into clusters of at most M (k-means with ceil(n / M) centres;
+a cluster still larger than M is split again the same way, and evenly when k-means cannot separate it); the
+``generator`` summarises each cluster from its members' texts into ``{"detailed_fingerprints": [...],
+"common_theme": ..., "summary": ...}``, which becomes the new internal node's name (the theme) and description
+(the summary; the fingerprints are kept as its keywords). The new layer's "name: description" texts are embedded
+and clustered the same way, until at most M nodes remain under the root. A cluster of one member is not wrapped
+(no single-child internal nodes): the member moves up a layer unchanged.
+
+Hybrid: a corpus with a natural hierarchy keeps it. Each document's chunk hierarchy (``data_pipeline.hierarchy``:
+document > section > subsection > paragraph) becomes a subtree whose leaves are its ``leaf_level`` chunks; a chunk
+with one child is collapsed into it (a HotpotQA paragraph is its own section and document), a chunk with more
+than M children gets k-means groups under it, and every internal node is summarised bottom-up from its children
+(a section's summary reads its subsections' summaries); a document node is named by its title. The
+documents' roots are then organised bottom-up as above.
+
+A summary reply that is unusable after ``max_attempts`` falls back to the members' first words (counted in the
+stats with the raw reply's length, never silently): the tree is always built.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from sklearn.cluster import KMeans
+
+from overstory.data_pipeline.formats import Chunk
+from overstory.models.json_reply import json_objects, loads_tolerant
+from overstory.retrieval.lattice.top_down import BuildStats, unit_rows
+from overstory.retrieval.lattice.tree import Node, Tree
+from overstory.serving.client import Client, ClientError
+
+EmbedFn = Callable[[list[str]], np.ndarray]
+
+SUMMARY_PROMPT = """The passages below were grouped together because they are about related things.
+
+{members}
+
+Describe the group so that someone searching for any one of these passages would recognise it. Reply with one \
+JSON object: {{"detailed_fingerprints": [a few distinctive names, facts or phrases, one per passage], \
+"common_theme": what the passages share, in at most 8 words, "summary": one or two sentences covering all of \
+them}}."""
+
+
+def summary_response_format(n_members: int, max_theme_chars: int = 80, max_summary_chars: int = 300) -> dict:
+    """The reply schema for one group: a fingerprint per member at most, a short theme and a short summary (a
+    small model otherwise writes until its token limit)."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "detailed_fingerprints": {"type": "array", "items": {"type": "string", "maxLength": 80},
+                                      "maxItems": max(n_members, 1)},
+            "common_theme": {"type": "string", "minLength": 1, "maxLength": max_theme_chars},
+            "summary": {"type": "string", "minLength": 1, "maxLength": max_summary_chars},
+        },
+        "required": ["detailed_fingerprints", "common_theme", "summary"],
+    }
+    return {"type": "json_schema", "json_schema": {"name": "group_summary", "schema": schema}}
+
+
+def parse_summary(text: str) -> tuple[str, str, list[str]] | None:
+    """(theme, summary, fingerprints) from the last reply object with a non-empty theme and summary, else None.
+
+    >>> parse_summary('{"detailed_fingerprints": ["a"], "common_theme": " Rivers ", "summary": "Two rivers."}')
+    ('Rivers', 'Two rivers.', ['a'])
+    >>> parse_summary('{"common_theme": "", "summary": "x"}') is None
+    True
+    """
+    for obj in map(loads_tolerant, reversed(json_objects(text))):
+        if obj is None:
+            continue
+        theme, summary = str(obj.get("common_theme", "")).strip(), str(obj.get("summary", "")).strip()
+        if theme and summary:
+            prints = obj.get("detailed_fingerprints")
+            return theme, summary, [str(p) for p in prints] if isinstance(prints, list) else []
+    return None
+
+
+def balanced_groups(vectors: np.ndarray, m_max: int, seed: int = 0) -> list[list[int]]:
+    """Indices of ``vectors`` in groups of at most ``m_max``: k-means with ceil(n / m_max) centres, an oversized
+    group split again, an even split where k-means finds a single group.
+
+    >>> groups = balanced_groups(np.eye(7, dtype=np.float32), m_max=3)
+    >>> sorted(len(g) for g in groups)[-1] <= 3, sorted(i for g in groups for i in g) == list(range(7))
+    (True, True)
+    """
+    n = len(vectors)
+    if n <= m_max:
+        return [list(range(n))]
+    k = math.ceil(n / m_max)
+    labels = KMeans(n_clusters=k, n_init=3, random_state=seed).fit_predict(vectors)
+    if len(set(labels.tolist())) < 2:
+        labels = np.arange(n) * k // n
+    groups: list[list[int]] = []
+    for label in sorted(set(labels.tolist())):
+        members = [i for i in range(n) if labels[i] == label]
+        if len(members) > m_max:
+            groups.extend([members[j] for j in sub] for sub in balanced_groups(vectors[members], m_max, seed))
+        else:
+            groups.append(members)
+    return groups
+
+
+class GroupSummariser:
+    """Names and describes groups through the served ``role``, concurrently, with retries and a fallback."""
+
+    def __init__(self, client: Client, stats: BuildStats, role: str = "generator", max_tokens: int = 256,
+                 max_attempts: int = 2, concurrency: int = 4, max_member_chars: int = 300):
+        self.client, self.stats, self.role = client, stats, role
+        self.max_tokens, self.max_attempts = max_tokens, max_attempts
+        self.concurrency, self.max_member_chars = concurrency, max_member_chars
+        self._lock = threading.Lock()  # the groups are summarised on several threads; the stats are shared
+
+    def _count(self, **amounts: int) -> None:
+        with self._lock:
+            for key, amount in amounts.items():
+                if key in ("llm_calls", "prompt_tokens", "completion_tokens"):
+                    setattr(self.stats, key, getattr(self.stats, key) + amount)
+                else:
+                    self.stats.placements[key] += amount
+
+    def summarise(self, groups: Sequence[Sequence[str]]) -> list[tuple[str, str, list[str]]]:
+        """(name, description, fingerprints) per group of member texts, in order."""
+        if not groups:
+            return []
+        with ThreadPoolExecutor(max_workers=max(1, min(self.concurrency, len(groups)))) as pool:
+            return list(pool.map(self._one, groups))
+
+    def _one(self, texts: Sequence[str]) -> tuple[str, str, list[str]]:
+        members = "\n".join(f"[{i}] {' '.join(t.split())[: self.max_member_chars]}" for i, t in enumerate(texts))
+        messages = [{"role": "user", "content": SUMMARY_PROMPT.format(members=members)}]
+        raw = ""
+        for _ in range(self.max_attempts):
+            self._count(llm_calls=1)
+            try:
+                reply = self.client.chat(self.role, messages, max_tokens=self.max_tokens, temperature=0.0,
+                                         response_format=summary_response_format(len(texts)))
+            except ClientError as exc:
+                raw = f"<request failed: {exc}>"
+                continue
+            self._count(prompt_tokens=reply.usage.get("prompt_tokens", 0),
+                        completion_tokens=reply.usage.get("completion_tokens", 0))
+            raw = reply.text
+            parsed = parse_summary(reply.text)
+            if parsed is not None:
+                self._count(summaries_llm=1)
+                return parsed
+        self._count(summaries_fallback=1, fallback_raw_chars=len(raw))
+        heads = [" ".join(t.split()[:4]) for t in texts[:3]]
+        return heads[0], "; ".join(heads), []
+
+
+class BottomUpBuilder:
+    """Builds a tree bottom-up over leaves (``build``) or over documents' natural hierarchies (``build_hybrid``)."""
+
+    def __init__(self, client: Client, embed: EmbedFn, m_max: int = 10, role: str = "generator",
+                 max_tokens: int = 256, max_attempts: int = 2, concurrency: int = 4, max_member_chars: int = 300,
+                 seed: int = 0, id_prefix: str = "b"):
+        if m_max < 2:
+            raise ValueError(f"m_max must be >= 2, got {m_max}")
+        self.embed, self.m_max, self.seed, self.id_prefix = embed, m_max, seed, id_prefix
+        self.stats = BuildStats()
+        self.summariser = GroupSummariser(client, self.stats, role=role, max_tokens=max_tokens,
+                                          max_attempts=max_attempts, concurrency=concurrency,
+                                          max_member_chars=max_member_chars)
+        self._next_id = 0
+
+    def build(self, leaves: Sequence[Node]) -> Tree:
+        if not leaves:
+            raise ValueError("cannot build a tree over an empty corpus")
+        started = time.perf_counter()
+        self.nodes: dict[str, Node] = {leaf.id: leaf for leaf in leaves}
+        root = self._layers([leaf.id for leaf in leaves])
+        self.stats.seconds += time.perf_counter() - started
+        return Tree(root=root, nodes=self.nodes, meta={"method": "bottom-up", "m_max": self.m_max,
+                                                       "cost": self.stats.as_dict()})
+
+    def build_hybrid(self, chunks: Sequence[Chunk], leaf_level: str) -> Tree:
+        """A tree whose lower part is each document's own hierarchy (``chunks``: every level of every document,
+        as ``build_hierarchies`` returns them) down to ``leaf_level``, organised bottom-up above the documents."""
+        started = time.perf_counter()
+        by_id = {c.id: c for c in chunks}
+        self.nodes = {}
+        for chunk in chunks:
+            if chunk.level == leaf_level:
+                text = f"{chunk.title}: {chunk.text}" if chunk.title else chunk.text
+                self.nodes[chunk.id] = Node(id=chunk.id, leaf=True, text=text, doc_id=chunk.doc_id)
+        if not self.nodes:
+            raise ValueError(f"no {leaf_level} chunks to build a tree over")
+        documents = [c for c in chunks if c.parent is None]
+        subtrees = [self._natural(doc, by_id, leaf_level) for doc in documents]
+        root = self._layers([s for s in subtrees if s is not None])
+        self.stats.seconds += time.perf_counter() - started
+        return Tree(root=root, nodes=self.nodes, meta={"method": "hybrid", "m_max": self.m_max,
+                                                       "leaf_level": leaf_level, "cost": self.stats.as_dict()})
+
+    # --- internals ----------------------------------------------------------------------------------
+    def _new_id(self) -> str:
+        self._next_id += 1
+        return f"{self.id_prefix}{self._next_id}"
+
+    def _layers(self, layer: list[str]) -> str:
+        """Cluster and summarise ``layer`` until at most M nodes remain; returns the root's id."""
+        while len(layer) > self.m_max:
+            self.stats.embed_calls += 1
+            vectors = unit_rows(self.embed([self.nodes[n].display_text for n in layer]))
+            groups = [[layer[i] for i in g] for g in balanced_groups(vectors, self.m_max, self.seed)]
+            layer = self._wrap(groups)
+        root = Node(id=self._new_id(), name="root", description="the whole corpus", children=list(layer))
+        self.nodes[root.id] = root
+        return root.id
+
+    def _wrap(self, groups: list[list[str]]) -> list[str]:
+        """One summarised internal node per group of two or more; a single member moves up unchanged."""
+        multi = [g for g in groups if len(g) > 1]
+        described = self.summariser.summarise([[self.nodes[n].display_text for n in g] for g in multi])
+        named = iter(described)
+        out = []
+        for group in groups:
+            if len(group) == 1:
+                out.append(group[0])
+                continue
+            name, description, prints = next(named)
+            node = Node(id=self._new_id(), name=name, description=description, children=group, keywords=prints)
+            self.nodes[node.id] = node
+            out.append(node.id)
+        return out
+
+    def _natural(self, chunk: Chunk, by_id: dict[str, Chunk], leaf_level: str) -> str | None:
+        """The node standing for ``chunk``'s part of its document (a leaf, a collapsed chain, or a summarised
+        internal node); None when it holds no leaf."""
+        if chunk.level == leaf_level:
+            return chunk.id
+        children = [c for c in (self._natural(by_id[i], by_id, leaf_level) for i in chunk.children)
+                    if c is not None]
+        if len(children) <= 1:
+            return children[0] if children else None
+        while len(children) > self.m_max:  # too many sections or paragraphs for one node
+            self.stats.embed_calls += 1
+            vectors = unit_rows(self.embed([self.nodes[n].display_text for n in children]))
+            children = self._wrap([[children[i] for i in g] for g in balanced_groups(vectors, self.m_max, self.seed)])
+        ((theme, summary, prints),) = self.summariser.summarise([[self.nodes[n].display_text for n in children]])
+        name = chunk.title if chunk.level == "document" and chunk.title else theme  # chunks carry the doc's title
+        node = Node(id=self._new_id(), name=name, description=summary, children=children, keywords=prints,
+                    doc_id=chunk.doc_id)
+        self.nodes[node.id] = node
+        return node.id

@@ -1,0 +1,72 @@
+"""Bottom-up and hybrid LATTICE trees: balanced grouping, the summary reply's parsing, and both constructions through
+`overstory data lattice-tree` with the real built-in model (HotpotQA paragraphs bottom-up; a QASPER paper's own
+sections and paragraphs under the hybrid)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from overstory.cli import main
+from overstory.retrieval.lattice.bottom_up import balanced_groups, parse_summary
+from overstory.retrieval.lattice.tree import Tree
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_balanced_groups_partition_within_m() -> None:
+    vectors = np.random.default_rng(0).normal(size=(37, 8)).astype(np.float32)
+    groups = balanced_groups(vectors, m_max=5)
+    assert max(len(g) for g in groups) <= 5 and sorted(i for g in groups for i in g) == list(range(37))
+    same = balanced_groups(np.ones((9, 4), dtype=np.float32), m_max=4)  # k-means cannot separate them
+    assert sorted(len(g) for g in same) == [3, 3, 3]
+
+
+def test_parse_summary_takes_the_last_usable_object() -> None:
+    text = 'draft {"common_theme": "x"} final {"detailed_fingerprints": "not a list", "common_theme": "Films", ' \
+           '"summary": "American films of the 1990s."}'
+    assert parse_summary(text) == ("Films", "American films of the 1990s.", [])
+    assert parse_summary("no json here") is None
+
+
+def _build(out: Path, *extra: str) -> dict:
+    assert main(["data", "lattice-tree", "--config", str(ROOT / "configs/data/lattice_tree.yaml"), f"out={out}",
+                 "clustering.m_max=4", "summaries.max_tokens=160", "tracking.backend=none", *extra]) == 0
+    return json.loads((out / "build.json").read_text())
+
+
+@pytest.mark.slow
+def test_bottom_up_tree_with_the_real_model(tmp_path: Path) -> None:
+    report = _build(tmp_path, "method=bottom-up", f"corpus.path={ROOT / 'data/hotpotqa'}", "limit_leaves=12")
+    tree = Tree.load(tmp_path / "tree.json")
+    tree.validate(max_branching=4)
+    internal = [n for n in tree.nodes.values() if not n.leaf and n.id != tree.root]
+    assert report["method"] == "bottom-up" and report["stats"]["leaves"] == 12 and report["stats"]["depth"] >= 2
+    placed = report["summaries"]["placements"]
+    # every new node was summarised once, by the model or (counted) by the fallback
+    assert placed.get("summaries_llm", 0) + placed.get("summaries_fallback", 0) == len(internal)
+    assert report["summaries"]["llm_calls"] >= len(internal) and report["summaries"]["prompt_tokens"] > 0
+    assert all(n.name and n.description for n in internal)
+
+
+@pytest.mark.slow
+def test_hybrid_tree_keeps_a_papers_sections(tmp_path: Path) -> None:
+    report = _build(tmp_path, "method=hybrid", "corpus.kind=qasper", f"corpus.path={ROOT / 'data/qasper/dev.json'}",
+                    "limit_leaves=10")
+    tree = Tree.load(tmp_path / "tree.json")
+    tree.validate(max_branching=4)
+    leaves = [n for n in tree.nodes.values() if n.leaf]
+    assert report["method"] == "hybrid" and len(leaves) >= 10  # whole papers: the tenth leaf's paper is complete
+    # each paper is one subtree: the node named by its title holds every paragraph of that paper and no other
+    papers = {n.doc_id for n in leaves}
+    for node in tree.nodes.values():
+        if not node.leaf and node.doc_id and tree.parent(node.id) is not None:
+            assert {leaf.doc_id for leaf in tree.leaves(node.id)} == {node.doc_id}
+    paper_nodes = [n for n in tree.nodes.values() if not n.leaf and n.doc_id and
+                   {leaf.id for leaf in tree.leaves(n.id)} == {leaf.id for leaf in leaves if leaf.doc_id == n.doc_id}]
+    assert {n.doc_id for n in paper_nodes} == papers
+    # a paper's sections are kept as nodes below it (a QASPER paper has more than M paragraphs)
+    assert report["stats"]["depth"] >= 3
