@@ -43,7 +43,7 @@ from overstory.serving.launch import stack_in_background
 class KeywordsConfig:
     batch_size: int = 20  # leaves per prompt (the paper: 20)
     max_passage_chars: int = 1000
-    max_tokens: int = 1024
+    max_tokens: int = 2400  # a reply takes about 100 tokens a passage: leave room for batch_size of them
     max_attempts: int = 3
     concurrency: int = 4
 

@@ -11,10 +11,14 @@ set -euo pipefail
 ITERATIONS=${ITERATIONS:-6}
 CANDIDATE_CHARS=${CANDIDATE_CHARS:-300}
 LLM_STEPS=${LLM_STEPS:-40}
+# TREE_ARGS: overrides of the tree build, e.g. "method=bottom-up" (about 45 short LLM calls over the 400 leaves, the
+# CPU choice) instead of the top-down default (400 leaves' keyword summaries in batches of 20, then LLM clustering)
+TREE_ARGS=${TREE_ARGS:-}
 DIR=runs/lattice/hotpotqa
 SEARCH="search.iterations=$ITERATIONS max_candidate_chars=$CANDIDATE_CHARS max_tokens=256 max_reasoning_chars=200"
 
-overstory data lattice-tree --config configs/data/lattice_tree.yaml out=$DIR
+# shellcheck disable=SC2086
+overstory data lattice-tree --config configs/data/lattice_tree.yaml out=$DIR $TREE_ARGS
 overstory data lattice-tree-stats tree=$DIR/tree.json
 # shellcheck disable=SC2086
 overstory data lattice-traces --config configs/data/lattice_traces.yaml tree=$DIR/tree.json out=$DIR/traces.jsonl \
