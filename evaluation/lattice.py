@@ -143,9 +143,10 @@ def retrieval_metrics(rankings: dict[str, list[tuple[str, float]]], gold: dict[s
 
 
 def agreement(student: SlateScorer, teacher_slates: list[dict]) -> dict:
-    """The student's scores on the teacher's slates: mean Kendall tau over slates with two or more candidates
-    scored by both and not all tied (tau is undefined on a constant list; such slates are counted, not scored),
-    and top-1 agreement (the student's best candidate is among the teacher's best)."""
+    """The student's scores on the teacher's slates, over the candidates both scored, on slates where the teacher
+    has a preference (not every score equal; such slates are counted in ``tau_undefined``, since any choice would
+    agree with them): mean Kendall tau (also undefined, and counted, when the student's scores are all equal) and
+    top-1 agreement (the student's best candidate is among the teacher's best)."""
     from scipy.stats import kendalltau
 
     slates = [Slate(s["query_id"], s["query"], s["node_ids"], s["texts"], bool(s["leaf"])) for s in teacher_slates]
@@ -157,9 +158,11 @@ def agreement(student: SlateScorer, teacher_slates: list[dict]) -> dict:
             continue
         teacher = [record["raw_scores"][i] for i in both]
         student_scores = [reply.scores[i] for i in both]
-        best_teacher = max(teacher)
-        top1.append(float(teacher[int(np.argmax(student_scores))] == best_teacher))
-        if len(both) < 2 or len(set(teacher)) < 2 or len(set(student_scores)) < 2:
+        if len(set(teacher)) < 2:
+            undefined += 1
+            continue
+        top1.append(float(teacher[int(np.argmax(student_scores))] == max(teacher)))
+        if len(set(student_scores)) < 2:
             undefined += 1
             continue
         taus.append(float(kendalltau(teacher, student_scores).statistic))

@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from sklearn.cluster import KMeans
 
-from overstory.data_pipeline.formats import Chunk
+from overstory.data_pipeline.formats import LEVELS, Chunk
 from overstory.models.json_reply import json_objects, loads_tolerant
 from overstory.retrieval.lattice.top_down import BuildStats, unit_rows
 from overstory.retrieval.lattice.tree import Node, Tree
@@ -185,7 +185,6 @@ class BottomUpBuilder:
         """A tree whose lower part is each document's own hierarchy (``chunks``: every level of every document,
         as ``build_hierarchies`` returns them) down to ``leaf_level``, organised bottom-up above the documents."""
         started = time.perf_counter()
-        by_id = {c.id: c for c in chunks}
         self.nodes = {}
         for chunk in chunks:
             if chunk.level == leaf_level:
@@ -193,9 +192,9 @@ class BottomUpBuilder:
                 self.nodes[chunk.id] = Node(id=chunk.id, leaf=True, text=text, doc_id=chunk.doc_id)
         if not self.nodes:
             raise ValueError(f"no {leaf_level} chunks to build a tree over")
-        documents = [c for c in chunks if c.parent is None]
-        subtrees = [self._natural(doc, by_id, leaf_level) for doc in documents]
-        root = self._layers([s for s in subtrees if s is not None])
+        standing_for = self._natural(chunks, leaf_level)
+        documents = [standing_for.get(c.id) for c in chunks if c.parent is None]
+        root = self._layers([d for d in documents if d is not None])
         self.stats.seconds += time.perf_counter() - started
         return Tree(root=root, nodes=self.nodes, meta={"method": "hybrid", "m_max": self.m_max,
                                                        "leaf_level": leaf_level, "cost": self.stats.as_dict()})
@@ -232,22 +231,42 @@ class BottomUpBuilder:
             out.append(node.id)
         return out
 
-    def _natural(self, chunk: Chunk, by_id: dict[str, Chunk], leaf_level: str) -> str | None:
-        """The node standing for ``chunk``'s part of its document (a leaf, a collapsed chain, or a summarised
-        internal node); None when it holds no leaf."""
-        if chunk.level == leaf_level:
-            return chunk.id
-        children = [c for c in (self._natural(by_id[i], by_id, leaf_level) for i in chunk.children)
-                    if c is not None]
-        if len(children) <= 1:
-            return children[0] if children else None
-        while len(children) > self.m_max:  # too many sections or paragraphs for one node
-            self.stats.embed_calls += 1
-            vectors = unit_rows(self.embed([self.nodes[n].display_text for n in children]))
-            children = self._wrap([[children[i] for i in g] for g in balanced_groups(vectors, self.m_max, self.seed)])
-        ((theme, summary, prints),) = self.summariser.summarise([[self.nodes[n].display_text for n in children]])
-        name = chunk.title if chunk.level == "document" and chunk.title else theme  # chunks carry the doc's title
-        node = Node(id=self._new_id(), name=name, description=summary, children=children, keywords=prints,
-                    doc_id=chunk.doc_id)
-        self.nodes[node.id] = node
-        return node.id
+    def _natural(self, chunks: Sequence[Chunk], leaf_level: str) -> dict[str, str | None]:
+        """Chunk id -> the node standing for that part of its document (a leaf, a collapsed
+        chain, or a summarised internal node; None when it holds no leaf). Deepest chunks first, and all the
+        internal nodes of one depth are summarised together (concurrently)."""
+        by_id = {c.id: c for c in chunks}
+        rank = LEVELS.index(leaf_level)
+        depth: dict[str, int] = {}
+        for chunk in chunks:
+            d, current = 0, chunk
+            while current.parent is not None:
+                d, current = d + 1, by_id[current.parent]
+            depth[chunk.id] = d
+        standing_for: dict[str, str | None] = {}
+        kept = [c for c in chunks if LEVELS.index(c.level) >= rank]
+        for d in sorted({depth[c.id] for c in kept}, reverse=True):
+            pending: list[tuple[Chunk, list[str]]] = []
+            for chunk in (c for c in kept if depth[c.id] == d):
+                if chunk.level == leaf_level:
+                    standing_for[chunk.id] = chunk.id
+                    continue
+                children = [n for n in (standing_for.get(i) for i in chunk.children) if n is not None]
+                if len(children) <= 1:  # a chain of one child collapses into it
+                    standing_for[chunk.id] = children[0] if children else None
+                    continue
+                while len(children) > self.m_max:  # too many sections or paragraphs for one node
+                    self.stats.embed_calls += 1
+                    vectors = unit_rows(self.embed([self.nodes[n].display_text for n in children]))
+                    children = self._wrap([[children[i] for i in g]
+                                           for g in balanced_groups(vectors, self.m_max, self.seed)])
+                pending.append((chunk, children))
+            described = self.summariser.summarise([[self.nodes[n].display_text for n in children]
+                                                   for _, children in pending])
+            for (chunk, children), (theme, summary, prints) in zip(pending, described, strict=True):
+                name = chunk.title if chunk.level == "document" and chunk.title else theme  # chunks carry the doc title
+                node = Node(id=self._new_id(), name=name, description=summary, children=children, keywords=prints,
+                            doc_id=chunk.doc_id)
+                self.nodes[node.id] = node
+                standing_for[chunk.id] = node.id
+        return standing_for

@@ -124,7 +124,7 @@ def test_llm_student_is_an_adapter_the_server_serves_as_the_scorer(llm_student: 
 @pytest.mark.parametrize(("overrides", "message"), [
     (["student=llm", "targets=gold"], "targets='gold' needs student=cross_encoder"),
     (["student=llm", "loss=listwise"], "loss applies to student=cross_encoder only"),
-    (["student=ranker"], "student must be 'llm' or 'cross_encoder'"),
+    (["student=ranker"], "student: 'ranker' is not one of ['llm', 'cross_encoder']"),
 ])
 def test_bad_configs_name_the_key(overrides: list[str], message: str, tmp_path: Path, capsys) -> None:
     code = main(["train", "distill-scorer", "--config", str(ROOT / "configs/train/distill_scorer_llm.yaml"),
