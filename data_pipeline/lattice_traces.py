@@ -140,7 +140,12 @@ def run(config: LatticeTracesConfig) -> dict:
         task = progress.add_task("lattice traces (questions)", total=len(todo))
         for start in range(0, len(todo), config.batch_queries):
             batch = todo[start: start + config.batch_queries]
-            results = search(tree, [(q.id, q.question) for q in batch], scorer, config.search)
+            # a batch's questions advance together, an iteration at a time: its own bar shows where it is
+            iterations = progress.add_task(f"  search iterations, questions {start + 1}-{start + len(batch)}",
+                                           total=config.search.iterations)
+            results = search(tree, [(q.id, q.question) for q in batch], scorer, config.search,
+                             progress=lambda i, bar=iterations: progress.update(bar, completed=i + 1))
+            progress.remove_task(iterations)
             for question, result in zip(batch, results, strict=True):
                 for record in slate_records(tree, result, question.question, gold[question.id], teacher):
                     if record["id"] not in slates_out:

@@ -164,6 +164,12 @@ def _quickstart_figures(name: str, stage: dict) -> str:
                 f"{planned} held-out questions: " + ", ".join(
                     f"{variant} {row['format_valid']:.2f} ({_fmt(row.get('format_valid_strict'), 2)})"
                     for variant, row in stage["variants"].items()))
+    if name == "lattice":
+        tree = stage["tree"]
+        return (f"tree of {tree['stats']['leaves']} {stage['dataset']} paragraphs, depth {tree['stats']['depth']} "
+                f"({tree['summaries']['llm_calls']} LLM calls); {stage['traces']['questions']} traced questions; "
+                f"nDCG@10 on {stage['n_questions']} held-out: " + ", ".join(
+                    f"{system} {_fmt(row['ndcg@10'])}" for system, row in stage["systems"].items()))
     return ""
 
 

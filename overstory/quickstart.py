@@ -14,7 +14,10 @@ port by default (``serve.port=0``: it is private to the job; the URL is printed 
 - ``compressor``: summaries of a slice, a short compressor training run, and the comparison of the
   four ways to embed upper levels (compressor, mean_pool, direct_encode, summarize);
 - ``planner``: pseudo-labels and traces for a slice of questions, planner SFT and a few STITCH steps on
-  the built-in model, and the base / SFT / STITCH comparison on the held-out documents.
+  the built-in model, and the base / SFT / STITCH comparison on the held-out documents;
+- ``lattice``: a LATTICE tree built bottom-up by the generator over a slice of HotpotQA, the served teacher's
+  traversal traces of a few questions, a short cross-encoder distillation, and the comparison of oracle, teacher,
+  student, BM25, dense, hybrid and LATTICE++ on the student's held-out questions.
 """
 
 from __future__ import annotations
@@ -34,6 +37,10 @@ from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
 from overstory.data_pipeline.formats import write_jsonl
 from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies, chunks_at_levels, save_hierarchies
 from overstory.data_pipeline.hierarchy_job import level_stats
+from overstory.data_pipeline.lattice_traces import LatticeTracesConfig
+from overstory.data_pipeline.lattice_traces import run as run_lattice_traces
+from overstory.data_pipeline.lattice_tree import ClusteringConfig, LatticeTreeConfig
+from overstory.data_pipeline.lattice_tree import run as run_lattice_tree
 from overstory.data_pipeline.planner_examples import PlannerDataConfig
 from overstory.data_pipeline.pseudo_labels import PseudoLabelsConfig
 from overstory.data_pipeline.pseudo_labels import run as run_pseudo_labels
@@ -43,17 +50,22 @@ from overstory.data_pipeline.traces import TracesConfig
 from overstory.data_pipeline.traces import run as run_traces
 from overstory.evaluation.compressor import EvalCompressorConfig
 from overstory.evaluation.compressor import run as run_evaluation
+from overstory.evaluation.lattice import LatticeEvalConfig, SystemConfig
+from overstory.evaluation.lattice import run as run_lattice_eval
 from overstory.evaluation.planner import EvalPlannerConfig
 from overstory.evaluation.planner import run as run_planner_eval
 from overstory.evaluation.plots import plot_level_stats
 from overstory.evaluation.rag import GenerationConfig, RetrievalConfig, evaluate_rag, select_questions
 from overstory.retrieval.index import BM25Index, DenseIndex, HybridIndex
+from overstory.retrieval.lattice.search import SearchConfig
 from overstory.retrieval.metrics import mean, recall_at_k
 from overstory.serving.client import Client
 from overstory.serving.config import ServeConfig
 from overstory.serving.launch import serve_in_background
 from overstory.training.compressor import CompressorJobConfig, CompressorTrainConfig
 from overstory.training.compressor import run as run_training
+from overstory.training.distill_scorer import DistillScorerConfig
+from overstory.training.distill_scorer import run as run_distill_scorer
 from overstory.training.planner_common import GrpoSettings
 from overstory.training.planner_sft import PlannerSftConfig
 from overstory.training.planner_sft import run as run_sft
@@ -101,6 +113,23 @@ class PlannerStageConfig:
 
 
 @dataclass(frozen=True)
+class LatticeStageConfig:
+    """A small LATTICE run: a tree, the teacher's traces of a few questions, a cross-encoder student, the table."""
+
+    corpus: str = "hotpotqa"
+    # the corpus's first N paragraphs, organised bottom-up (one generator summary per new node: about N / M calls,
+    # where the top-down build first writes keyword summaries of every paragraph)
+    leaves: int = 100
+    m_max: int = 10
+    trace_questions: int = 8  # the served teacher (the job's scorer role) walks the tree for this many questions
+    iterations: int = 2  # search iterations per question (the paper: 20)
+    max_tokens: int = 192  # per slate reply: the reasoning, then the scores
+    max_candidate_chars: int = 200  # each candidate's text in the slate prompt (and in the student's pairs)
+    student_steps: int = 30  # cross-encoder steps from the built-in MiniLM (pointwise, on teacher score / 100)
+    heldout_fraction: float = 0.25  # of the traced questions, by query: the student never sees them; the eval runs them
+
+
+@dataclass(frozen=True)
 class QuickstartConfig:
     out: str = "runs/quickstart"
     corpora: dict[str, CorpusConfig] = field(default_factory=lambda: {
@@ -115,13 +144,14 @@ class QuickstartConfig:
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     compressor: CompressorStageConfig = field(default_factory=CompressorStageConfig)
     planner: PlannerStageConfig = field(default_factory=PlannerStageConfig)
+    lattice: LatticeStageConfig = field(default_factory=LatticeStageConfig)
     # port 0: a free port, so the job's private stack never collides with a server on 8000
     serve: ServeConfig = field(default_factory=lambda: ServeConfig.local(port=0))
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
         for key, name in (("rag_corpus", self.rag_corpus), ("compressor.corpus", self.compressor.corpus),
-                          ("planner.corpus", self.planner.corpus)):
+                          ("planner.corpus", self.planner.corpus), ("lattice.corpus", self.lattice.corpus)):
             if name not in self.corpora:
                 raise ConfigError(f"{key} {name!r} is not one of corpora: {', '.join(self.corpora)}")
 
@@ -219,11 +249,16 @@ def run(config: QuickstartConfig) -> dict:
 
             timer = _Stage("planner", f"planner ({config.planner.corpus})")
             _update_report(report_path, timer.done(_planner_stage(config, out / "planner", url)))
+
+            timer = _Stage("lattice", f"lattice ({config.lattice.corpus})")
+            _update_report(report_path, timer.done(_lattice_stage(config, out / "lattice", url)))
         report = _update_report(report_path, {}, total_seconds=round(time.perf_counter() - started, 1))
         tracker.summary({f"rag_baseline/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
         methods = report["stages"]["compressor"]["methods"]
         tracker.summary({f"compressor/{method}/{k}": v for method, row in methods.items()
                          for k, v in row.items() if isinstance(v, (int, float))})
+        tracker.summary({f"lattice/{name}/{k}": v for name, row in report["stages"]["lattice"]["systems"].items()
+                         for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
 
     _print_summary(report, time.perf_counter() - started, report_path)
     return report
@@ -324,6 +359,56 @@ def _planner_stage(config: QuickstartConfig, folder: Path, server_url: str) -> d
             "step_seconds": steps}
 
 
+def _lattice_stage(config: QuickstartConfig, folder: Path, server_url: str) -> dict:
+    """A bottom-up LATTICE tree built by the running stack's generator, the scorer role's traversal traces (the
+    teacher), a cross-encoder distilled from them, and the comparison on the questions it did not train on."""
+    stage, quiet = config.lattice, TrackingConfig(backend="none")
+    corpus = config.corpora[stage.corpus]
+    tree, traces, student = folder / "tree.json", folder / "traces.jsonl", folder / "ce_student"
+    search = SearchConfig(iterations=stage.iterations)
+    slates = {"max_tokens": stage.max_tokens, "max_candidate_chars": stage.max_candidate_chars,
+              "max_reasoning_chars": 200}
+    steps: dict[str, float] = {}
+    finish = _step(steps, "tree", 1, 4, f"bottom-up tree over the first {stage.leaves} {stage.corpus} paragraphs, "
+                                        f"at most {stage.m_max} children per node")
+    build = run_lattice_tree(LatticeTreeConfig(
+        corpus=corpus, out=str(folder), method="bottom-up", hierarchy=config.hierarchy,
+        clustering=ClusteringConfig(m_max=stage.m_max), limit_leaves=stage.leaves, server_url=server_url,
+        tracking=quiet))
+    finish()
+    finish = _step(steps, "traces", 2, 4, f"the teacher's traversal traces of {stage.trace_questions} questions, "
+                                          f"{stage.iterations} iteration(s) each")
+    traced = run_lattice_traces(LatticeTracesConfig(
+        tree=str(tree), corpus=corpus, out=str(traces), hierarchy=config.hierarchy, search=search,
+        limit=stage.trace_questions, batch_queries=stage.trace_questions, server_url=server_url, tracking=quiet,
+        **slates))
+    finish()
+    finish = _step(steps, "distill", 3, 4, f"cross-encoder student, {stage.student_steps} steps on the teacher's "
+                                           "scores")
+    distilled = run_distill_scorer(DistillScorerConfig(
+        traces=str(traces), out=str(student), student="cross_encoder", max_candidate_chars=stage.max_candidate_chars,
+        train=SftTrainSettings(max_steps=stage.student_steps, lr=3e-4, batch_size=16, max_length=128,
+                               val_fraction=stage.heldout_fraction, warmup_ratio=0.1, logging_steps=10),
+        tracking=quiet))
+    finish()
+    finish = _step(steps, "eval", 4, 4, "oracle / teacher / student / BM25 / dense / hybrid / LATTICE++ on the "
+                                        "student's held-out questions")
+    systems = {"oracle": SystemConfig("search", scorer="oracle", calibration=False),
+               "teacher": SystemConfig("search", scorer="llm", server_url=server_url),
+               "ce_student": SystemConfig("search", scorer="cross_encoder", model=str(student / "final")),
+               "bm25": SystemConfig("bm25"), "dense": SystemConfig("dense"), "hybrid": SystemConfig("hybrid"),
+               "lattice++": SystemConfig("fusion", of="teacher")}
+    table = run_lattice_eval(LatticeEvalConfig(
+        tree=str(tree), corpus=corpus, out=str(folder / "eval"), systems=systems, hierarchy=config.hierarchy,
+        heldout_from=str(student), agreement_traces=str(traces), search=search,
+        serve=ServeConfig(host=config.serve.host, port=0, roles=config.serve.roles), tracking=quiet, **slates))
+    finish()
+    return {"dataset": stage.corpus, "tree": build, "traces": traced, "student": distilled,
+            "n_questions": table["n_questions"], "systems": table["systems"],
+            "table": str(folder / "eval" / "table.md"), "plot": str(folder / "eval" / "quality_vs_cost.png"),
+            "step_seconds": steps}
+
+
 def _retrieval_stage(loaded: dict, chunks: dict, client: Client,
                      retrieval: RetrievalConfig) -> tuple[dict, dict[str, dict]]:
     """recall@k of every index kind over the configured levels, for every corpus with questions;
@@ -364,6 +449,10 @@ def _print_summary(report: dict, seconds: float, path: Path) -> None:
         console.print(f"planner format-valid rate on {planner['n_questions'] + planner['n_unlabelled']} held-out "
                       "questions: " + ", ".join(
             f"{name} {rate:.2f}" for name, rate in planner["format_valid"].items()))
+    lattice = report["stages"].get("lattice", {})
+    if "systems" in lattice:
+        console.print(f"lattice nDCG@10 on {lattice['n_questions']} held-out questions: " + ", ".join(
+            f"{name} {row['ndcg@10']:.3f}" for name, row in lattice["systems"].items()))
     stage_seconds = report.get("stage_seconds", {})
     console.print("stage seconds: " + ", ".join(f"{name} {s:.0f}" for name, s in stage_seconds.items()))
     console.print(f"report: {path} (quickstart took {seconds:.0f}s)")

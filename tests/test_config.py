@@ -126,3 +126,11 @@ def test_every_configs_first_line_command_parses_and_loads(path: Path, monkeypat
 def test_every_job_has_a_config_file() -> None:
     covered = {_command_of(p) for p in OVERSTORY_CONFIGS}
     assert set(JOBS) <= covered, f"jobs without a config under configs/: {set(JOBS) - covered}"
+
+
+def test_the_quickstart_config_spells_out_the_defaults() -> None:
+    """configs/quickstart.yaml says it holds `overstory quickstart`'s defaults: a changed default must change it."""
+    from overstory.quickstart import QuickstartConfig
+
+    spelled_out = load_config(QuickstartConfig, ROOT / "configs/quickstart.yaml")
+    assert to_dict(spelled_out) == to_dict(QuickstartConfig())

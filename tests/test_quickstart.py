@@ -13,7 +13,7 @@ from overstory.cli import main
 pytestmark = pytest.mark.slow
 
 
-STAGES = ("hierarchy", "serving", "retrieval", "rag_baseline", "compressor", "planner")
+STAGES = ("hierarchy", "serving", "retrieval", "rag_baseline", "compressor", "planner", "lattice")
 
 
 @pytest.fixture
@@ -29,18 +29,19 @@ def port_8000_taken():
     sock.close()
 
 
+@pytest.mark.timeout(1800)  # every stage in one test: about 11 minutes alone on 2 cores, far more when they are shared
 def test_quickstart_end_to_end(tmp_path: Path, port_8000_taken) -> None:
     out = tmp_path / "qs"
     (out).mkdir()
     # a stage written by another job must survive the quickstart's report update
     (out / "report.json").write_text(json.dumps({"stages": {"later_issue": {"x": 1}}}))
-    # the default serve port (0: a free one) while 8000 is taken; smaller compressor and planner slices, and no
+    # the default serve port (0: a free one) while 8000 is taken; smaller compressor, planner and lattice slices, no
     # SmartChunk QA in the planner comparison (eval planner's own test runs it): the suite's CI time
     code = main(["quickstart", "--out", str(out), "rag_questions=6", "tracking.backend=jsonl",
                  f"tracking.dir={tmp_path / 'tracking'}", "compressor.max_summary_tokens=8", "compressor.epochs=3",
                  "planner.questions=30", "planner.eval_questions=6", "planner.metadata_tokens=48",
                  "planner.sft_batch_size=2", "planner.sft_epochs=6", "planner.stitch_generations=2",
-                 "planner.qa=false"])
+                 "planner.qa=false", "lattice.leaves=40", "lattice.trace_questions=3", "lattice.student_steps=8"])
     assert code == 0
     report = json.loads((out / "report.json").read_text())
     stages = report["stages"]
@@ -86,3 +87,20 @@ def test_quickstart_end_to_end(tmp_path: Path, port_8000_taken) -> None:
     assert (out / "hierarchies" / "squad.jsonl").exists()
     predictions = (out / "rag_predictions.jsonl").read_text().splitlines()
     assert len(predictions) == 6 and all("raw" in json.loads(p) for p in predictions)
+
+    lattice = stages["lattice"]
+    tree = lattice["tree"]
+    assert tree["method"] == "bottom-up" and tree["stats"]["leaves"] == 40 and tree["stats"]["branching"]["max"] <= 10
+    assert tree["summaries"]["llm_calls"] > 0  # the generator named the nodes
+    assert lattice["traces"]["questions"] == 3 and lattice["traces"]["slates"] > 0
+    assert lattice["student"]["steps"] == 8
+    systems = lattice["systems"]
+    assert set(systems) == {"oracle", "teacher", "ce_student", "bm25", "dense", "hybrid", "lattice++"}
+    assert lattice["n_questions"] >= 1  # the student's held-out questions, and only those
+    for row in systems.values():
+        assert 0.0 <= row["ndcg@10"] <= 1.0 and 0.0 <= row["recall@100"] <= 1.0
+    assert systems["teacher"]["llm_calls"] > 0 and systems["teacher"]["input_tokens"] > 0  # from the server's usage
+    assert systems["oracle"]["llm_calls"] == 0 and systems["bm25"]["llm_calls"] == 0
+    assert "agreement" in systems["ce_student"] and "agreement" not in systems["teacher"]
+    assert set(lattice["step_seconds"]) == {"tree", "traces", "distill", "eval"}
+    assert Path(lattice["plot"]).exists() and Path(lattice["table"]).read_text().count("|") > 20
