@@ -194,17 +194,22 @@ def _top_down(config: LatticeTreeConfig, client: Client, leaves: list[Node], sta
 
 def _bottom_up(config: LatticeTreeConfig, client: Client) -> tuple[Tree, dict, list[Node]]:
     """Bottom-up over the leaves, or the hybrid over the documents' own hierarchies (no keyword stage)."""
-    builder = BottomUpBuilder(client, embed=lambda texts: client.embed("embedder", texts),
-                              m_max=config.clustering.m_max, max_tokens=config.summaries.max_tokens,
-                              max_attempts=config.summaries.max_attempts, concurrency=config.summaries.concurrency,
-                              max_member_chars=config.summaries.max_member_chars, seed=config.clustering.seed)
-    if config.method == "bottom-up":
-        leaves = corpus_leaves(config)
-        tree = builder.build(leaves)
-    else:
-        chunks = corpus_chunks(config)
-        tree = builder.build_hybrid(chunks, config.leaf_level)
-        leaves = [n for n in tree.nodes.values() if n.leaf]
+    with Progress() as progress:
+        # each layer's groups join the total as it is clustered, so the bar's total grows layer by layer
+        task = progress.add_task("node summaries", total=None)
+        builder = BottomUpBuilder(client, embed=lambda texts: client.embed("embedder", texts),
+                                  m_max=config.clustering.m_max, max_tokens=config.summaries.max_tokens,
+                                  max_attempts=config.summaries.max_attempts,
+                                  concurrency=config.summaries.concurrency,
+                                  max_member_chars=config.summaries.max_member_chars, seed=config.clustering.seed,
+                                  progress=lambda queued, done: progress.update(task, total=queued, completed=done))
+        if config.method == "bottom-up":
+            leaves = corpus_leaves(config)
+            tree = builder.build(leaves)
+        else:
+            chunks = corpus_chunks(config)
+            tree = builder.build_hybrid(chunks, config.leaf_level)
+            leaves = [n for n in tree.nodes.values() if n.leaf]
         if not leaves:
             raise ConfigError(f"corpus {config.corpus.path!r} has no {config.leaf_level} chunks to build a tree over")
     return tree, {"summaries": builder.stats.as_dict()}, leaves

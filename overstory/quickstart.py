@@ -119,13 +119,13 @@ class LatticeStageConfig:
     corpus: str = "hotpotqa"
     # the corpus's first N paragraphs, organised bottom-up (one generator summary per new node: about N / M calls,
     # where the top-down build first writes keyword summaries of every paragraph)
-    leaves: int = 100
+    leaves: int = 60
     m_max: int = 10
-    trace_questions: int = 8  # the served teacher (the job's scorer role) walks the tree for this many questions
+    trace_questions: int = 6  # the served teacher (the job's scorer role) walks the tree for this many questions
     iterations: int = 2  # search iterations per question (the paper: 20)
     max_tokens: int = 192  # per slate reply: the reasoning, then the scores
     max_candidate_chars: int = 200  # each candidate's text in the slate prompt (and in the student's pairs)
-    student_steps: int = 30  # cross-encoder steps from the built-in MiniLM (pointwise, on teacher score / 100)
+    student_steps: int = 20  # cross-encoder steps from the built-in MiniLM (pointwise, on teacher score / 100)
     heldout_fraction: float = 0.25  # of the traced questions, by query: the student never sees them; the eval runs them
 
 

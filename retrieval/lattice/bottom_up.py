@@ -37,6 +37,7 @@ from overstory.retrieval.lattice.tree import Node, Tree
 from overstory.serving.client import Client, ClientError
 
 EmbedFn = Callable[[list[str]], np.ndarray]
+ProgressFn = Callable[[int, int], None]  # (groups queued so far, groups summarised so far): layers add to the total
 
 SUMMARY_PROMPT = """The passages below were grouped together because they are about related things.
 
@@ -111,10 +112,12 @@ class GroupSummariser:
     """Names and describes groups through the served ``role``, concurrently, with retries and a fallback."""
 
     def __init__(self, client: Client, stats: BuildStats, role: str = "generator", max_tokens: int = 256,
-                 max_attempts: int = 2, concurrency: int = 4, max_member_chars: int = 300):
+                 max_attempts: int = 2, concurrency: int = 4, max_member_chars: int = 300,
+                 progress: ProgressFn | None = None):
         self.client, self.stats, self.role = client, stats, role
         self.max_tokens, self.max_attempts = max_tokens, max_attempts
         self.concurrency, self.max_member_chars = concurrency, max_member_chars
+        self.progress, self.queued, self.done = progress, 0, 0
         self._lock = threading.Lock()  # the groups are summarised on several threads; the stats are shared
 
     def _count(self, **amounts: int) -> None:
@@ -129,8 +132,21 @@ class GroupSummariser:
         """(name, description, fingerprints) per group of member texts, in order."""
         if not groups:
             return []
+        self._advance(queued=len(groups))
         with ThreadPoolExecutor(max_workers=max(1, min(self.concurrency, len(groups)))) as pool:
-            return list(pool.map(self._one, groups))
+            return list(pool.map(self._one_counted, groups))
+
+    def _advance(self, queued: int = 0, done: int = 0) -> None:
+        with self._lock:
+            self.queued += queued
+            self.done += done
+            if self.progress is not None:
+                self.progress(self.queued, self.done)
+
+    def _one_counted(self, texts: Sequence[str]) -> tuple[str, str, list[str]]:
+        result = self._one(texts)
+        self._advance(done=1)
+        return result
 
     def _one(self, texts: Sequence[str]) -> tuple[str, str, list[str]]:
         members = "\n".join(f"[{i}] {' '.join(t.split())[: self.max_member_chars]}" for i, t in enumerate(texts))
@@ -161,14 +177,14 @@ class BottomUpBuilder:
 
     def __init__(self, client: Client, embed: EmbedFn, m_max: int = 10, role: str = "generator",
                  max_tokens: int = 256, max_attempts: int = 2, concurrency: int = 4, max_member_chars: int = 300,
-                 seed: int = 0, id_prefix: str = "b"):
+                 seed: int = 0, id_prefix: str = "b", progress: ProgressFn | None = None):
         if m_max < 2:
             raise ValueError(f"m_max must be >= 2, got {m_max}")
         self.embed, self.m_max, self.seed, self.id_prefix = embed, m_max, seed, id_prefix
         self.stats = BuildStats()
         self.summariser = GroupSummariser(client, self.stats, role=role, max_tokens=max_tokens,
                                           max_attempts=max_attempts, concurrency=concurrency,
-                                          max_member_chars=max_member_chars)
+                                          max_member_chars=max_member_chars, progress=progress)
         self._next_id = 0
 
     def build(self, leaves: Sequence[Node]) -> Tree:

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from rich.progress import Progress
 
 from overstory.cli import main
+from overstory.data_pipeline import lattice_tree
 from overstory.retrieval.lattice.bottom_up import balanced_groups, parse_summary
 from overstory.retrieval.lattice.tree import Tree
 
@@ -39,7 +41,15 @@ def _build(out: Path, *extra: str) -> dict:
 
 
 @pytest.mark.slow
-def test_bottom_up_tree_with_the_real_model(tmp_path: Path) -> None:
+def test_bottom_up_tree_with_the_real_model(tmp_path: Path, monkeypatch) -> None:
+    updates: list[dict] = []
+
+    class RecordingProgress(Progress):
+        def update(self, task_id, **fields) -> None:
+            updates.append(fields)
+            super().update(task_id, **fields)
+
+    monkeypatch.setattr(lattice_tree, "Progress", RecordingProgress)
     report = _build(tmp_path, "method=bottom-up", f"corpus.path={ROOT / 'data/hotpotqa'}", "limit_leaves=12")
     tree = Tree.load(tmp_path / "tree.json")
     tree.validate(max_branching=4)
@@ -50,6 +60,9 @@ def test_bottom_up_tree_with_the_real_model(tmp_path: Path) -> None:
     assert placed.get("summaries_llm", 0) + placed.get("summaries_fallback", 0) == len(internal)
     assert report["summaries"]["llm_calls"] >= len(internal) and report["summaries"]["prompt_tokens"] > 0
     assert all(n.name and n.description for n in internal)
+    # the job's bar counted every summary: its total grew layer by layer to the number of new nodes
+    assert updates[-1] == {"total": len(internal), "completed": len(internal)}
+    assert [u["total"] for u in updates] == sorted(u["total"] for u in updates)
 
 
 @pytest.mark.slow
