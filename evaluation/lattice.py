@@ -340,11 +340,21 @@ def _run_agreement(config: LatticeEvalConfig, system: SystemConfig, tree: Tree, 
 
 
 def markdown_table(report: dict) -> str:
-    """One row per system: quality with intervals, cost per question, and the students' agreement."""
-    lines = [f"{report['n_questions']} questions; 95% bootstrap intervals; cost per question",
-             "", "| system | nDCG@10 | Recall@10 | Recall@100 | scorer calls | tokens in / out | seconds | "
-                 "Kendall tau / top-1 vs teacher | note |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    """One row per system: quality with intervals, cost per question, and the students' agreement; with a system
+    named ``teacher``, each row's nDCG@10 as a share of the teacher's and how many times faster it answers.
+
+    >>> row = {"ndcg@10": 0.5, "llm_calls": 0, "input_tokens": 0, "output_tokens": 0}
+    >>> table = markdown_table({"n_questions": 2, "systems": {"teacher": {**row, "seconds": 10.0},
+    ...                                                       "bm25": {**row, "ndcg@10": 0.4, "seconds": 0.1}}})
+    >>> [line.split(" | ")[-3:-1] for line in table.splitlines()[4:]]
+    [['1.00', '1x'], ['0.80', '100x']]
+    """
+    teacher = report["systems"].get("teacher")
+    versus = ["nDCG@10 / teacher's", "times faster than teacher"] if teacher else []
+    header = ["system", "nDCG@10", "Recall@10", "Recall@100", "scorer calls", "tokens in / out", "seconds",
+              "Kendall tau / top-1 vs teacher", *versus, "note"]
+    lines = [f"{report['n_questions']} questions; 95% bootstrap intervals; cost per question", "",
+             "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
 
     def cell(row, key):
         value, interval = row.get(key), row.get(f"{key}_ci95")
@@ -352,13 +362,21 @@ def markdown_table(report: dict) -> str:
             return "-"
         return f"{value:.3f} [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else f"{value:.3f}"
 
+    def relative(row) -> list[str]:
+        if not teacher:
+            return []
+        quality = f"{row['ndcg@10'] / teacher['ndcg@10']:.2f}" if teacher.get("ndcg@10") else "-"
+        speed = f"{teacher['seconds'] / row['seconds']:.0f}x" if row["seconds"] > 0 else "-"
+        return [quality, speed]
+
     for name, row in report["systems"].items():
         label = name + ("" if row.get("calibration", True) else " (calibration off)")
         agree = row.get("agreement")
         agree_cell = "-" if not agree else (
             f"{agree['kendall_tau'] if agree['kendall_tau'] is not None else '-'} / "
             f"{agree['top1_agreement'] if agree['top1_agreement'] is not None else '-'} ({agree['n_slates']} slates)")
-        lines.append(f"| {label} | {cell(row, 'ndcg@10')} | {cell(row, 'recall@10')} | {cell(row, 'recall@100')} | "
-                     f"{row['llm_calls']:g} | {row['input_tokens']:g} / {row['output_tokens']:g} | "
-                     f"{row['seconds']:.3f} | {agree_cell} | {row.get('note', '')} |")
+        cells = [label, cell(row, "ndcg@10"), cell(row, "recall@10"), cell(row, "recall@100"), f"{row['llm_calls']:g}",
+                 f"{row['input_tokens']:g} / {row['output_tokens']:g}", f"{row['seconds']:.3f}", agree_cell,
+                 *relative(row), row.get("note", "")]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

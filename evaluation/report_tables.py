@@ -190,9 +190,17 @@ def quickstart_table(report: dict) -> str:
     return _table(["stage", "seconds", "figures"], rows)
 
 
+def lattice_table(report: dict) -> str:
+    """``eval lattice``'s own table (imported here, not at the top: that module loads the retrieval stack)."""
+    from overstory.evaluation.lattice import markdown_table
+
+    return markdown_table(report)
+
+
 RENDERERS: dict[str, Callable[[dict], str]] = {
     "planner": planner_table, "planner_by_dataset": planner_by_dataset_table, "compressor": compressor_table,
     "serve_bench": serve_bench_table, "train_bench": train_bench_table, "quickstart": quickstart_table,
+    "lattice": lattice_table,
 }
 
 
