@@ -54,12 +54,17 @@ class LatticeTracesConfig:
     batch_queries: int = 8
     limit: int = 0  # trace at most this many questions (0 = all with gold leaves in the tree)
     server_url: str = ""
+    # seconds one request may wait: a CPU server with `concurrency` slates queued answers each slowly, and a
+    # timed-out slate is lost (session 15 lost 39 of 110 slates to the client's 120-s default)
+    request_timeout_s: float = 900.0
     serve: ServeConfig = field(default_factory=lambda: ServeConfig.local(port=0))
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
         if self.batch_queries < 1 or self.concurrency < 1 or self.max_attempts < 1:
             raise ConfigError("batch_queries, concurrency and max_attempts must be >= 1")
+        if self.request_timeout_s <= 0:
+            raise ConfigError(f"request_timeout_s must be positive, got {self.request_timeout_s}")
         if self.limit < 0:
             raise ConfigError(f"limit must be >= 0, got {self.limit}")
 
@@ -131,7 +136,8 @@ def run(config: LatticeTracesConfig) -> dict:
             scorer, teacher = OracleSlateScorer(tree, gold), "oracle"
         else:
             url = config.server_url or (stack.enter_context(stack_in_background(config.serve)) if todo else "")
-            scorer = LLMSlateScorer(Client.from_url(url), role=config.role, max_tokens=config.max_tokens,
+            client = Client.from_url(url, timeout_s=config.request_timeout_s)
+            scorer = LLMSlateScorer(client, role=config.role, max_tokens=config.max_tokens,
                                     max_attempts=config.max_attempts, concurrency=config.concurrency,
                                     max_candidate_chars=config.max_candidate_chars,
                                     max_reasoning_chars=config.max_reasoning_chars)

@@ -80,10 +80,13 @@ class LatticeTreeConfig:
     summaries: GroupSummaryConfig = field(default_factory=GroupSummaryConfig)
     limit_leaves: int = 0  # build over the first N leaves only (0 = all)
     server_url: str = ""  # empty: start the stack in `serve` for the run
+    request_timeout_s: float = 900.0  # per request: a keyword batch of 20 passages is a long reply on CPU
     serve: ServeConfig = field(default_factory=lambda: ServeConfig.local(port=0))
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
+        if self.request_timeout_s <= 0:
+            raise ConfigError(f"request_timeout_s must be positive, got {self.request_timeout_s}")
         try:
             check_level(self.leaf_level)
         except ValueError as exc:
@@ -135,7 +138,7 @@ def run(config: LatticeTreeConfig) -> dict:
     with ExitStack() as stack:
         tracker = stack.enter_context(start_run(config.tracking, "data lattice-tree", config))
         url = config.server_url or stack.enter_context(stack_in_background(config.serve))
-        client = Client.from_url(url)
+        client = Client.from_url(url, timeout_s=config.request_timeout_s)
         if config.method == "top-down":
             leaves = corpus_leaves(config)
             tree, report = _top_down(config, client, leaves, stack, out_dir)

@@ -96,10 +96,13 @@ class LatticeEvalConfig:
     max_candidate_chars: int = 600
     max_attempts: int = 2
     concurrency: int = 8
+    request_timeout_s: float = 900.0  # per request; queued slates on a CPU server wait long
     serve: ServeConfig = field(default_factory=lambda: ServeConfig.local(port=0))
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
+        if self.request_timeout_s <= 0:
+            raise ConfigError(f"request_timeout_s must be positive, got {self.request_timeout_s}")
         names = self.names
         unknown = [n for n in names if n not in self.systems]
         if unknown:
@@ -190,7 +193,7 @@ def _slate_scorer(config: LatticeEvalConfig, system: SystemConfig, url, tree: Tr
                   gold: dict[str, set[str]]) -> SlateScorer:
     if system.scorer == "oracle":
         return OracleSlateScorer(tree, gold)
-    client = Client.from_url(url)
+    client = Client.from_url(url, timeout_s=config.request_timeout_s)
     if system.scorer == "cross_encoder":
         return CrossEncoderSlateScorer(client, concurrency=config.concurrency)
     return LLMSlateScorer(client, max_tokens=config.max_tokens, max_attempts=config.max_attempts,

@@ -48,3 +48,27 @@ def test_a_tree_of_another_corpus_is_refused(lattice_tree: Path, tmp_path: Path,
                  f"tree={lattice_tree}", f"out={tmp_path / 'x.jsonl'}", "corpus.kind=squad",
                  f"corpus.path={ROOT / 'data/squad/dev-v2.0-articles.json'}", "scorer=oracle", "tracking.backend=none"])
     assert code == 2 and "has evidence in the tree's leaves" in capsys.readouterr().err
+
+
+def test_request_timeout_reaches_the_client(lattice_tree: Path, tmp_path: Path) -> None:
+    """A server that accepts connections and never answers: with ``request_timeout_s=0.2`` each slate fails on
+    the client's timeout (recorded with the reason), and the question is still logged, not lost."""
+    import socket
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        out = tmp_path / "traces.jsonl"
+        assert main(["data", "lattice-traces", "--config", str(ROOT / "configs/data/lattice_traces.yaml"),
+                     f"tree={lattice_tree}", f"out={out}", *CORPUS, "scorer=llm", f"server_url={url}", "limit=1",
+                     "search.iterations=1", "request_timeout_s=0.2", "max_attempts=1", "tracking.backend=none"]) == 0
+    (query,) = read_jsonl(tmp_path / "traces.queries.jsonl")
+    assert query["failed_slates"] >= 1
+    slates = list(read_jsonl(out))
+    assert slates and all("ReadTimeout" in s["raw_reply"] and not s["parsed"] for s in slates)
+
+
+def test_a_non_positive_request_timeout_names_the_key(lattice_tree: Path, tmp_path: Path, capsys) -> None:
+    assert _run(lattice_tree, tmp_path / "x.jsonl", "request_timeout_s=0") == 2
+    assert "request_timeout_s" in capsys.readouterr().err
