@@ -138,21 +138,23 @@ def plot_chunk_size_by_dataset(report: Mapping, path: str | Path) -> Path:
     return save_figure(fig, path)
 
 
-def plot_quality_vs_cost(systems: Mapping[str, Mapping], path: str | Path, quality: str = "ndcg@10") -> Path:
-    """``quality`` (with its 95% interval) against seconds per question, one point per retrieval system (log x);
-    a system's scorer calls per question are written beside its name."""
+def plot_quality_vs_cost(systems: Mapping[str, Mapping], path: str | Path, quality: str = "ndcg@10",
+                         cost: str = "seconds", cost_label: str = "seconds per question",
+                         title: str = "tree search and flat retrieval: quality against cost per question") -> Path:
+    """``quality`` (with its 95% interval) against the ``cost`` per question, one point per system (log x);
+    a system's LLM calls per question are written beside its name."""
     fig, ax = plt.subplots(figsize=(7.0, 4.8))
     for name, row in systems.items():
         value, interval = row.get(quality), row.get(f"{quality}_ci95")
         if value is None:
             continue
-        x = max(row["seconds"], 1e-4)
+        x = max(row[cost], 1e-4)
         error = [[value - interval[0]], [interval[1] - value]] if interval else None
         ax.errorbar(x, value, yerr=error, fmt="o", markersize=7, capsize=4)
         calls = f", {row['llm_calls']:g} calls" if row.get("llm_calls") else ""
         ax.annotate(f"{name}{calls}", (x, value), textcoords="offset points", xytext=(6, 4), fontsize=8)
     ax.set_xscale("log")
-    ax.set_xlabel("seconds per question (log scale)")
+    ax.set_xlabel(f"{cost_label} (log scale)")
     ax.set_ylabel(quality)
-    ax.set_title("tree search and flat retrieval: quality against cost per question")
+    ax.set_title(title)
     return save_figure(fig, path)

@@ -21,7 +21,7 @@ from overstory.core.config import ConfigError, load_config
 from overstory.jobs import GROUP_HELP, JOBS, job_config_class
 
 # Flags that are shorthand for the override of the same name, for the jobs whose config has the key.
-SHORTHAND_FLAGS = ("out", "checkpoint", "data", "compare", "engine")
+SHORTHAND_FLAGS = ("out", "checkpoint", "data", "compare", "engine", "strategies")
 
 
 def _add_job_args(parser: argparse.ArgumentParser) -> None:

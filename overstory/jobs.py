@@ -85,6 +85,10 @@ JOBS: dict[tuple[str, str], tuple[str, str, str, str]] = {
         "overstory.evaluation.lattice", "LatticeEvalConfig", "run",
         "LATTICE search with each scorer beside BM25, dense, hybrid and LATTICE++: nDCG@10, Recall@10/100, cost",
     ),
+    ("eval", "pipeline"): (
+        "overstory.evaluation.pipeline", "PipelineEvalConfig", "run",
+        "every retrieval strategy on the same questions and generator: answer quality, recall, cost per question",
+    ),
     ("eval", "compressor"): (
         "overstory.evaluation.compressor", "EvalCompressorConfig", "run",
         "compressor vs mean_pool vs direct_encode vs summarize on held-out documents: cosine, recall@k, cost",

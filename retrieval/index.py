@@ -80,10 +80,12 @@ class DenseIndex:
         parts = [np.asarray(embed(texts[i:i + batch_size])) for i in range(0, len(texts), batch_size)]
         return cls(chunks, np.concatenate(parts) if parts else np.zeros((0, 1), np.float32), embed, backend)
 
-    def search(self, queries: Sequence[str], k: int = 10) -> list[list[Hit]]:
+    def search(self, queries: Sequence[str], k: int = 10, embed: EmbedFn | None = None) -> list[list[Hit]]:
+        """Top-k chunks per query; ``embed`` overrides the index's own query encoder for this call (the
+        evaluation harness passes one that goes through the question's own client, so its cost is counted)."""
         if not queries:
             return []
-        q = _normalise(np.asarray(self.embed(list(queries)), dtype=np.float32))
+        q = _normalise(np.asarray((embed or self.embed)(list(queries)), dtype=np.float32))
         k = min(k, len(self.chunks))
         if self._faiss is not None:
             scores, idx = self._faiss.search(q, k)
@@ -134,7 +136,8 @@ class BM25Index:
         model.index(cls._tokenize([chunk_text_for_index(c) for c in chunks], True), show_progress=False)
         return cls(chunks, model)
 
-    def search(self, queries: Sequence[str], k: int = 10) -> list[list[Hit]]:
+    def search(self, queries: Sequence[str], k: int = 10, embed: EmbedFn | None = None) -> list[list[Hit]]:
+        """Top-k chunks per query by BM25; ``embed`` is ignored (taken so every index kind searches alike)."""
         if not queries:
             return []
         k = min(k, len(self.chunks))
@@ -178,10 +181,10 @@ class HybridIndex:
         self.dense, self.bm25, self.rrf_k, self.depth = dense, bm25, rrf_k, depth
         self.chunks = dense.chunks
 
-    def search(self, queries: Sequence[str], k: int = 10) -> list[list[Hit]]:
+    def search(self, queries: Sequence[str], k: int = 10, embed: EmbedFn | None = None) -> list[list[Hit]]:
         depth = max(self.depth, k)
         fused = []
-        for dense_hits, bm25_hits in zip(self.dense.search(queries, depth), self.bm25.search(queries, depth)):
+        for dense_hits, bm25_hits in zip(self.dense.search(queries, depth, embed), self.bm25.search(queries, depth)):
             fused.append(reciprocal_rank_fusion([dense_hits, bm25_hits], self.rrf_k)[:k])
         return fused
 

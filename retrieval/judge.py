@@ -30,8 +30,8 @@ class CorrectnessConfig:
 
 
 def is_correct(prediction: str, answers: list[str], question: str, config: CorrectnessConfig,
-               client: Client | None = None) -> bool:
-    """Judge a generated answer with the configured rule.
+               client: Client | None = None, role: str = "scorer") -> bool:
+    """Judge a generated answer with the configured rule (``judge``: the served ``role`` answers yes or no).
 
     >>> is_correct("It was the Normans", ["Normans"], "Who?", CorrectnessConfig("contains"))
     True
@@ -45,7 +45,7 @@ def is_correct(prediction: str, answers: list[str], question: str, config: Corre
     if config.rule == "contains":
         return contains_match(prediction, answers) == 1.0
     if client is None:
-        raise ValueError("the judge rule needs a client with a scorer role")
-    reply = client.chat("scorer", [{"role": "user", "content": JUDGE_PROMPT.format(
+        raise ValueError(f"the judge rule needs a client with a {role} role")
+    reply = client.chat(role, [{"role": "user", "content": JUDGE_PROMPT.format(
         question=question, reference=" / ".join(answers), prediction=prediction)}], max_tokens=3, temperature=0)
     return reply.text.strip().lower().startswith("yes")

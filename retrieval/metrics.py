@@ -11,12 +11,14 @@ from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
+from rouge_score import rouge_scorer
 from scipy.stats import bootstrap
 
 from overstory.data_pipeline.formats import Chunk, Span
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = set(string.punctuation)
+_ROUGE = rouge_scorer.RougeScorer(["rougeL"])
 
 
 def normalize_answer(text: str) -> str:
@@ -70,6 +72,18 @@ def contains_match(prediction: str, answers: Sequence[str]) -> float:
     """
     pred = f" {normalize_answer(prediction)} "
     return float(any(f" {normalize_answer(a)} " in pred for a in answers if normalize_answer(a)))
+
+
+def rouge_l(prediction: str, answers: Sequence[str]) -> float | None:
+    """Best ROUGE-L F-measure against the gold answers (Google's ``rouge-score``, the implementation NarrativeQA
+    results are reported with); None for an unanswerable question (no gold text to compare).
+
+    >>> round(rouge_l("the cat sat on the mat", ["a cat sat on a mat", "dogs"]), 3)
+    0.667
+    """
+    if not answers:
+        return None
+    return max(_ROUGE.score(answer, prediction)["rougeL"].fmeasure for answer in answers)
 
 
 def covers(chunk: Chunk, span: Span) -> bool:

@@ -7,20 +7,28 @@ summary is needed at indexing time. ``upper="direct"`` embeds every level direct
 ``direct_encode`` baseline). A query for a level range then searches the matching subset.
 
 ``answer`` adds the generator on top; it is what the planner's QA reward calls for a predicted range.
+``SmartChunkStrategy`` is the whole runtime as a strategy of the evaluation harness: the served planner picks the
+range for each question, then the range's chunks are searched.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
-from overstory.data_pipeline.formats import LEVEL_RANK, Chunk, check_level, level_range
+from overstory.core.config import ConfigError
+from overstory.data_pipeline.formats import LEVEL_RANK, Chunk, Document, check_level, level_range
+from overstory.models.planner import document_metadata, parse_plan, planner_messages
+from overstory.models.registry import SMOLLM2, load_tokenizer
 from overstory.retrieval.answer import answer_messages
 from overstory.retrieval.index import DenseIndex, Hit, chunk_text_for_index
-from overstory.serving.client import ChatResult, Client
+from overstory.retrieval.naive import AnswerConfig, generate_answer
+from overstory.retrieval.strategy import StrategyAnswer
+from overstory.serving.client import ChatResult, Client, ClientError
 
 
 class SmartChunkRetriever:
@@ -90,3 +98,68 @@ class DocumentRetrievers:
             if doc_id not in self._retrievers:
                 self._retrievers[doc_id] = SmartChunkRetriever(self._chunks[doc_id], self.client, upper=self.upper)
         return self._retrievers[doc_id]
+
+
+@dataclass(frozen=True)
+class SmartChunkConfig:
+    # how levels above sentences are embedded: "compressor" needs a served compressor role (a `train compressor`
+    # checkpoint); "direct" embeds every level with the embedder (the direct_encode baseline)
+    upper: Literal["compressor", "direct"] = "direct"
+    k: int = 5
+    planner_max_tokens: int = 160  # the planner's reasoning is trained to stay under 128 tokens
+    metadata_tokens: int = 256  # the document beginning the planner reads (as stitch.yaml trains it)
+    tokenizer: str = SMOLLM2  # counts the metadata tokens; the planner's own tokenizer
+    # the range searched when the planner's reply has no usable plan (counted as plan_unparsed, not a failure)
+    fallback_range: tuple[str, str] = ("sentence", "paragraph")
+
+    def __post_init__(self) -> None:
+        if self.k < 1 or self.planner_max_tokens < 1 or self.metadata_tokens < 1:
+            raise ConfigError("smartchunk: k, planner_max_tokens and metadata_tokens must be >= 1")
+        try:
+            level_range(*self.fallback_range)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"smartchunk.fallback_range: {exc}") from exc
+
+
+class SmartChunkStrategy:
+    """Planner, then range search, then the generator.
+
+    Over a corpus of many documents the question does not say which document it is about, while the planner
+    reads one document's beginning (as it was trained). So the document whose embedding is nearest the question
+    is the one the planner reads, and the planned range is searched over the whole corpus.
+    """
+
+    name = "smartchunk"
+
+    def __init__(self, retriever: SmartChunkRetriever, documents: dict[str, Document], config: SmartChunkConfig,
+                 answer: AnswerConfig):
+        self.retriever, self.documents, self.config, self.answer_config = retriever, documents, config, answer
+        self._tokenizer = load_tokenizer(config.tokenizer)
+
+    @classmethod
+    def build(cls, documents: Sequence[Document], chunks: Sequence[Chunk], client: Client, config: SmartChunkConfig,
+              answer: AnswerConfig) -> SmartChunkStrategy:
+        if not any(c.level == "document" for c in chunks):
+            raise ConfigError("smartchunk needs the hierarchy's document level (hierarchy.levels)")
+        return cls(SmartChunkRetriever(chunks, client, upper=config.upper), {d.id: d for d in documents}, config,
+                   answer)
+
+    def answer(self, question: str, client: Client) -> StrategyAnswer:
+        def embed(texts: list[str]):
+            return client.embed("embedder", texts)
+
+        try:
+            (top_document,) = self.retriever.index("document", "document").search([question], 1, embed=embed)[0]
+            document = self.documents[top_document.chunk.doc_id]
+            metadata = document_metadata(document.title, document.text, self._tokenizer, self.config.metadata_tokens)
+            reply = client.chat("planner", planner_messages(question, metadata),
+                                max_tokens=self.config.planner_max_tokens, temperature=0)
+            plan = parse_plan(reply.text)
+            level_min, level_max = plan.levels or self.config.fallback_range
+            hits = self.retriever.index(level_min, level_max).search([question], self.config.k, embed=embed)[0]
+        except ClientError as exc:
+            return StrategyAnswer("", "", failure="request_failed", failure_detail=str(exc))
+        details = {"plan": [level_min, level_max], "planner_document": document.id}
+        if not plan.valid:
+            details.update(plan_unparsed=1, plan_error=plan.error, planner_raw=reply.text)
+        return generate_answer(question, [h.chunk for h in hits], client, self.answer_config, **details)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
 if TYPE_CHECKING:  # the HTTP client never loads torch or the engine; in_process() imports them when asked
     from overstory.serving.engine import EmbeddedEngine
@@ -140,6 +141,20 @@ class HttpBackend:
         servers = [self.urls] if isinstance(self.urls, str) else list(dict.fromkeys(self.urls.values()))
         return [self._send("GET", url + path, None)[0] for url in servers]
 
+    def metrics_texts(self) -> list[str]:
+        """Each server's Prometheus ``/metrics`` page (one per distinct server behind the roles)."""
+        servers = [self.urls] if isinstance(self.urls, str) else list(dict.fromkeys(self.urls.values()))
+        pages = []
+        for url in servers:
+            try:
+                response = self._http.get(url + "/metrics")
+            except httpx.TransportError as exc:
+                raise ClientError(0, f"{exc.__class__.__name__} calling {url}/metrics: {exc}") from exc
+            if response.status_code >= 400:
+                raise ClientError(response.status_code, _reason(response))
+            pages.append(response.text)
+        return pages
+
     def _send(self, method: str, url: str, payload: dict[str, Any] | None) -> tuple[dict[str, Any], int]:
         for attempt in range(self.max_retries + 1):
             try:
@@ -208,6 +223,34 @@ class Client:
         from overstory.serving.in_process import InProcessBackend
 
         return cls(InProcessBackend(engine))
+
+    def fork(self) -> Client:
+        """A client over the same backend (connections shared) with accounting of its own: the evaluation
+        harness forks one per question, so each question's calls and tokens by role are counted apart."""
+        return Client(self.backend)
+
+    def server_token_totals(self) -> dict[str, dict[str, int]] | None:
+        """The servers' own token counters by served model name (``prompt_tokens_total`` and
+        ``generation_tokens_total`` of their Prometheus /metrics, vLLM's names or the embedded server's), summed
+        over the servers; None when the backend is not HTTP or a server has no /metrics. The evaluation harness
+        checks its per-question token sums against the change in these counters."""
+        if not isinstance(self.backend, HttpBackend):
+            return None
+        try:
+            pages = self.backend.metrics_texts()
+        except ClientError:
+            return None
+        totals: dict[str, dict[str, int]] = {}
+        for page in pages:
+            for family in text_string_to_metric_families(page):
+                for sample in family.samples:
+                    name = sample.name.split(":", 1)[-1]
+                    if name not in ("prompt_tokens_total", "generation_tokens_total"):
+                        continue
+                    row = totals.setdefault(sample.labels.get("model_name", ""),
+                                            {"prompt_tokens": 0, "completion_tokens": 0})
+                    row["prompt_tokens" if name.startswith("prompt") else "completion_tokens"] += int(sample.value)
+        return totals
 
     def _call(self, role: str, path: str, payload: dict[str, Any]) -> tuple[dict[str, Any], float]:
         started = time.perf_counter()

@@ -1,0 +1,339 @@
+"""`overstory eval pipeline`: every retrieval strategy on the same questions, with the same generator and costs.
+
+    overstory eval pipeline --config configs/eval/pipeline.yaml --strategies naive,smartchunk,lattice --data hotpotqa
+
+Each strategy is built once over the corpus (its index cost is recorded apart), then answers every question
+through a client of its own for that question (``Client.fork``), so the calls and tokens it spent are counted per
+question and per role from the servers' ``usage``. Per strategy the report gives exact match, token F1,
+contain-match and ROUGE-L (for free-form answers such as NarrativeQA's), an optional LLM judge's accuracy over all
+questions (never over the answered ones only), recall@k of the evidence against the gold spans, tokens given to
+the generator, LLM calls and tokens in/out per question by role, seconds per question and failures by kind. The
+costs add up twice over: the per-role totals are the sums over questions, and when the harness talks HTTP they
+are checked against the change in the servers' own token counters (``/metrics``) over the strategy's questions.
+
+Writes ``metrics.json``, ``table.md``, ``predictions/<strategy>.jsonl``, ``quality_vs_cost.png`` (answer quality
+against generator tokens per question, SmartChunk's Figure 1) and ``quality_vs_seconds.png``; for QASPER also
+``qasper/<strategy>.jsonl`` in the official prediction format (``question_id``, ``predicted_answer``,
+``predicted_evidence``) for the official evaluator.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from rich.progress import Progress
+
+from overstory.core.config import ConfigError, to_dict
+from overstory.core.tracking import TrackingConfig, start_run
+from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
+from overstory.data_pipeline.formats import Chunk, Document, QAExample, write_jsonl
+from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies
+from overstory.data_pipeline.lattice_traces import tree_leaf_chunks
+from overstory.evaluation.plots import plot_quality_vs_cost
+from overstory.evaluation.rag import select_questions
+from overstory.retrieval.judge import CorrectnessConfig, is_correct
+from overstory.retrieval.lattice.strategy import LatticeStrategy, LatticeStrategyConfig
+from overstory.retrieval.lattice.tree import Tree
+from overstory.retrieval.metrics import (
+    bootstrap_interval,
+    contains_match,
+    exact_match,
+    mean,
+    recall_at_k,
+    rouge_l,
+    token_f1,
+)
+from overstory.retrieval.naive import AnswerConfig, NaiveConfig, NaiveStrategy
+from overstory.retrieval.smartchunk import SmartChunkConfig, SmartChunkStrategy
+from overstory.retrieval.strategy import Strategy, StrategyAnswer
+from overstory.serving.client import Client
+from overstory.serving.config import ServeConfig
+from overstory.serving.launch import stack_in_background
+
+STRATEGIES = ("naive", "smartchunk", "lattice")
+# the shipped samples by name (`--data hotpotqa`); the `corpus` section names any other copy (../shared/data)
+DATASETS: dict[str, CorpusConfig] = {
+    "hotpotqa": CorpusConfig("hotpotqa", "data/hotpotqa"),
+    "squad": CorpusConfig("squad", "data/squad/dev-v2.0-articles.json"),
+    "qasper": CorpusConfig("qasper", "data/qasper", split="dev"),
+    "narrativeqa": CorpusConfig("narrativeqa", "data/narrativeqa"),
+}
+QUALITY = ("exact_match", "token_f1", "contains_match", "rouge_l")
+NOT_LLM_ROLES = ("embedder", "compressor")  # their requests are encoder passes, not LLM calls
+
+
+@dataclass(frozen=True)
+class JudgeConfig:
+    enabled: bool = False
+    role: str = "scorer"  # the served role that judges (yes / no); its cost is reported apart from the strategies'
+
+
+@dataclass(frozen=True)
+class PipelineEvalConfig:
+    strategies: str = "naive,smartchunk"  # comma-separated, from naive, smartchunk, lattice
+    data: str = ""  # a shipped sample by name (hotpotqa, squad, qasper, narrativeqa); empty: the corpus section
+    corpus: CorpusConfig = field(default_factory=lambda: DATASETS["hotpotqa"])
+    limit_questions: int = 30  # 0 = all
+    skip_unanswerable: bool = True
+    hierarchy: HierarchyConfig = field(default_factory=HierarchyConfig)
+    answer: AnswerConfig = field(default_factory=AnswerConfig)
+    naive: NaiveConfig = field(default_factory=NaiveConfig)
+    smartchunk: SmartChunkConfig = field(default_factory=SmartChunkConfig)
+    lattice: LatticeStrategyConfig = field(default_factory=LatticeStrategyConfig)
+    recall_k: int = 5
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    concurrency: int = 2  # questions answered at once (each strategy's own calls may fan out further)
+    request_timeout_s: float = 600.0
+    server_url: str = ""  # a running stack; empty starts `serve` in the background
+    serve: ServeConfig = field(default_factory=lambda: ServeConfig.local(port=0))
+    out: str = "runs/eval/pipeline"
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    def __post_init__(self) -> None:
+        unknown = [s for s in self.names if s not in STRATEGIES]
+        if unknown or not self.names:
+            raise ConfigError(f"strategies: {', '.join(unknown) or 'none given'}; choose from {', '.join(STRATEGIES)}")
+        if self.data and self.data not in DATASETS:
+            raise ConfigError(f"data: {self.data!r} is not a shipped sample ({', '.join(DATASETS)}); name another "
+                              "copy in the corpus section")
+        if "lattice" in self.names and not self.lattice.tree:
+            raise ConfigError("lattice.tree: the lattice strategy needs a tree from `overstory data lattice-tree` "
+                              "over the same corpus")
+        if self.limit_questions < 0 or self.recall_k < 1 or self.concurrency < 1 or self.request_timeout_s <= 0:
+            raise ConfigError("limit_questions must be >= 0, recall_k and concurrency >= 1, request_timeout_s > 0")
+
+    @property
+    def names(self) -> list[str]:
+        return [s.strip() for s in self.strategies.split(",") if s.strip()]
+
+    @property
+    def dataset(self) -> CorpusConfig:
+        return DATASETS[self.data] if self.data else self.corpus
+
+
+def build_strategy(name: str, config: PipelineEvalConfig, documents: Sequence[Document], chunks: Sequence[Chunk],
+                   client: Client) -> Strategy:
+    """Build one strategy over the corpus; index calls go through ``client``."""
+    if name == "naive":
+        return NaiveStrategy.build(chunks, client, config.naive, config.answer)
+    if name == "smartchunk":
+        return SmartChunkStrategy.build(documents, chunks, client, config.smartchunk, config.answer)
+    tree = Tree.load(config.lattice.tree)
+    return LatticeStrategy(tree, tree_leaf_chunks(tree, documents, config.hierarchy, config.lattice.leaf_level),
+                           config.lattice, config.answer)
+
+
+def answer_question(strategy: Strategy, question: QAExample, client: Client, recall_k: int) -> dict:
+    """One question through one strategy on a client of its own: the answer, its scores and what it cost."""
+    own = client.fork()
+    started = time.perf_counter()
+    try:
+        result = strategy.answer(question.question, own)
+    except Exception as exc:  # a strategy bug must not lose the question: it is recorded, with the error
+        result = StrategyAnswer("", "", failure="strategy_error", failure_detail=f"{type(exc).__name__}: {exc}")
+    seconds = time.perf_counter() - started
+    usage = {role: {"calls": s["requests"], "prompt_tokens": s["prompt_tokens"],
+                    "completion_tokens": s["completion_tokens"], "failed_calls": s["failures"]}
+             for role, s in own.stats.summary().items()}
+    return {
+        "id": question.id, "question": question.question, "answers": question.answers,
+        "prediction": result.prediction, "raw": result.raw,
+        "failure": result.failure, "failure_detail": result.failure_detail,
+        "evidence": [c.id for c in result.evidence],
+        f"recall@{recall_k}": recall_at_k(result.evidence, question.evidence, recall_k),
+        "exact_match": exact_match(result.prediction, question.answers),
+        "token_f1": token_f1(result.prediction, question.answers),
+        # lenient: the gold answer appears in the raw reply (small models answer in sentences)
+        "contains_match": contains_match(result.raw, question.answers),
+        "rouge_l": rouge_l(result.prediction, question.answers),
+        "seconds": round(seconds, 3), "usage": usage, "details": result.details,
+        "_evidence_texts": [c.text for c in result.evidence[:recall_k]],
+    }
+
+
+def failure_counts(records: Sequence[dict]) -> dict[str, int]:
+    """Questions that failed, by kind, plus the problems strategies counted inside answered questions (a
+    planner reply without a plan, a malformed tool call, a failed slate): every integer a strategy put in
+    ``details`` under a name ending in ``_unparsed``/``_failures``/``failed_slates``, or a dict of such counts.
+
+    >>> failure_counts([{"failure": "request_failed", "details": {}},
+    ...                 {"failure": "", "details": {"plan_unparsed": 1, "tool_failures": {"bad_json": 2}}}])
+    {'request_failed': 1, 'plan_unparsed': 1, 'tool_failures.bad_json': 2}
+    """
+    counts: Counter[str] = Counter()
+    for record in records:
+        if record["failure"]:
+            counts[record["failure"]] += 1
+        for key, value in record["details"].items():
+            if isinstance(value, dict) and key.endswith("_failures"):
+                counts.update({f"{key}.{kind}": n for kind, n in value.items()})
+            elif isinstance(value, int) and key.endswith(("_unparsed", "_failures", "failed_slates")):
+                counts[key] += value
+    return {k: v for k, v in counts.items() if v}
+
+
+def summarise(records: Sequence[dict], recall_k: int) -> dict:
+    """A strategy's row: quality means with 95% bootstrap intervals, costs per question, failures by kind."""
+    n = len(records)
+    row: dict = {"n_questions": n, "answered": sum(1 for r in records if not r["failure"])}
+    for key in (*QUALITY, f"recall@{recall_k}", "judge"):
+        values = [r.get(key) for r in records]
+        if all(v is None for v in values):
+            continue
+        row[key] = mean(values)
+        row[f"{key}_ci95"] = bootstrap_interval(values)
+    roles = sorted({role for r in records for role in r["usage"]})
+    totals = {role: {k: sum(r["usage"].get(role, {}).get(k, 0) for r in records)
+                     for k in ("calls", "prompt_tokens", "completion_tokens", "failed_calls")} for role in roles}
+    row["usage_total"] = totals
+    row["per_question"] = {role: {k: round(v / n, 2) for k, v in t.items()} for role, t in totals.items()}
+    llm = [role for role in roles if role not in NOT_LLM_ROLES]
+    row["llm_calls"] = round(sum(totals[r]["calls"] for r in llm) / n, 2)
+    row["llm_input_tokens"] = round(sum(totals[r]["prompt_tokens"] for r in llm) / n, 1)
+    row["llm_output_tokens"] = round(sum(totals[r]["completion_tokens"] for r in llm) / n, 1)
+    row["generator_tokens"] = round(totals.get("generator", {}).get("prompt_tokens", 0) / n, 1)
+    row["seconds"] = round(sum(r["seconds"] for r in records) / n, 3)
+    row["failures"] = failure_counts(records)
+    return row
+
+
+def costs_add_up(totals: dict[str, dict[str, int]], before: dict | None, after: dict | None) -> dict | None:
+    """Compare the per-question sums by role with the change in the servers' counters (served model name = role).
+
+    >>> costs_add_up({"generator": {"prompt_tokens": 10, "completion_tokens": 2}},
+    ...              {"generator": {"prompt_tokens": 5, "completion_tokens": 1}},
+    ...              {"generator": {"prompt_tokens": 15, "completion_tokens": 3}})
+    {'match': True, 'server': {'generator': {'prompt_tokens': 10, 'completion_tokens': 2}}}
+    """
+    if before is None or after is None:
+        return None
+    server = {role: {k: after.get(role, {}).get(k, 0) - before.get(role, {}).get(k, 0)
+                     for k in ("prompt_tokens", "completion_tokens")} for role in after}
+    server = {role: v for role, v in server.items() if any(v.values())}
+    ours = {role: {k: t[k] for k in ("prompt_tokens", "completion_tokens")} for role, t in totals.items()
+            if t["prompt_tokens"] or t["completion_tokens"]}
+    return {"match": server == ours, "server": server}
+
+
+def qasper_predictions(records: Sequence[dict]) -> list[dict]:
+    """QASPER's official prediction format: one line per question with the answer and the evidence texts (the
+    evaluator scores evidence by string match against the gold paragraphs)."""
+    return [{"question_id": r["id"], "predicted_answer": r["prediction"], "predicted_evidence": r["_evidence_texts"]}
+            for r in records]
+
+
+def _judge(records: list[dict], questions: dict[str, QAExample], client: Client, config: JudgeConfig) -> dict:
+    judge = client.fork()
+    rule = CorrectnessConfig("judge")
+    for record in records:
+        if record["failure"] and not record["prediction"]:
+            record["judge"] = 0.0  # no answer is a wrong answer: accuracy is over all questions
+            continue
+        question = questions[record["id"]]
+        record["judge"] = float(is_correct(record["prediction"], question.answers, question.question, rule, judge,
+                                           role=config.role))
+    return judge.stats.summary()
+
+
+def run_strategy(name: str, strategy: Strategy, questions: Sequence[QAExample], client: Client,
+                 config: PipelineEvalConfig, progress: Progress) -> tuple[list[dict], dict | None]:
+    task = progress.add_task(f"{name}: questions", total=len(questions))
+    before = client.server_token_totals()
+
+    def one(question: QAExample) -> dict:
+        record = answer_question(strategy, question, client, config.recall_k)
+        progress.advance(task)
+        return record
+
+    with ThreadPoolExecutor(max_workers=config.concurrency) as pool:
+        records = list(pool.map(one, questions))
+    after = client.server_token_totals()
+    totals = summarise(records, config.recall_k)["usage_total"]
+    return records, costs_add_up(totals, before, after)
+
+
+def markdown_table(report: dict) -> str:
+    k = report["recall_k"]
+    header = ["strategy", "EM", "F1", "contains", "ROUGE-L", f"recall@{k}", "judge", "LLM calls / q",
+              "tokens in / out per q", "generator tokens / q", "s / q", "failed", "costs add up"]
+
+    def cell(row: dict, key: str) -> str:
+        value, interval = row.get(key), row.get(f"{key}_ci95")
+        if value is None:
+            return "-"
+        return f"{value:.3f} [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else f"{value:.3f}"
+
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    for name, row in report["strategies"].items():
+        check = row.get("costs_add_up")
+        lines.append("| " + " | ".join([
+            name, *(cell(row, key) for key in (*QUALITY, f"recall@{k}", "judge")), f"{row['llm_calls']:g}",
+            f"{row['llm_input_tokens']:g} / {row['llm_output_tokens']:g}", f"{row['generator_tokens']:g}",
+            f"{row['seconds']:.2f}", f"{row['n_questions'] - row['answered']}/{row['n_questions']}",
+            "-" if check is None else ("yes" if check["match"] else "NO")]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _recorded_checkpoints(config: PipelineEvalConfig, client: Client) -> dict:
+    """Which models answered: the roles of the stack the harness started, or what a running server lists."""
+    if config.server_url:
+        return {"server_url": config.server_url, "models": client.models()}
+    return {role: {"model": r.model, "kind": r.kind, "adapter": r.adapter} for role, r in config.serve.roles.items()}
+
+
+def run(config: PipelineEvalConfig) -> dict:
+    out = Path(config.out)
+    (out / "predictions").mkdir(parents=True, exist_ok=True)
+    corpus = config.dataset
+    documents, questions = load_corpus(corpus)
+    questions = select_questions(questions, config.limit_questions, config.skip_unanswerable)
+    if not questions:
+        raise ConfigError(f"corpus {corpus.path} has no questions to evaluate")
+    chunks = build_hierarchies(documents, config.hierarchy)
+    by_id = {q.id: q for q in questions}
+    report: dict = {"dataset": corpus.kind, "corpus": to_dict(corpus), "n_questions": len(questions),
+                    "n_documents": len(documents), "recall_k": config.recall_k, "strategies": {}}
+    with ExitStack() as stack, Progress() as progress:
+        tracker = stack.enter_context(start_run(config.tracking, "eval pipeline", config))
+        url = config.server_url or stack.enter_context(stack_in_background(replace(config.serve, port=0)))
+        client = Client.from_url(url, timeout_s=config.request_timeout_s)
+        report["checkpoints"] = _recorded_checkpoints(config, client)
+        for name in config.names:
+            index_client = client.fork()
+            started = time.perf_counter()
+            strategy = build_strategy(name, config, documents, chunks, index_client)
+            index_seconds = time.perf_counter() - started
+            records, check = run_strategy(name, strategy, questions, client, config, progress)
+            row = summarise(records, config.recall_k)
+            row.update(costs_add_up=check, index={"seconds": round(index_seconds, 2),
+                                                  "usage": index_client.stats.summary()})
+            if config.judge.enabled:
+                row["judge_usage"] = _judge(records, by_id, client, config.judge)
+                row.update({key: v for key, v in summarise(records, config.recall_k).items()
+                            if key.startswith("judge")})
+            report["strategies"][name] = row
+            write_jsonl(out / "predictions" / f"{name}.jsonl",
+                        [{k: v for k, v in r.items() if not k.startswith("_")} for r in records])
+            if corpus.kind == "qasper":
+                write_jsonl(out / "qasper" / f"{name}.jsonl", qasper_predictions(records))
+        tracker.summary({f"{name}/{key}": value for name, row in report["strategies"].items()
+                         for key, value in row.items()
+                         if isinstance(value, (int, float)) and not isinstance(value, bool)})
+    quality = "judge" if config.judge.enabled else "contains_match"
+    (out / "metrics.json").write_text(json.dumps({"config": to_dict(config), **report}, indent=2))
+    (out / "table.md").write_text(markdown_table(report))
+    plot_quality_vs_cost(report["strategies"], out / "quality_vs_cost.png", quality=quality, cost="generator_tokens",
+                         cost_label="tokens given to the generator per question",
+                         title=f"{corpus.kind}: answer quality against generator tokens per question")
+    plot_quality_vs_cost(report["strategies"], out / "quality_vs_seconds.png", quality=quality,
+                         title=f"{corpus.kind}: answer quality against seconds per question")
+    print(markdown_table(report))
+    print(f"-> {out / 'metrics.json'}, {out / 'table.md'}, {out / 'quality_vs_cost.png'}")
+    return report

@@ -1,0 +1,63 @@
+"""LATTICE as a strategy of the evaluation harness: the tree search ranks leaves, the generator answers from them.
+
+The tree comes from ``overstory data lattice-tree`` over the same corpus (its leaves are that corpus's chunks at
+``leaf_level``, rebuilt with the tree's hierarchy settings). The scorer is whatever the served ``scorer`` role is:
+the LLM teacher, a distilled LoRA student, or a cross-encoder student (``scorer: cross_encoder``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from overstory.core.config import ConfigError
+from overstory.data_pipeline.formats import Chunk
+from overstory.retrieval.lattice.scorers import CrossEncoderSlateScorer, LLMSlateScorer
+from overstory.retrieval.lattice.search import SearchConfig, search
+from overstory.retrieval.lattice.tree import Tree
+from overstory.retrieval.naive import AnswerConfig, generate_answer
+from overstory.retrieval.strategy import StrategyAnswer
+from overstory.serving.client import Client
+
+
+@dataclass(frozen=True)
+class LatticeStrategyConfig:
+    tree: str = ""  # a tree.json from `overstory data lattice-tree` over the same corpus
+    leaf_level: str = "paragraph"  # the level the tree was built over
+    scorer: Literal["llm", "cross_encoder"] = "llm"  # what the served `scorer` role is
+    search: SearchConfig = field(default_factory=lambda: SearchConfig(iterations=4, top_k=10))
+    max_tokens: int = 256  # per listwise slate reply
+    max_candidate_chars: int = 300
+    max_attempts: int = 2
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1 or self.max_candidate_chars < 1 or self.max_attempts < 1:
+            raise ConfigError("lattice: max_tokens, max_candidate_chars and max_attempts must be >= 1")
+
+
+class LatticeStrategy:
+    name = "lattice"
+
+    def __init__(self, tree: Tree, leaves: Sequence[Chunk], config: LatticeStrategyConfig, answer: AnswerConfig):
+        self.tree, self.config, self.answer_config = tree, config, answer
+        self.leaves = {c.id: c for c in leaves}
+        missing = [n.id for n in tree.leaves() if n.id not in self.leaves]
+        if missing:
+            raise ConfigError(f"lattice.tree: {len(missing)} of its leaves (e.g. {missing[0]}) are not chunks of this "
+                              "corpus; build the tree over the same corpus and hierarchy settings")
+
+    def _scorer(self, client: Client):
+        if self.config.scorer == "cross_encoder":
+            return CrossEncoderSlateScorer(client)
+        return LLMSlateScorer(client, max_tokens=self.config.max_tokens, max_attempts=self.config.max_attempts,
+                              max_candidate_chars=self.config.max_candidate_chars)
+
+    def answer(self, question: str, client: Client) -> StrategyAnswer:
+        (result,) = search(self.tree, [("q", question)], self._scorer(client), self.config.search)
+        ranked = [self.leaves[node_id] for node_id, _ in result.ranking]
+        details = {"slates": len(result.slates), "failed_slates": result.failed_slates, **result.problems}
+        if result.slates and result.failed_slates == len(result.slates):
+            # every slate failed: the ranking is the search's order without scores, still answered from it
+            details["all_slates_failed"] = 1
+        return generate_answer(question, ranked, client, self.answer_config, **details)

@@ -1,0 +1,87 @@
+"""The naive strategy: the top-k chunks of one flat index go to the generator. The baseline of every comparison.
+
+It is ``overstory eval rag`` as a strategy of the evaluation harness: same index kinds, same answer prompt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from overstory.core.config import ConfigError
+from overstory.data_pipeline.formats import Chunk, check_level
+from overstory.data_pipeline.hierarchy import chunks_at_levels
+from overstory.retrieval.answer import answer_messages, clean_answer
+from overstory.retrieval.index import IndexKind, build_index
+from overstory.retrieval.strategy import StrategyAnswer
+from overstory.serving.client import Client, ClientError
+
+
+@dataclass(frozen=True)
+class AnswerConfig:
+    """How every strategy that answers from a ranked context asks the generator (one shared prompt)."""
+
+    max_tokens: int = 24
+    context_chunks: int = 3  # chunks placed in the prompt
+    max_chunk_chars: int = 1500  # each cut at this many characters
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1 or self.context_chunks < 0 or self.max_chunk_chars < 1:
+            raise ConfigError("answer: max_tokens and max_chunk_chars must be >= 1, context_chunks >= 0")
+
+
+@dataclass(frozen=True)
+class NaiveConfig:
+    index: IndexKind = "hybrid"
+    levels: list[str] = field(default_factory=lambda: ["paragraph"])
+    k: int = 5  # chunks retrieved (recall@k is measured on them); the first answer.context_chunks are read
+
+    def __post_init__(self) -> None:
+        if self.k < 1:
+            raise ConfigError(f"naive.k must be at least 1, got {self.k}")
+        for level in self.levels:
+            try:
+                check_level(level)
+            except ValueError as exc:
+                raise ConfigError(f"naive.levels: {exc}") from exc
+
+
+def generate_answer(question: str, context: Sequence[Chunk], client: Client, answer: AnswerConfig,
+                    evidence: Sequence[Chunk] | None = None, **details) -> StrategyAnswer:
+    """Ask the ``generator`` for a short answer from ``context``; a failed request becomes a recorded failure.
+
+    Shared by the strategies that retrieve first and generate once (naive, SmartChunk, LATTICE), so their answers
+    differ only by what they retrieved."""
+    evidence = list(context if evidence is None else evidence)
+    try:
+        reply = client.chat("generator", answer_messages(question, context[: answer.context_chunks],
+                                                         answer.max_chunk_chars),
+                            max_tokens=answer.max_tokens, temperature=0)
+    except ClientError as exc:
+        return StrategyAnswer("", "", evidence, failure="request_failed", failure_detail=str(exc), details=details)
+    return StrategyAnswer(clean_answer(reply.text), reply.text, evidence, details=details)
+
+
+class NaiveStrategy:
+    name = "naive"
+
+    def __init__(self, index, config: NaiveConfig, answer: AnswerConfig):
+        self.index, self.config, self.answer_config = index, config, answer
+
+    @classmethod
+    def build(cls, chunks: Sequence[Chunk], client: Client, config: NaiveConfig, answer: AnswerConfig
+              ) -> NaiveStrategy:
+        """Index the chunks of ``config.levels`` (embedded through the build client's ``embedder``)."""
+        indexed = chunks_at_levels(chunks, config.levels)
+        if not indexed:
+            raise ConfigError(f"naive.levels: no chunk at {', '.join(config.levels)}")
+        return cls(build_index(config.index, indexed, embed=lambda texts: client.embed("embedder", texts)),
+                   config, answer)
+
+    def answer(self, question: str, client: Client) -> StrategyAnswer:
+        try:
+            hits = self.index.search([question], self.config.k,
+                                     embed=lambda texts: client.embed("embedder", texts))[0]
+        except ClientError as exc:
+            return StrategyAnswer("", "", failure="request_failed", failure_detail=str(exc))
+        return generate_answer(question, [h.chunk for h in hits], client, self.answer_config)
