@@ -115,7 +115,11 @@ class PipelineEvalConfig:
 
     @property
     def dataset(self) -> CorpusConfig:
-        return DATASETS[self.data] if self.data else self.corpus
+        """The corpus evaluated: the shipped sample ``data`` names (``corpus.limit_docs`` still applies), else the
+        corpus section."""
+        if not self.data:
+            return self.corpus
+        return replace(DATASETS[self.data], limit_docs=self.corpus.limit_docs)
 
 
 def build_strategy(name: str, config: PipelineEvalConfig, documents: Sequence[Document], chunks: Sequence[Chunk],

@@ -258,9 +258,12 @@ def handle_completion(engine: EmbeddedEngine, request: CompletionRequest,
     }
 
 
-def handle_embeddings(engine: EmbeddedEngine, request: EmbeddingRequest) -> dict[str, Any]:
+def handle_embeddings(engine: EmbeddedEngine, request: EmbeddingRequest,
+                      metrics: ServerMetrics | None = None) -> dict[str, Any]:
     texts = [request.input] if isinstance(request.input, str) else request.input
     result = _run(engine.embed, request.model, texts)
+    if metrics is not None:  # encoder passes count as prompt tokens, as vLLM counts its pooling requests
+        metrics.record_tokens(request.model, result.prompt_tokens, 0)
     return {
         "object": "list", "model": request.model,
         "data": [{"object": "embedding", "index": i, "embedding": vector.tolist()}
@@ -269,8 +272,11 @@ def handle_embeddings(engine: EmbeddedEngine, request: EmbeddingRequest) -> dict
     }
 
 
-def handle_compress(engine: EmbeddedEngine, request: CompressRequest) -> dict[str, Any]:
+def handle_compress(engine: EmbeddedEngine, request: CompressRequest,
+                    metrics: ServerMetrics | None = None) -> dict[str, Any]:
     result = _run(engine.compress, request.model, request.input, request.embeddings)
+    if metrics is not None:
+        metrics.record_tokens(request.model, result.prompt_tokens, 0)
     return {
         "object": "list", "model": request.model,
         "data": [{"object": "compressed_embedding", "index": i, "embedding": vector.tolist()}
@@ -418,11 +424,11 @@ def create_app(source: EmbeddedEngine | ServeConfig) -> FastAPI:
 
     @app.post("/v1/embeddings")
     def embeddings(request: EmbeddingRequest) -> dict[str, Any]:
-        return handle_embeddings(engine, request)
+        return handle_embeddings(engine, request, metrics)
 
     @app.post("/v1/compress")
     def compress(request: CompressRequest) -> dict[str, Any]:
-        return handle_compress(engine, request)
+        return handle_compress(engine, request, metrics)
 
     # vLLM's scoring API, at the paths vLLM serves it under
     @app.post("/score")

@@ -1,0 +1,70 @@
+"""`overstory eval pipeline`: every strategy on the same real HotpotQA questions through the HTTP stack of the
+built-in models, every metric present, the per-role token sums equal to what the server counted, the QASPER
+prediction format, and bad configs naming their key."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from overstory.cli import main
+from overstory.evaluation.pipeline import summarise
+from tests.conftest import HOTPOTQA_150, ROOT
+
+CONFIG = str(ROOT / "configs/eval/pipeline.yaml")
+QUALITY = ("exact_match", "token_f1", "contains_match", "rouge_l", "recall@5")
+
+
+def _run(out: Path, *overrides: str) -> dict:
+    assert main(["eval", "pipeline", "--config", CONFIG, f"out={out}", "tracking.backend=none", *overrides]) == 0
+    return json.loads((out / "metrics.json").read_text())
+
+
+def test_every_strategy_on_the_same_questions_and_costs_add_up(lattice_tree: Path, ce_student: Path,
+                                                                tmp_path: Path) -> None:
+    """naive, SmartChunk (the served planner) and LATTICE (the distilled cross-encoder served as the scorer)."""
+    report = _run(tmp_path, "--strategies", "naive,smartchunk,lattice", "data=", *HOTPOTQA_150,
+                  "limit_questions=2", f"lattice.tree={lattice_tree}", "lattice.scorer=cross_encoder",
+                  "lattice.search.iterations=2", "serve.roles.scorer.kind=cross-encoder",
+                  f"serve.roles.scorer.model={ce_student / 'final'}", "judge.enabled=true", "judge.role=generator")
+    assert report["n_questions"] == 2 and list(report["strategies"]) == ["naive", "smartchunk", "lattice"]
+    assert report["checkpoints"]["scorer"]["model"] == str(ce_student / "final")
+    ids = None
+    for name, row in report["strategies"].items():
+        assert row["n_questions"] == 2
+        for key in (*QUALITY, "judge"):
+            low, high = row[f"{key}_ci95"]
+            assert 0.0 <= low <= row[key] <= high <= 1.0, (name, key)
+        assert row["costs_add_up"]["match"], (name, row["usage_total"], row["costs_add_up"])
+        assert row["usage_total"]["generator"]["calls"] == 2  # one answer per question
+        assert row["generator_tokens"] > 0 and row["seconds"] > 0 and row["judge_usage"]["generator"]["requests"] == 2
+        records = [json.loads(line) for line in (tmp_path / "predictions" / f"{name}.jsonl").read_text().splitlines()]
+        assert ids is None or [r["id"] for r in records] == ids  # the same questions, in the same order
+        ids = [r["id"] for r in records]
+        assert all(r["prediction"] or r["failure"] for r in records)  # no question is lost
+        assert summarise(records, 5)["usage_total"] == row["usage_total"]  # the totals are the sums over questions
+    smartchunk, lattice = report["strategies"]["smartchunk"], report["strategies"]["lattice"]
+    assert smartchunk["usage_total"]["planner"]["calls"] == 2 and smartchunk["llm_calls"] == 2
+    assert lattice["usage_total"]["scorer"]["calls"] >= 2  # one batched /score call per slate
+    assert (tmp_path / "quality_vs_cost.png").stat().st_size > 0 and (tmp_path / "quality_vs_seconds.png").exists()
+    assert "| lattice |" in (tmp_path / "table.md").read_text()
+
+
+def test_qasper_answers_in_the_official_prediction_format(tmp_path: Path) -> None:
+    _run(tmp_path, "--strategies", "naive", "--data", "qasper", "corpus.limit_docs=1", "limit_questions=2")
+    lines = [json.loads(line) for line in (tmp_path / "qasper" / "naive.jsonl").read_text().splitlines()]
+    assert len(lines) == 2
+    for line in lines:
+        assert set(line) == {"question_id", "predicted_answer", "predicted_evidence"}
+        assert isinstance(line["predicted_answer"], str) and line["predicted_evidence"]
+        assert all(isinstance(text, str) and text for text in line["predicted_evidence"])
+
+
+@pytest.mark.parametrize("override, key", [("strategies=naive,graphrag", "strategies"), ("data=msmarco", "data"),
+                                           ("strategies=lattice", "lattice.tree"), ("recall_k=0", "recall_k"),
+                                           ("naive.k=0", "naive.k")])
+def test_bad_config_names_the_key(override: str, key: str, tmp_path: Path, capsys) -> None:
+    assert main(["eval", "pipeline", "--config", CONFIG, f"out={tmp_path}", override]) == 2
+    assert key in capsys.readouterr().err
