@@ -38,6 +38,7 @@ from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies
 from overstory.data_pipeline.lattice_traces import tree_leaf_chunks
 from overstory.evaluation.plots import plot_quality_vs_cost
 from overstory.evaluation.rag import select_questions
+from overstory.retrieval.arag import ARagConfig, ARagStrategy
 from overstory.retrieval.judge import CorrectnessConfig, is_correct
 from overstory.retrieval.lattice.strategy import LatticeStrategy, LatticeStrategyConfig
 from overstory.retrieval.lattice.tree import Tree
@@ -57,7 +58,7 @@ from overstory.serving.client import Client
 from overstory.serving.config import ServeConfig
 from overstory.serving.launch import stack_in_background
 
-STRATEGIES = ("naive", "smartchunk", "lattice")
+STRATEGIES = ("naive", "smartchunk", "lattice", "arag")
 # the shipped samples by name (`--data hotpotqa`); the `corpus` section names any other copy (../shared/data)
 DATASETS: dict[str, CorpusConfig] = {
     "hotpotqa": CorpusConfig("hotpotqa", "data/hotpotqa"),
@@ -77,7 +78,7 @@ class JudgeConfig:
 
 @dataclass(frozen=True)
 class PipelineEvalConfig:
-    strategies: str = "naive,smartchunk"  # comma-separated, from naive, smartchunk, lattice
+    strategies: str = "naive,smartchunk"  # comma-separated, from naive, smartchunk, lattice, arag
     data: str = ""  # a shipped sample by name (hotpotqa, squad, qasper, narrativeqa); empty: the corpus section
     corpus: CorpusConfig = field(default_factory=lambda: DATASETS["hotpotqa"])
     limit_questions: int = 30  # 0 = all
@@ -87,6 +88,7 @@ class PipelineEvalConfig:
     naive: NaiveConfig = field(default_factory=NaiveConfig)
     smartchunk: SmartChunkConfig = field(default_factory=SmartChunkConfig)
     lattice: LatticeStrategyConfig = field(default_factory=LatticeStrategyConfig)
+    arag: ARagConfig = field(default_factory=ARagConfig)
     recall_k: int = 5
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     concurrency: int = 2  # questions answered at once (each strategy's own calls may fan out further)
@@ -129,6 +131,8 @@ def build_strategy(name: str, config: PipelineEvalConfig, documents: Sequence[Do
         return NaiveStrategy.build(chunks, client, config.naive, config.answer)
     if name == "smartchunk":
         return SmartChunkStrategy.build(documents, chunks, client, config.smartchunk, config.answer)
+    if name == "arag":
+        return ARagStrategy.build(chunks, client, config.arag)
     tree = Tree.load(config.lattice.tree)
     return LatticeStrategy(tree, tree_leaf_chunks(tree, documents, config.hierarchy, config.lattice.leaf_level),
                            config.lattice, config.answer)

@@ -31,7 +31,7 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 from overstory.core.config import ConfigError
 from overstory.data_pipeline.formats import Chunk
@@ -58,6 +58,9 @@ class ARagConfig:
     max_context_tokens: int = 128_000
     max_tokens: int = 512  # per reply: a tool call or a short answer
     parallel_tool_calls: bool = False  # False: one call per turn (the paper); True: every call of a reply (the code)
+    # tool_choice of the first turn: "auto" lets the model answer at once (the paper); "required" makes the server
+    # constrain the first reply to a tool call, for small models that otherwise answer from memory without looking
+    first_tool_choice: Literal["auto", "required"] = "auto"
     embed_batch_size: int = 256  # sentences per embedding request at build time
 
     def __post_init__(self) -> None:
@@ -95,6 +98,10 @@ TOOLS = [
             "chunk_ids": {"type": "array", "items": {"type": "integer"}, "description": "e.g. [3, 4]"}},
             "required": ["chunk_ids"]}}},
 ]
+# the chat template's tool tags, which small models copy into their replies instead of answering
+_TEMPLATE_TAG = re.compile(r"</?tool_(?:call|response)>")
+# the start of a call written as bare JSON
+_CALL_START = re.compile(r'\s*\{\s*"name"\s*:\s*"(?:keyword_search|semantic_search|read_chunk)"')
 # the argument each tool cannot run without
 REQUIRED = {"keyword_search": "keywords", "semantic_search": "query", "read_chunk": "chunk_ids"}
 
@@ -414,41 +421,51 @@ class ARagStrategy:
             raw, stopped_by = self._react(state, client)
         except ClientError as exc:
             return self._result(state, "", "request_failed", failure="request_failed", failure_detail=str(exc))
-        prediction = "" if CALL_OPEN in raw else clean_answer(raw)
+        prediction = "" if CALL_OPEN in raw else clean_answer(_TEMPLATE_TAG.sub("", raw))
         if not prediction:  # empty, or a tool call written where the answer was asked for
             return self._result(state, raw, stopped_by, failure="no_answer", failure_detail=raw)
         return self._result(state, raw, stopped_by, prediction=prediction)
 
     def _react(self, state: _Question, client: Client) -> tuple[str, str]:
         """Turns until the model answers in text, or a limit forces the answer: (final reply, what stopped)."""
-        for _ in range(self.config.max_turns):
+        for turn in range(self.config.max_turns):
             if state.context_tokens >= self.config.max_context_tokens:
                 return self._forced_answer(state, client), "budget"
-            reply = client.chat("generator", state.messages, tools=TOOLS, tool_choice="auto",
+            choice = self.config.first_tool_choice if turn == 0 else "auto"
+            reply = client.chat("generator", state.messages, tools=TOOLS, tool_choice=choice,
                                 parallel_tool_calls=self.config.parallel_tool_calls,
                                 max_tokens=self.config.max_tokens, temperature=0)
             state.turns += 1
             state.context_tokens = reply.usage.get("prompt_tokens", 0) + reply.usage.get("completion_tokens", 0)
-            if not reply.tool_calls and CALL_OPEN not in reply.text:
-                return reply.text, "answer"
-            self._take_turn(state, reply, client)
+            calls = reply.tool_calls
+            if not calls and CALL_OPEN in reply.text:
+                state.failures["unparsed_call"] += 1  # tagged, but the server could not read the call
+            elif not calls:
+                calls = _text_calls(reply.text)
+                if calls:
+                    state.failures["untagged_call"] += 1
+                elif _CALL_START.match(reply.text):
+                    state.failures["truncated_call"] += 1  # a call cut off (max_tokens) before its JSON closed
+                elif _TEMPLATE_TAG.search(reply.text) and not _TEMPLATE_TAG.sub("", reply.text).strip():
+                    state.failures["template_echo"] += 1  # only the chat template's tags, copied: no answer
+                else:
+                    return reply.text, "answer"
+            self._take_turn(state, reply.text, calls, client)
         return self._forced_answer(state, client), "max_turns"
 
     def _forced_answer(self, state: _Question, client: Client) -> str:
         state.messages.append({"role": "user", "content": FORCE_PROMPT})
         return client.chat("generator", state.messages, max_tokens=self.config.max_tokens, temperature=0).text
 
-    def _take_turn(self, state: _Question, reply: ChatResult, client: Client) -> None:
+    def _take_turn(self, state: _Question, text: str, calls: list[dict[str, Any]], client: Client) -> None:
         """Run the reply's tool calls (the first only unless parallel_tool_calls) and add the reply and results
-        to the conversation. A reply whose call the server could not parse (left as text) gets a reminder."""
-        calls = reply.tool_calls if self.config.parallel_tool_calls else reply.tool_calls[:1]
+        to the conversation. A reply without a call it could run gets a reminder instead."""
+        calls = calls if self.config.parallel_tool_calls else calls[:1]
         if not calls:
-            state.failures["unparsed_call"] += 1
-            state.messages += [{"role": "assistant", "content": reply.text},
-                               {"role": "user", "content": UNPARSED_PROMPT}]
+            state.messages += [{"role": "assistant", "content": text}, {"role": "user", "content": UNPARSED_PROMPT}]
             return
         done = [self._call(state, call, client, i) for i, call in enumerate(calls)]
-        state.messages.append({"role": "assistant", "content": reply.text, "tool_calls": [c for c, _ in done]})
+        state.messages.append({"role": "assistant", "content": text, "tool_calls": [c for c, _ in done]})
         state.messages += [{"role": "tool", "tool_call_id": c["id"], "content": text} for c, text in done]
 
     def _call(self, state: _Question, call: Any, client: Client, i: int) -> tuple[dict[str, Any], str]:
@@ -489,6 +506,15 @@ class ARagStrategy:
                    "context_tokens": state.context_tokens}
         return StrategyAnswer(prediction=prediction, raw=raw, evidence=[self.chunks[n] for n in order],
                               details=details, **failure)
+
+
+def _text_calls(text: str) -> list[dict[str, Any]]:
+    """A call the model wrote as bare JSON (``{"name": "keyword_search", "arguments": {...}}`` without the
+    template's tags, so the server left it as text), in OpenAI's shape; [] when the text is not one."""
+    value = _json(text.strip())
+    if isinstance(value, dict) and value.get("name") in REQUIRED:
+        return [{"type": "function", "function": {"name": value["name"], "arguments": value.get("arguments")}}]
+    return []
 
 
 def _refusal(name: str, kinds: list[str]) -> str:

@@ -14,7 +14,7 @@ from overstory.data_pipeline.corpora import load_corpus
 from overstory.data_pipeline.formats import Document, Span
 from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies
 from overstory.models.registry import MINILM, SMOLLM2
-from overstory.retrieval.arag import FORCE_PROMPT, ARagConfig, ARagStrategy, coerce_arguments, keyword_score
+from overstory.retrieval.arag import FORCE_PROMPT, UNPARSED_PROMPT, ARagConfig, ARagStrategy, coerce_arguments, keyword_score
 from overstory.retrieval.metrics import recall_at_k
 from overstory.serving.client import Client, ClientError
 from overstory.serving.config import RoleConfig, ServeConfig
@@ -203,6 +203,25 @@ def test_a_tool_call_then_an_answer(strategy):
     assert "The Nile is the longest river." in last["messages"][5]["content"]
 
 
+def test_untagged_calls_run_truncated_calls_and_template_echoes_get_a_reminder(strategy):
+    backend = StandIn(said('{"name": "keyword_search", "arguments": {"keywords": ["Nile"]}}'),
+                      said("<tool_response>"), said('{"name": "read_chunk", "arguments": {"chunk_ids": [0, 0, 0'),
+                      said("<tool_response>The Nile"))
+    answer = with_config(strategy, max_turns=5).answer("Which river is the longest?", Client(backend))
+    assert (answer.prediction, answer.failure) == ("The Nile", "")
+    assert answer.details["tool_failures"] == {"untagged_call": 1, "template_echo": 1, "truncated_call": 1}
+    assert [c["name"] for c in answer.details["calls"]] == ["keyword_search"] and answer.details["turns"] == 4
+    assert "Chunk 0" in backend.chats[1]["messages"][3]["content"]  # the search ran: its result is in the history
+    assert backend.chats[2]["messages"][-1]["content"] == UNPARSED_PROMPT
+
+
+def test_first_tool_choice_required_forces_only_the_first_turn(strategy):
+    backend = StandIn(called(("keyword_search", {"keywords": ["Nile"]})), said("The Nile."))
+    answer = with_config(strategy, first_tool_choice="required").answer("Which river?", Client(backend))
+    assert answer.prediction == "The Nile"
+    assert [chat["tool_choice"] for chat in backend.chats] == ["required", "auto"]
+
+
 def test_a_model_that_never_calls_a_tool(strategy):
     answer = strategy.answer("What is the capital of France?", Client(StandIn(said("Answer: Paris."))))
     assert answer.prediction == "Paris" and answer.raw == "Answer: Paris."
@@ -284,13 +303,14 @@ def test_the_built_in_models_answer_hotpotqa_questions():
         "generator": RoleConfig(model=SMOLLM2), "embedder": RoleConfig(model=MINILM, kind="embedding")}))
     client = Client.in_process(engine)
     strategy = ARagStrategy.build(build_hierarchies(documents, HierarchyConfig()), client,
-                                  ARagConfig(max_turns=3, max_tokens=64))
+                                  ARagConfig(max_turns=3, max_tokens=64, first_tool_choice="required"))
     for question in questions[:2]:
         own = client.fork()
         answer = strategy.answer(question.question, own)
         assert answer.prediction or answer.failure, answer
         turns, stopped_by = answer.details["turns"], answer.details["stopped_by"]
         assert 1 <= turns <= 3
+        assert answer.details["calls"], answer.details  # the first reply is constrained to a tool call
         forced = stopped_by in ("max_turns", "budget")
         # every generator request is a turn, or the forced answer
         assert own.stats.roles["generator"].requests == turns + forced or answer.failure == "request_failed"
