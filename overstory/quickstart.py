@@ -17,7 +17,10 @@ port by default (``serve.port=0``: it is private to the job; the URL is printed 
   the built-in model, and the base / SFT / STITCH comparison on the held-out documents;
 - ``lattice``: a LATTICE tree built bottom-up by the generator over a slice of HotpotQA, the served teacher's
   traversal traces of a few questions, a short cross-encoder distillation, and the comparison of oracle, teacher,
-  student, BM25, dense, hybrid and LATTICE++ on the student's held-out questions.
+  student, BM25, dense, hybrid and LATTICE++ on the student's held-out questions;
+- ``strategies``: the evaluation harness (``overstory eval pipeline``) on a slice of each shipped sample: naive
+  top-k, SmartChunk (the served planner) and A-RAG's agent answer the same questions with the same generator, with
+  answer quality, recall and cost per question (LATTICE has its own stage; FABLE and Orion-RAG need an index job).
 """
 
 from __future__ import annotations
@@ -52,11 +55,14 @@ from overstory.evaluation.compressor import EvalCompressorConfig
 from overstory.evaluation.compressor import run as run_evaluation
 from overstory.evaluation.lattice import LatticeEvalConfig, SystemConfig
 from overstory.evaluation.lattice import run as run_lattice_eval
+from overstory.evaluation.pipeline import PipelineEvalConfig
+from overstory.evaluation.pipeline import run as run_pipeline_eval
 from overstory.evaluation.planner import EvalPlannerConfig
 from overstory.evaluation.planner import run as run_planner_eval
 from overstory.evaluation.plots import plot_level_stats
 from overstory.evaluation.rag import GenerationConfig, RetrievalConfig, evaluate_rag, select_questions
 from overstory.retrieval.index import BM25Index, DenseIndex, HybridIndex
+from overstory.retrieval.arag import ARagConfig
 from overstory.retrieval.lattice.search import SearchConfig
 from overstory.retrieval.metrics import mean, recall_at_k
 from overstory.serving.client import Client
@@ -130,6 +136,19 @@ class LatticeStageConfig:
 
 
 @dataclass(frozen=True)
+class StrategiesStageConfig:
+    """The evaluation harness on a slice of each shipped sample: every strategy on the same questions."""
+
+    strategies: str = "naive,smartchunk,arag"
+    corpora: list[str] = field(default_factory=lambda: ["hotpotqa", "squad"])
+    questions: int = 4  # per corpus
+    limit_docs: int = 100  # the corpus's first N documents (HotpotQA: 6 questions have all their paragraphs in them)
+    # A-RAG's agent at CPU size: a few turns within SmolLM2's window, the first turn constrained to a tool call
+    arag: ARagConfig = field(default_factory=lambda: ARagConfig(max_turns=3, max_context_tokens=6000, max_tokens=96,
+                                                                first_tool_choice="required"))
+
+
+@dataclass(frozen=True)
 class QuickstartConfig:
     out: str = "runs/quickstart"
     corpora: dict[str, CorpusConfig] = field(default_factory=lambda: {
@@ -145,13 +164,15 @@ class QuickstartConfig:
     compressor: CompressorStageConfig = field(default_factory=CompressorStageConfig)
     planner: PlannerStageConfig = field(default_factory=PlannerStageConfig)
     lattice: LatticeStageConfig = field(default_factory=LatticeStageConfig)
+    strategies: StrategiesStageConfig = field(default_factory=StrategiesStageConfig)
     # port 0: a free port, so the job's private stack never collides with a server on 8000
     serve: ServeConfig = field(default_factory=lambda: ServeConfig.local(port=0))
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
         for key, name in (("rag_corpus", self.rag_corpus), ("compressor.corpus", self.compressor.corpus),
-                          ("planner.corpus", self.planner.corpus), ("lattice.corpus", self.lattice.corpus)):
+                          ("planner.corpus", self.planner.corpus), ("lattice.corpus", self.lattice.corpus),
+                          *(("strategies.corpora", name) for name in self.strategies.corpora)):
             if name not in self.corpora:
                 raise ConfigError(f"{key} {name!r} is not one of corpora: {', '.join(self.corpora)}")
 
@@ -252,6 +273,9 @@ def run(config: QuickstartConfig) -> dict:
 
             timer = _Stage("lattice", f"lattice ({config.lattice.corpus})")
             _update_report(report_path, timer.done(_lattice_stage(config, out / "lattice", url)))
+
+            timer = _Stage("strategies", f"strategies ({', '.join(config.strategies.corpora)})")
+            _update_report(report_path, timer.done(_strategies_stage(config, out / "strategies", url)))
         report = _update_report(report_path, {}, total_seconds=round(time.perf_counter() - started, 1))
         tracker.summary({f"rag_baseline/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
         methods = report["stages"]["compressor"]["methods"]
@@ -409,6 +433,28 @@ def _lattice_stage(config: QuickstartConfig, folder: Path, server_url: str) -> d
             "step_seconds": steps}
 
 
+def _strategies_stage(config: QuickstartConfig, folder: Path, server_url: str) -> dict:
+    """``overstory eval pipeline`` on each corpus's slice, on the job's stack; each corpus's row per strategy."""
+    stage = config.strategies
+    corpora: dict[str, dict] = {}
+    for i, name in enumerate(stage.corpora, 1):
+        console.print(f"[bold][{i}/{len(stage.corpora)}][/] {name}: {stage.strategies} on {stage.questions} "
+                      "questions")
+        corpus = config.corpora[name]
+        report = run_pipeline_eval(PipelineEvalConfig(
+            strategies=stage.strategies, corpus=CorpusConfig(corpus.kind, corpus.path, limit_docs=stage.limit_docs,
+                                                             split=corpus.split),
+            limit_questions=stage.questions, hierarchy=config.hierarchy, arag=stage.arag, server_url=server_url,
+            out=str(folder / name), tracking=TrackingConfig(backend="none")))
+        corpora[name] = {"n_questions": report["n_questions"], "table": str(folder / name / "table.md"),
+                         "plot": str(folder / name / "quality_vs_cost.png"),
+                         "strategies": {strategy: {key: row[key] for key in (
+                             "contains_match", "token_f1", "recall@5", "llm_calls", "generator_tokens", "seconds",
+                             "failures", "answered") if key in row} | {"costs_add_up": (row["costs_add_up"] or {}).get("match")}
+                             for strategy, row in report["strategies"].items()}}
+    return {"strategies": stage.strategies.split(","), "corpora": corpora}
+
+
 def _retrieval_stage(loaded: dict, chunks: dict, client: Client,
                      retrieval: RetrievalConfig) -> tuple[dict, dict[str, dict]]:
     """recall@k of every index kind over the configured levels, for every corpus with questions;
@@ -453,6 +499,10 @@ def _print_summary(report: dict, seconds: float, path: Path) -> None:
     if "systems" in lattice:
         console.print(f"lattice nDCG@10 on {lattice['n_questions']} held-out questions: " + ", ".join(
             f"{name} {row['ndcg@10']:.3f}" for name, row in lattice["systems"].items()))
+    for name, row in report["stages"].get("strategies", {}).get("corpora", {}).items():
+        console.print(f"strategies on {row['n_questions']} {name} questions, contains-match / generator tokens per "
+                      "question: " + ", ".join(f"{s} {r['contains_match']:.2f} / {r['generator_tokens']:.0f}"
+                                               for s, r in row["strategies"].items()))
     stage_seconds = report.get("stage_seconds", {})
     console.print("stage seconds: " + ", ".join(f"{name} {s:.0f}" for name, s in stage_seconds.items()))
     console.print(f"report: {path} (quickstart took {seconds:.0f}s)")

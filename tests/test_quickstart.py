@@ -13,7 +13,7 @@ from overstory.cli import main
 pytestmark = pytest.mark.slow
 
 
-STAGES = ("hierarchy", "serving", "retrieval", "rag_baseline", "compressor", "planner", "lattice")
+STAGES = ("hierarchy", "serving", "retrieval", "rag_baseline", "compressor", "planner", "lattice", "strategies")
 
 
 @pytest.fixture
@@ -41,7 +41,8 @@ def test_quickstart_end_to_end(tmp_path: Path, port_8000_taken) -> None:
                  f"tracking.dir={tmp_path / 'tracking'}", "compressor.max_summary_tokens=8", "compressor.epochs=3",
                  "planner.questions=30", "planner.eval_questions=6", "planner.metadata_tokens=48",
                  "planner.sft_batch_size=2", "planner.sft_epochs=6", "planner.stitch_generations=2",
-                 "planner.qa=false", "lattice.leaves=40", "lattice.trace_questions=3", "lattice.student_steps=8"])
+                 "planner.qa=false", "lattice.leaves=40", "lattice.trace_questions=3", "lattice.student_steps=8",
+                 "strategies.questions=2"])
     assert code == 0
     report = json.loads((out / "report.json").read_text())
     stages = report["stages"]
@@ -104,3 +105,13 @@ def test_quickstart_end_to_end(tmp_path: Path, port_8000_taken) -> None:
     assert "agreement" in systems["ce_student"] and "agreement" not in systems["teacher"]
     assert set(lattice["step_seconds"]) == {"tree", "traces", "distill", "eval"}
     assert Path(lattice["plot"]).exists() and Path(lattice["table"]).read_text().count("|") > 20
+
+    strategies = stages["strategies"]
+    assert strategies["strategies"] == ["naive", "smartchunk", "arag"] and set(strategies["corpora"]) == {"hotpotqa",
+                                                                                                          "squad"}
+    for name, row in strategies["corpora"].items():
+        assert row["n_questions"] == 2 and Path(row["table"]).exists() and Path(row["plot"]).exists()
+        for strategy, figures in row["strategies"].items():
+            assert figures["costs_add_up"] is True, (name, strategy)  # the job's stack counted the same tokens
+            assert 0.0 <= figures["contains_match"] <= 1.0 and figures["generator_tokens"] > 0
+        assert row["strategies"]["smartchunk"]["llm_calls"] == 2  # planner, then generator
