@@ -36,9 +36,11 @@ from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
 from overstory.data_pipeline.formats import Chunk, Document, QAExample, write_jsonl
 from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies
 from overstory.data_pipeline.lattice_traces import tree_leaf_chunks
+from overstory.data_pipeline.orion_tags import tag_and_index
 from overstory.evaluation.plots import plot_quality_vs_cost
 from overstory.evaluation.rag import select_questions
 from overstory.retrieval.arag import ARagConfig, ARagStrategy
+from overstory.retrieval.fable import FableConfig, FableStrategy
 from overstory.retrieval.judge import CorrectnessConfig, is_correct
 from overstory.retrieval.lattice.strategy import LatticeStrategy, LatticeStrategyConfig
 from overstory.retrieval.lattice.tree import Tree
@@ -51,6 +53,7 @@ from overstory.retrieval.metrics import (
     rouge_l,
     token_f1,
 )
+from overstory.retrieval.orion import ChunkingConfig, OrionConfig, OrionStrategy, TaggingConfig
 from overstory.retrieval.naive import AnswerConfig, NaiveConfig, NaiveStrategy
 from overstory.retrieval.smartchunk import SmartChunkConfig, SmartChunkStrategy
 from overstory.retrieval.strategy import Strategy, StrategyAnswer
@@ -58,7 +61,7 @@ from overstory.serving.client import Client
 from overstory.serving.config import ServeConfig
 from overstory.serving.launch import stack_in_background
 
-STRATEGIES = ("naive", "smartchunk", "lattice", "arag")
+STRATEGIES = ("naive", "smartchunk", "lattice", "arag", "fable", "orion")
 # the shipped samples by name (`--data hotpotqa`); the `corpus` section names any other copy (../shared/data)
 DATASETS: dict[str, CorpusConfig] = {
     "hotpotqa": CorpusConfig("hotpotqa", "data/hotpotqa"),
@@ -78,7 +81,7 @@ class JudgeConfig:
 
 @dataclass(frozen=True)
 class PipelineEvalConfig:
-    strategies: str = "naive,smartchunk"  # comma-separated, from naive, smartchunk, lattice, arag
+    strategies: str = "naive,smartchunk"  # comma-separated, from naive, smartchunk, lattice, arag, fable, orion
     data: str = ""  # a shipped sample by name (hotpotqa, squad, qasper, narrativeqa); empty: the corpus section
     corpus: CorpusConfig = field(default_factory=lambda: DATASETS["hotpotqa"])
     limit_questions: int = 30  # 0 = all
@@ -89,6 +92,15 @@ class PipelineEvalConfig:
     smartchunk: SmartChunkConfig = field(default_factory=SmartChunkConfig)
     lattice: LatticeStrategyConfig = field(default_factory=LatticeStrategyConfig)
     arag: ARagConfig = field(default_factory=ARagConfig)
+    fable: FableConfig = field(default_factory=FableConfig)
+    # a forest.json from `overstory data fable-forest` over the same corpus; empty: the harness builds the forest
+    # (its LLM calls are the strategy's index cost; minutes per document on CPU, so build big corpora once)
+    fable_forest: str = ""
+    # orion.tags: the out folder of `overstory data orion-tags` over the same corpus; empty: the harness tags the
+    # corpus into <out>/orion_tags with these settings (the tagging calls are the strategy's index cost)
+    orion: OrionConfig = field(default_factory=OrionConfig)
+    orion_chunking: ChunkingConfig = field(default_factory=ChunkingConfig)
+    orion_tagging: TaggingConfig = field(default_factory=TaggingConfig)
     recall_k: int = 5
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     concurrency: int = 2  # questions answered at once (each strategy's own calls may fan out further)
@@ -133,6 +145,16 @@ def build_strategy(name: str, config: PipelineEvalConfig, documents: Sequence[Do
         return SmartChunkStrategy.build(documents, chunks, client, config.smartchunk, config.answer)
     if name == "arag":
         return ARagStrategy.build(chunks, client, config.arag)
+    if name == "fable":
+        if config.fable_forest:
+            return FableStrategy.load(config.fable_forest, config.fable, config.answer)
+        return FableStrategy.build(documents, chunks, client, config=config.fable, answer=config.answer)
+    if name == "orion":
+        orion = config.orion
+        if not orion.tags:
+            orion = replace(orion, tags=str(Path(config.out) / "orion_tags"))
+            tag_and_index(documents, client, orion.tags, config.orion_chunking, config.orion_tagging)
+        return OrionStrategy.build(client, orion, config.answer)
     tree = Tree.load(config.lattice.tree)
     return LatticeStrategy(tree, tree_leaf_chunks(tree, documents, config.hierarchy, config.lattice.leaf_level),
                            config.lattice, config.answer)

@@ -45,6 +45,18 @@ JOBS: dict[tuple[str, str], tuple[str, str, str, str]] = {
         "overstory.data_pipeline.lattice_traces", "LatticeTracesConfig", "run",
         "LATTICE searches with a teacher scorer over training questions, every slate logged (resumable)",
     ),
+    ("data", "fable-forest"): (
+        "overstory.data_pipeline.fable_forest", "FableForestConfig", "run",
+        "FABLE's forest: LLM semantic chunks, one tree per document (titles, summaries), node embeddings (resumable)",
+    ),
+    ("data", "orion-tags"): (
+        "overstory.data_pipeline.orion_tags", "OrionTagsConfig", "run",
+        "Orion-RAG's index: sliding-window chunks, LLM master and paragraph tags (resumable), path/text/BM25 indexes",
+    ),
+    ("data", "orion-tags-edit"): (
+        "overstory.data_pipeline.orion_tags", "OrionTagEditConfig", "run_edit",
+        "change one document's Orion-RAG master tags (add=[TAG] remove=[TAG]) and re-index that document alone",
+    ),
     ("data", "verl-export"): (
         "overstory.training.verl.export", "VerlExportConfig", "run",
         "the planner's GRPO prompts and SFT traces as verl parquet (reward entry: training/verl/reward.py)",

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 
 from overstory.core.config import ConfigError
 from overstory.data_pipeline.formats import Chunk, check_level
-from overstory.data_pipeline.hierarchy import chunks_at_levels
 from overstory.retrieval.answer import answer_messages, clean_answer
 from overstory.retrieval.index import IndexKind, build_index
 from overstory.retrieval.strategy import StrategyAnswer
@@ -72,7 +71,7 @@ class NaiveStrategy:
     def build(cls, chunks: Sequence[Chunk], client: Client, config: NaiveConfig, answer: AnswerConfig
               ) -> NaiveStrategy:
         """Index the chunks of ``config.levels`` (embedded through the build client's ``embedder``)."""
-        indexed = chunks_at_levels(chunks, config.levels)
+        indexed = [c for c in chunks if c.level in config.levels]  # levels checked by NaiveConfig
         if not indexed:
             raise ConfigError(f"naive.levels: no chunk at {', '.join(config.levels)}")
         return cls(build_index(config.index, indexed, embed=lambda texts: client.embed("embedder", texts)),

@@ -1,0 +1,124 @@
+"""`overstory data fable-forest`: build FABLE's forest (one LLM-built tree per document) over a corpus.
+
+    overstory data fable-forest --config configs/data/fable_forest.yaml
+
+Every document of the corpus is chunked by the ``generator`` into semantic leaves, organised into a tree of depth
+at most ``forest.depth`` (sections from the document's headings where it has them, else grouped by the model),
+summarised bottom-up and embedded by the ``embedder`` (``retrieval.fable.ForestBuilder``; the module docstring of
+``retrieval/fable.py`` gives the details). Each finished document's tree is appended to ``<out>/trees.jsonl``, so a
+killed run resumes: finished documents are skipped (to rebuild one, delete its line). Replies that had to fall back
+are kept with their raw text in ``<out>/failures.jsonl``. At the end the job writes ``<out>/forest.json`` (every
+document of the corpus, in corpus order; ``FableStrategy.load`` reads it) and ``<out>/build.json``: nodes by kind,
+fallbacks, and what this run spent (LLM calls, prompt and completion tokens from the servers' usage, embedding
+requests, seconds). A resumed run counts only what it did itself.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from rich.progress import Progress
+
+from overstory.core.config import ConfigError
+from overstory.core.tracking import TrackingConfig, start_run
+from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
+from overstory.data_pipeline.formats import JsonlAppender, read_jsonl
+from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies
+from overstory.retrieval.fable import Forest, ForestBuilder, ForestConfig
+from overstory.serving.client import Client
+from overstory.serving.config import ServeConfig
+from overstory.serving.launch import stack_in_background
+
+
+@dataclass(frozen=True)
+class FableForestConfig:
+    corpus: CorpusConfig
+    out: str  # trees.jsonl, failures.jsonl, forest.json and build.json go here
+    hierarchy: HierarchyConfig = field(default_factory=HierarchyConfig)  # sentences, token counts, headings' sections
+    forest: ForestConfig = field(default_factory=ForestConfig)
+    concurrency: int = 2  # documents built at once (their calls are independent requests)
+    server_url: str = ""  # empty: start the stack in `serve` for the run
+    request_timeout_s: float = 600.0  # per request: a first structured-output call compiles its grammar
+    serve: ServeConfig = field(default_factory=lambda: ServeConfig.local(port=0))
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    def __post_init__(self) -> None:
+        if not self.out:
+            raise ConfigError("out: name a folder for the forest, e.g. out=runs/fable/hotpotqa")
+        if self.concurrency < 1:
+            raise ConfigError(f"concurrency must be at least 1, got {self.concurrency}")
+        if self.request_timeout_s <= 0:
+            raise ConfigError(f"request_timeout_s must be positive, got {self.request_timeout_s}")
+
+
+def run(config: FableForestConfig) -> dict:
+    with ExitStack() as stack:
+        tracker = stack.enter_context(start_run(config.tracking, "data fable-forest", config))
+        url = config.server_url or stack.enter_context(stack_in_background(config.serve))
+        report = build_forest(config, Client.from_url(url, timeout_s=config.request_timeout_s))
+        tracker.summary({"documents": report["documents"], "built": report["built"],
+                         "llm_calls": report["cost"]["llm_calls"], "seconds": report["cost"]["seconds"]})
+    nodes = ", ".join(f"{n} {kind}" for kind, n in report["nodes"].items())
+    print(f"fable forest: {report['documents']} documents ({report['built']} built, {report['skipped_done']} done "
+          f"before), {nodes}; {report['cost']['llm_calls']} LLM calls, {report['cost']['seconds']} s "
+          f"-> {Path(config.out) / 'forest.json'}")
+    return report
+
+
+def build_forest(config: FableForestConfig, client: Client) -> dict:
+    """Build the trees the out folder lacks through ``client``, then write forest.json and build.json; returns
+    the report (build.json's content)."""
+    started = time.perf_counter()
+    documents = load_corpus(config.corpus)[0]
+    if not documents:
+        raise ConfigError(f"corpus {config.corpus.path!r} has no documents")
+    out = Path(config.out)
+    trees_path = out / "trees.jsonl"
+    totals: Counter = Counter()
+    with JsonlAppender(trees_path) as trees, JsonlAppender(out / "failures.jsonl") as failures:
+        todo = [d for d in documents if d.id not in trees]
+        chunks: dict[str, list] = {d.id: [] for d in todo}
+        for chunk in build_hierarchies(todo, config.hierarchy):
+            chunks[chunk.doc_id].append(chunk)
+        builder = ForestBuilder(client, config.forest)
+        with Progress() as progress, ThreadPoolExecutor(max_workers=config.concurrency) as pool:
+            task = progress.add_task("document trees", total=len(todo))
+            for future in as_completed([pool.submit(builder.build, d, chunks[d.id]) for d in todo]):
+                tree = future.result()
+                trees.write(tree.record())
+                for failure in tree.failures:
+                    failures.write(failure)
+                totals.update(tree.stats)
+                progress.advance(task)
+    records = {r["id"]: r for r in read_jsonl(trees_path)}
+    forest = Forest.from_records([records[d.id] for d in documents],
+                                 {"corpus": asdict(config.corpus), "forest": asdict(config.forest)})
+    forest.save(out / "forest.json")
+    report = _report(forest, len(documents) - len(todo), len(todo), totals, client, time.perf_counter() - started)
+    (out / "build.json").write_text(json.dumps(report, indent=2))
+    return report
+
+
+def _report(forest: Forest, skipped: int, built: int, totals: Counter, client: Client, seconds: float) -> dict:
+    """What the forest holds, and what this run did and spent."""
+    usage = client.stats.summary()
+    generator, embedder = usage.get("generator", {}), usage.get("embedder", {})
+    return {
+        "documents": len(forest.documents), "built": built, "skipped_done": skipped,
+        "nodes": dict(Counter(n.kind for n in forest.nodes.values())),
+        "max_depth": max(n.depth for n in forest.nodes.values()),
+        "seeded_documents": totals["seeded"],
+        "fallbacks": {what: totals[f"{what}_fallbacks"] for what in ("chunk", "group", "summary")},
+        "repairs": {key: totals[key] for key in ("chunk_ids_dropped", "chunk_runs_split", "group_ids_dropped",
+                                                 "group_runs_split")},
+        "cost": {"llm_calls": generator.get("requests", 0), "request_failures": totals["request_failures"],
+                 "prompt_tokens": generator.get("prompt_tokens", 0),
+                 "completion_tokens": generator.get("completion_tokens", 0),
+                 "embedding_requests": embedder.get("requests", 0), "seconds": round(seconds, 2)},
+    }
