@@ -52,6 +52,35 @@ def test_every_strategy_on_the_same_questions_and_costs_add_up(lattice_tree: Pat
     assert "| lattice |" in (tmp_path / "table.md").read_text()
 
 
+def _hotpotqa_slice(folder: Path, n_questions: int, distractors: int) -> Path:
+    """The shipped HotpotQA sample cut to its first questions, their context paragraphs and a few others: a corpus
+    small enough for the strategies that build LLM indexes (FABLE's forest, Orion-RAG's tags) inside a test."""
+    corpus = json.loads((ROOT / "data/hotpotqa/corpus.json").read_text())
+    questions = json.loads((ROOT / "data/hotpotqa/questions.json").read_text())[:n_questions]
+    titles = {title for q in questions for title, _ in q["supporting_facts"]}
+    titles |= set([t for t in corpus if t not in titles][:distractors])
+    folder.mkdir()
+    (folder / "corpus.json").write_text(json.dumps({t: corpus[t] for t in corpus if t in titles}))
+    (folder / "questions.json").write_text(json.dumps(questions))
+    return folder
+
+
+def test_the_strategies_that_build_llm_indexes_run_in_the_harness(tmp_path: Path) -> None:
+    """A-RAG's agent, FABLE (its forest built here) and Orion-RAG (its tags written here) on a real question."""
+    corpus = _hotpotqa_slice(tmp_path / "corpus", n_questions=1, distractors=1)
+    report = _run(tmp_path / "out", "--strategies", "arag,fable,orion", "data=", f"corpus.path={corpus}",
+                  "arag.max_turns=2", "orion_chunking.chunk_chars=2000")
+    assert report["n_questions"] == 1
+    for name, row in report["strategies"].items():
+        records = [json.loads(line) for line in (tmp_path / "out" / "predictions" / f"{name}.jsonl").open()]
+        assert len(records) == 1 and all(r["prediction"] or r["failure"] for r in records)  # no question is lost
+        assert row["costs_add_up"]["match"], (name, row["costs_add_up"])
+        assert row["llm_calls"] >= 1 and 0.0 <= row["recall@5"] <= 1.0
+    assert report["strategies"]["fable"]["index"]["usage"]["generator"]["requests"] > 0  # the forest was built
+    assert (tmp_path / "out" / "orion_tags" / "chunks.jsonl").exists()
+    assert report["strategies"]["orion"]["index"]["usage"]["generator"]["requests"] > 0  # the tags were written
+
+
 def test_qasper_answers_in_the_official_prediction_format(tmp_path: Path) -> None:
     _run(tmp_path, "--strategies", "naive", "--data", "qasper", "corpus.limit_docs=1", "limit_questions=2")
     lines = [json.loads(line) for line in (tmp_path / "qasper" / "naive.jsonl").read_text().splitlines()]
