@@ -53,8 +53,8 @@ from overstory.retrieval.metrics import (
     rouge_l,
     token_f1,
 )
-from overstory.retrieval.orion import ChunkingConfig, OrionConfig, OrionStrategy, TaggingConfig
 from overstory.retrieval.naive import AnswerConfig, NaiveConfig, NaiveStrategy
+from overstory.retrieval.orion import ChunkingConfig, OrionConfig, OrionStrategy, TaggingConfig
 from overstory.retrieval.smartchunk import SmartChunkConfig, SmartChunkStrategy
 from overstory.retrieval.strategy import Strategy, StrategyAnswer
 from overstory.serving.client import Client

@@ -61,8 +61,8 @@ from overstory.evaluation.planner import EvalPlannerConfig
 from overstory.evaluation.planner import run as run_planner_eval
 from overstory.evaluation.plots import plot_level_stats
 from overstory.evaluation.rag import GenerationConfig, RetrievalConfig, evaluate_rag, select_questions
-from overstory.retrieval.index import BM25Index, DenseIndex, HybridIndex
 from overstory.retrieval.arag import ARagConfig
+from overstory.retrieval.index import BM25Index, DenseIndex, HybridIndex
 from overstory.retrieval.lattice.search import SearchConfig
 from overstory.retrieval.metrics import mean, recall_at_k
 from overstory.serving.client import Client
@@ -446,12 +446,13 @@ def _strategies_stage(config: QuickstartConfig, folder: Path, server_url: str) -
                                                              split=corpus.split),
             limit_questions=stage.questions, hierarchy=config.hierarchy, arag=stage.arag, server_url=server_url,
             out=str(folder / name), tracking=TrackingConfig(backend="none")))
+        keys = ("contains_match", "token_f1", "recall@5", "llm_calls", "generator_tokens", "seconds", "failures",
+                "answered")
         corpora[name] = {"n_questions": report["n_questions"], "table": str(folder / name / "table.md"),
                          "plot": str(folder / name / "quality_vs_cost.png"),
-                         "strategies": {strategy: {key: row[key] for key in (
-                             "contains_match", "token_f1", "recall@5", "llm_calls", "generator_tokens", "seconds",
-                             "failures", "answered") if key in row} | {"costs_add_up": (row["costs_add_up"] or {}).get("match")}
-                             for strategy, row in report["strategies"].items()}}
+                         "strategies": {strategy: {key: row[key] for key in keys if key in row}
+                                        | {"costs_add_up": (row["costs_add_up"] or {}).get("match")}
+                                        for strategy, row in report["strategies"].items()}}
     return {"strategies": stage.strategies.split(","), "corpora": corpora}
 
 

@@ -38,7 +38,7 @@ from overstory.data_pipeline.formats import Chunk
 from overstory.retrieval.answer import clean_answer
 from overstory.retrieval.index import DenseIndex
 from overstory.retrieval.strategy import StrategyAnswer
-from overstory.serving.client import ChatResult, Client, ClientError
+from overstory.serving.client import Client, ClientError
 from overstory.serving.tools import CALL_OPEN
 
 # The released code's constants.
@@ -74,28 +74,34 @@ class ARagConfig:
 
 # ------------------------------------------------------------------------------------------------ the tools
 
-_TOP_K = {"type": "integer", "description": f"how many chunks to return (default {DEFAULT_TOP_K}, at most {MAX_TOP_K})"}
+# The bounds (list lengths, string lengths, top_k's range) are not the released code's: a model that keeps within
+# them is unaffected, and under a constrained decoder (tool_choice "required") they keep a small model's call from
+# running on until max_tokens cuts it off (SmolLM2-135M repeats keywords without end).
+_TOP_K = {"type": "integer", "minimum": 1, "maximum": MAX_TOP_K,
+          "description": f"how many chunks to return (default {DEFAULT_TOP_K}, at most {MAX_TOP_K})"}
 TOOLS = [
     {"type": "function", "function": {
         "name": "keyword_search",
         "description": "Find chunks containing exact keywords (case-insensitive). Use short specific terms of 1-3 "
                        "words, such as names or dates, not questions. Returns chunk ids with snippets.",
         "parameters": {"type": "object", "properties": {
-            "keywords": {"type": "array", "items": {"type": "string"}, "description": "e.g. [\"Einstein\", \"1905\"]"},
+            "keywords": {"type": "array", "items": {"type": "string", "maxLength": 60}, "minItems": 1, "maxItems": 5,
+                         "description": "e.g. [\"Einstein\", \"1905\"]"},
             "top_k": _TOP_K}, "required": ["keywords"]}}},
     {"type": "function", "function": {
         "name": "semantic_search",
         "description": "Find chunks by meaning, when the exact words are unknown. Returns chunk ids with the "
                        "matching sentences.",
         "parameters": {"type": "object", "properties": {
-            "query": {"type": "string", "description": "what you are looking for, in plain words"},
+            "query": {"type": "string", "maxLength": 200, "description": "what you are looking for, in plain words"},
             "top_k": _TOP_K}, "required": ["query"]}}},
     {"type": "function", "function": {
         "name": "read_chunk",
         "description": "Read the full text of chunks. Search results are only snippets: read a chunk before "
                        "relying on it. Chunk N's neighbours in its document are N-1 and N+1.",
         "parameters": {"type": "object", "properties": {
-            "chunk_ids": {"type": "array", "items": {"type": "integer"}, "description": "e.g. [3, 4]"}},
+            "chunk_ids": {"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 5,
+                          "description": "e.g. [3, 4]"}},
             "required": ["chunk_ids"]}}},
 ]
 # the chat template's tool tags, which small models copy into their replies instead of answering

@@ -14,7 +14,14 @@ from overstory.data_pipeline.corpora import load_corpus
 from overstory.data_pipeline.formats import Document, Span
 from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies
 from overstory.models.registry import MINILM, SMOLLM2
-from overstory.retrieval.arag import FORCE_PROMPT, UNPARSED_PROMPT, ARagConfig, ARagStrategy, coerce_arguments, keyword_score
+from overstory.retrieval.arag import (
+    FORCE_PROMPT,
+    UNPARSED_PROMPT,
+    ARagConfig,
+    ARagStrategy,
+    coerce_arguments,
+    keyword_score,
+)
 from overstory.retrieval.metrics import recall_at_k
 from overstory.serving.client import Client, ClientError
 from overstory.serving.config import RoleConfig, ServeConfig
