@@ -47,3 +47,16 @@ def loads_tolerant(span: str) -> dict | None:
         if isinstance(value, dict):
             return value
     return None
+
+
+def as_int(value: object) -> int | None:
+    """An id as a model writes it, as an int: 3, 3.0, "3" and "[3]" all read as 3; anything else is None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and (digits := value.strip().strip("[]").strip()).isdigit():
+        return int(digits)
+    return None

@@ -17,7 +17,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from overstory.models.json_reply import json_objects, loads_tolerant
+from overstory.models.json_reply import as_int, json_objects, loads_tolerant
 
 CLUSTER_PROMPT = """You navigate a tree of topics to find what answers a search query. Each candidate below \
 is a topic cluster (a name and a description of the passages under it) or a passage.
@@ -142,13 +142,13 @@ def parse_slate_reply(text: str, n_candidates: int) -> SlateParse:
     result.parsed = True
     result.reasoning = str(reply.get("reasoning", ""))
     ranking = reply.get("ranking")
-    ids = [_as_int(i) for i in ranking] if isinstance(ranking, list) else []
+    ids = [as_int(i) for i in ranking] if isinstance(ranking, list) else []
     result.ranking = [i for i in ids if i is not None]
     pairs = reply["relevance_scores"]
     for pair in pairs if isinstance(pairs, list) else []:
         if isinstance(pair, dict):  # {"id": 0, "score": 80}, a common small-model variant
             pair = list(pair.values())
-        position, score = (_as_int(pair[0]), _as_float(pair[1])) if isinstance(pair, list) and len(pair) == 2 \
+        position, score = (as_int(pair[0]), _as_float(pair[1])) if isinstance(pair, list) and len(pair) == 2 \
             else (None, None)
         if position is None or score is None or score != score:  # score != score: NaN
             result.malformed_pairs += 1
@@ -164,19 +164,6 @@ def parse_slate_reply(text: str, n_candidates: int) -> SlateParse:
             result.scores[position] = score
     result.missing = n_candidates - len(result.scores)
     return result
-
-
-def _as_int(value: object) -> int | None:
-    """An id as an int: 3, 3.0, "3" and "[3]" all read as 3; anything else is None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str) and (digits := value.strip().strip("[]").strip()).isdigit():
-        return int(digits)
-    return None
 
 
 def _as_float(value: object) -> float | None:

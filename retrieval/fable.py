@@ -53,7 +53,6 @@ Configs: the forest is built by ``configs/data/fable_forest.yaml``; the strategy
 from __future__ import annotations
 
 import json
-import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -65,7 +64,7 @@ import numpy as np
 
 from overstory.core.config import ConfigError
 from overstory.data_pipeline.formats import Chunk, Document, FailureRecord
-from overstory.models.json_reply import json_objects, loads_tolerant
+from overstory.models.json_reply import as_int, json_objects, loads_tolerant
 from overstory.retrieval.arag import pack
 from overstory.retrieval.naive import AnswerConfig, generate_answer
 from overstory.retrieval.strategy import StrategyAnswer
@@ -354,18 +353,6 @@ def vector_documents(forest: Forest, cosine: dict[str, float], top_k: int) -> li
     return list(dict.fromkeys(forest.nodes[n].doc_id for n in best))
 
 
-def _integer(value: Any) -> int | None:
-    """3, 3.0, "3", "[3]" -> 3; anything else None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    found = re.fullmatch(r"\s*\[?\s*(\d+)\s*\]?\s*", value) if isinstance(value, str) else None
-    return int(found.group(1)) if found else None
-
-
 def _reply_list(text: str, key: str) -> list[Any] | None:
     """The list under ``key`` in the last JSON object of the reply that has one (a bare number is a list of one)."""
     for obj in map(loads_tolerant, reversed(json_objects(text))):
@@ -385,7 +372,7 @@ def parse_ids(text: str, key: str, n: int) -> tuple[list[int], int] | None:
     items = _reply_list(text, key)
     if items is None:
         return None
-    numbers = [_integer(item) for item in items]
+    numbers = [as_int(item) for item in items]
     valid = [i for i in numbers if i is not None and 0 <= i < n]
     return list(dict.fromkeys(valid)), len(numbers) - len(valid)
 
