@@ -115,7 +115,10 @@ def serve_in_background(source: ServeConfig | EmbeddedEngine | FastAPI, port: in
         if configure_app is not None:
             configure_app(app)
         url = f"http://{host}:{sock.getsockname()[1]}"
-        server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        # log_config=None: the server shares the job's process, and uvicorn's default dictConfig would close every
+        # logging handler the process has (absl's, imported by rouge-score, then closes the stderr it was made
+        # with: under pytest, the capture file of the whole session)
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", log_config=None))
         thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=f"overstory-serve-{url}",
                                   daemon=True)
         thread.start()
