@@ -141,7 +141,7 @@ class StrategiesStageConfig:
 
     strategies: str = "naive,smartchunk,arag"
     corpora: list[str] = field(default_factory=lambda: ["hotpotqa", "squad"])
-    questions: int = 4  # per corpus
+    questions: int = 2  # per corpus: the stage shows the harness end to end; `eval pipeline` measures
     limit_docs: int = 100  # the corpus's first N documents (HotpotQA: 6 questions have all their paragraphs in them)
     # A-RAG's agent at CPU size: a few turns within SmolLM2's window, the first turn constrained to a tool call
     arag: ARagConfig = field(default_factory=lambda: ARagConfig(max_turns=3, max_context_tokens=6000, max_tokens=96,
