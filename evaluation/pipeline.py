@@ -1,6 +1,11 @@
 """`overstory eval pipeline`: every retrieval strategy on the same questions, with the same generator and costs.
 
-    overstory eval pipeline --config configs/eval/pipeline.yaml --strategies naive,smartchunk,lattice --data hotpotqa
+    overstory eval pipeline --config configs/eval/pipeline.yaml --strategies naive,smartchunk,arag --data squad
+
+Strategies: ``naive`` (hybrid top-k), ``smartchunk`` (the served planner's level range), ``lattice`` (LATTICE's tree
+search with the served scorer), ``arag`` (A-RAG's tool-calling agent), ``fable`` (FABLE's bi-path retrieval over
+document trees) and ``orion`` (Orion-RAG's tag paths, weighted RRF and pruning); FABLE and Orion-RAG read the
+output of their index jobs (``fable_forest``, ``orion.tags``) or build it here.
 
 Each strategy is built once over the corpus (its index cost is recorded apart), then answers every question
 through a client of its own for that question (``Client.fork``), so the calls and tokens it spent are counted per
