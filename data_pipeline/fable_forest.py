@@ -30,7 +30,8 @@ from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
 from overstory.data_pipeline.formats import JsonlAppender, read_jsonl
 from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies
-from overstory.retrieval.fable import Forest, ForestBuilder, ForestConfig
+from overstory.retrieval.fable import Forest, ForestConfig
+from overstory.retrieval.fable_builder import ForestBuilder
 from overstory.serving.client import Client
 from overstory.serving.config import ServeConfig
 from overstory.serving.launch import stack_in_background

@@ -316,7 +316,6 @@ def test_the_built_in_models_answer_hotpotqa_questions():
         answer = strategy.answer(question.question, own)
         assert answer.prediction or answer.failure, answer
         turns, stopped_by = answer.details["turns"], answer.details["stopped_by"]
-        assert 1 <= turns <= 3
         assert answer.details["calls"], answer.details  # the first reply is constrained to a tool call
         forced = stopped_by in ("max_turns", "budget")
         # every generator request is a turn, or the forced answer

@@ -22,7 +22,6 @@ from overstory.retrieval.fable import (
     FableConfig,
     FableStrategy,
     Forest,
-    ForestBuilder,
     ForestConfig,
     ForestNode,
     budget_prefix,
@@ -33,6 +32,7 @@ from overstory.retrieval.fable import (
     parse_summary,
     tree_expansion_scores,
 )
+from overstory.retrieval.fable_builder import ForestBuilder
 from overstory.retrieval.metrics import recall_at_k
 from overstory.retrieval.naive import AnswerConfig
 from overstory.serving.client import Client, ClientError
