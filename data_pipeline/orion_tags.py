@@ -5,7 +5,7 @@ master tags.
     overstory data orion-tags-edit tags=runs/orion/hotpotqa document=hotpotqa/twins-group add=[Cantopop] remove=[music]
 
 The job cuts every document into sliding windows of characters (``chunking``), has the ``generator`` write each
-document's master tags and each chunk's three paragraph tags (``retrieval.orion.Tagger``), and appends them to
+document's master tags and each chunk's three paragraph tags (``retrieval.orion_tagger.Tagger``), and appends them to
 ``<out>/masters.jsonl`` and ``<out>/chunks.jsonl``: finished ids are skipped, so a killed run resumes (a fallback
 counts as finished: delete its line to ask again; ``<out>/failures.jsonl`` keeps the raw replies behind fallbacks).
 It then indexes every chunk (``retrieval.orion.OrionStrategy``), embedding only what ``<out>/vectors.npz`` lacks,
@@ -41,12 +41,10 @@ from overstory.retrieval.orion import (
     DocumentTags,
     OrionConfig,
     OrionStrategy,
-    Tagged,
-    Tagger,
     TaggingConfig,
-    chunk_document,
     load_tags,
 )
+from overstory.retrieval.orion_tagger import Tagged, Tagger, chunk_document
 from overstory.serving.client import Client
 from overstory.serving.config import RoleConfig, ServeConfig
 from overstory.serving.launch import stack_in_background

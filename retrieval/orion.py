@@ -1,9 +1,10 @@
 """Orion-RAG (arXiv 2601.04764, "Orion-RAG: Path-Aligned Hybrid Retrieval for Graphless Data") as a retrieval strategy.
 
-Index. Each document is cut into sliding windows of characters (``window_spans``: ``chunk_chars`` 500 by default;
-the paper found 2,000 better for generation on Wikipedia text, a setting). The ``generator`` tags each document with
-up to ``max_master_tags`` master tags, read from its title and start, and each chunk with exactly three paragraph
-tags of 1-4 words (gist, subjects, domain), through json_schema structured outputs (``Tagger``). A reply that stays
+Index (``retrieval/orion_tagger.py``). Each document is cut into sliding windows of characters (``window_spans``:
+``chunk_chars`` 500 by default; the paper found 2,000 better for generation on Wikipedia text, a setting). The
+``generator`` tags each document with up to ``max_master_tags`` master tags, read from its title and start, and each
+chunk with exactly three paragraph tags of 1-4 words (gist, subjects, domain), through json_schema structured
+outputs (``Tagger``). A reply that stays
 unusable after ``max_attempts`` gets deterministic tags made of the text's own words (``source="fallback"``) and a
 failure record with the raw reply, so no chunk is lost. A chunk's semantic path joins both layers
 (``semantic_path``: "Master tag, master tag > gist > subjects > domain"). Three indexes cover the chunks: dense over
@@ -29,8 +30,6 @@ configs/data/orion_tags.yaml.
 from __future__ import annotations
 
 import math
-import re
-import string
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -39,10 +38,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bm25s.stopwords import STOPWORDS_EN_PLUS
 
 from overstory.core.config import ConfigError
-from overstory.data_pipeline.formats import Chunk, Document, FailureRecord, read_jsonl
+from overstory.data_pipeline.formats import Chunk, read_jsonl
 from overstory.models.json_reply import json_objects, loads_tolerant
 from overstory.retrieval.answer import ANSWER_EXAMPLE, ANSWER_SYSTEM_PROMPT, clean_answer
 from overstory.retrieval.index import BM25Index, DenseIndex, chunk_text_for_index
@@ -59,7 +57,6 @@ PATH_SEPARATOR = " > "
 # embedded at every build and kept in vectors.npz: when the embedder serving now gives it another vector, the cached
 # vectors came from another embedder and are dropped
 PROBE = "Orion-RAG embedder check: which embedder wrote these vectors?"
-_STOPWORDS = frozenset(STOPWORDS_EN_PLUS)
 # what a small model copies from the tagging prompts instead of tagging (its labels and placeholders); never a tag
 PROMPT_LABELS = frozenset({"title", "start of the document", "document", "passage", "tag", "tags", "gist",
                            "subjects", "domain", "none"})
@@ -187,56 +184,9 @@ def load_tags(folder: str | Path) -> tuple[dict[str, DocumentTags], list[ChunkTa
 # ---------------------------------------------------------------------------------------------------- chunking
 
 
-def window_spans(text: str, chunk_chars: int, overlap_chars: int = 0) -> list[tuple[int, int]]:
-    """(start, end) offsets of sliding windows of at most ``chunk_chars`` characters over ``text``, without leading or
-    trailing whitespace. A window ends at its last whitespace (one word longer than the window is cut inside); the
-    next starts ``overlap_chars`` before that end, moved forward to the start of a word.
-
-    >>> window_spans("aaa bbb ccc", 5)
-    [(0, 3), (4, 7), (8, 11)]
-    >>> window_spans("aaa bbb ccc", 7, overlap_chars=3)
-    [(0, 7), (4, 11)]
-    >>> window_spans(" abcdefgh ", 3)
-    [(1, 4), (4, 7), (7, 9)]
-    """
-    spans: list[tuple[int, int]] = []
-    start = _skip_space(text, 0)
-    while start < len(text):
-        end = min(start + chunk_chars, len(text))
-        if end < len(text) and not text[end].isspace():  # the window ends inside a word
-            end = next((p for p in range(end - 1, start, -1) if text[p].isspace()), end)
-        stop = end
-        while text[stop - 1].isspace():
-            stop -= 1
-        spans.append((start, stop))
-        if end >= len(text):
-            break
-        following = max(end - overlap_chars, start + 1)
-        while following < end and not text[following - 1].isspace():  # the overlap starts at a word
-            following += 1
-        start = _skip_space(text, following)
-    return spans
-
-
-def _skip_space(text: str, position: int) -> int:
-    while position < len(text) and text[position].isspace():
-        position += 1
-    return position
-
-
 def estimate_tokens(text: str) -> int:
     """Tokens without a tokenizer (4/3 a word, typical of BPE on English), as LATTICE's prompt budget estimates."""
     return math.ceil(len(text.split()) * 4 / 3)
-
-
-def chunk_document(document: Document, chunking: ChunkingConfig) -> list[Chunk]:
-    """The document's windows as chunks: ids ``<doc id>#w<index>`` (stable for the same settings), document offsets,
-    the title carried (the index and the prompts show it)."""
-    return [Chunk(id=f"{document.id}#w{i}", doc_id=document.id, level="paragraph", text=document.text[start:end],
-                  parent=None, children=[], start=start, end=end, n_tokens=estimate_tokens(document.text[start:end]),
-                  title=document.title)
-            for i, (start, end) in enumerate(window_spans(document.text, chunking.chunk_chars,
-                                                          chunking.overlap_chars))]
 
 
 # ------------------------------------------------------------------------------------------------------- tags
@@ -251,20 +201,7 @@ def semantic_path(master_tags: Sequence[str], paragraph_tags: Sequence[str]) -> 
     return PATH_SEPARATOR.join([", ".join(master_tags), *paragraph_tags])
 
 
-def clean_tag(value: object) -> str:
-    """A tag as one line of at most ``TAG_MAX_WORDS`` words without surrounding punctuation; "" when nothing is left
-    (or ``value`` is not a string). A longer tag keeps its first words: the schema caps characters, not words, and a
-    small model's first words still name the topic.
-
-    >>> clean_tag("  Nobel  Prize in Physics, 1903. "), clean_tag(" - "), clean_tag(7)
-    ('Nobel Prize in Physics', '', '')
-    """
-    if not isinstance(value, str):
-        return ""
-    return " ".join(value.split()[:TAG_MAX_WORDS]).strip(string.punctuation + " ")
-
-
-def _distinct(tags: Iterable[str]) -> list[str]:
+def distinct(tags: Iterable[str]) -> list[str]:
     """Non-empty tags, the first of those equal but for case."""
     seen, kept = set(), []
     for tag in tags:
@@ -274,173 +211,18 @@ def _distinct(tags: Iterable[str]) -> list[str]:
     return kept
 
 
-def _reply_object(text: str, key: str) -> dict | None:
+def reply_object(text: str, key: str) -> dict | None:
     """The last JSON object in a reply that holds ``key`` (read tolerantly); None when there is none."""
     return next((obj for obj in map(loads_tolerant, reversed(json_objects(text))) if obj is not None and key in obj),
                 None)
 
 
-def parse_master_tags(text: str, max_tags: int) -> list[str]:
-    """The usable master tags of a reply: cleaned, distinct, not a label copied from the prompt, at most
-    ``max_tags``; [] when there are none.
-
-    >>> parse_master_tags('{"tags": ["Marie Curie", "", "marie curie", 7, "Title", "Nobel Prize"]}', 5)
-    ['Marie Curie', 'Nobel Prize']
-    >>> parse_master_tags('{"tags": []}', 5), parse_master_tags("Marie Curie, physics", 5)
-    ([], [])
-    """
-    reply = _reply_object(text, "tags")
-    values = reply["tags"] if reply is not None and isinstance(reply["tags"], list) else []
-    return [tag for tag in _distinct(map(clean_tag, values)) if tag.lower() not in PROMPT_LABELS][:max_tags]
-
-
-def parse_paragraph_tags(text: str) -> list[str]:
-    """gist, subjects and domain of a reply, cleaned; [] unless all three are usable: none empty or a label copied
-    from the prompt, and not one text three times (a copy, not three facets).
-
-    >>> parse_paragraph_tags('Sure! {"gist": "Curie finds polonium", "subjects": "Marie Curie", "domain": "Chemistry"}')
-    ['Curie finds polonium', 'Marie Curie', 'Chemistry']
-    >>> parse_paragraph_tags('{"gist": " ", "subjects": "Marie Curie", "domain": "Chemistry"}')
-    []
-    >>> parse_paragraph_tags('{"gist": "Marie Curie was", "subjects": "Marie Curie was", "domain": "Marie Curie was"}')
-    []
-    """
-    reply = _reply_object(text, PARAGRAPH_TAGS[0])
-    tags = [clean_tag(reply.get(key)) for key in PARAGRAPH_TAGS] if reply is not None else []
-    usable = tags and all(tag and tag.lower() not in PROMPT_LABELS for tag in tags)
-    return tags if usable and len({tag.lower() for tag in tags}) > 1 else []
-
-
-def content_words(text: str) -> list[str]:
-    """The text's lowercase words of 3 or more characters that are not stop words, most frequent first (ties in
-    order of appearance).
-
-    >>> content_words("Radium glows. The radium decays in the dark.")
-    ['radium', 'glows', 'decays', 'dark']
-    """
-    words = [w for w in re.findall(r"\w+", text.lower()) if len(w) >= 3 and w not in _STOPWORDS]
-    return [word for word, _ in Counter(words).most_common()]
-
-
-def fallback_master_tags(title: str, text: str, max_tags: int) -> list[str]:
-    """Master tags made of the document's own words, when the model gave none: its title, then its most frequent
-    content words not in the title.
-
-    >>> fallback_master_tags("Marie Curie", "Marie Curie studied radium. Radium glows; radium decays.", 3)
-    ['Marie Curie', 'radium', 'studied']
-    """
-    title_words = set(title.lower().split())
-    tags = _distinct([clean_tag(title), *(w for w in content_words(text) if w not in title_words)])
-    return tags[:max_tags] or [clean_tag(text) or "document"]
-
-
-def fallback_paragraph_tags(text: str, title: str) -> list[str]:
-    """gist, subjects and domain made of the chunk's own words: its first words, its two most frequent content words,
-    its document's title (or "general").
-
-    >>> fallback_paragraph_tags("Radium glows in the dark. Radium decays.", "Marie Curie")
-    ['Radium glows in the', 'radium glows', 'Marie Curie']
-    """
-    gist = clean_tag(text) or "passage"
-    return [gist, " ".join(content_words(text)[:2]) or gist, clean_tag(title) or "general"]
-
-
-def _json_format(name: str, properties: dict[str, Any]) -> dict[str, Any]:
+def json_format(name: str, properties: dict[str, Any]) -> dict[str, Any]:
     schema = {"type": "object", "properties": properties, "required": list(properties)}
     return {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}
 
 
-_TAG_SCHEMA = {"type": "string", "minLength": 1, "maxLength": TAG_MAX_CHARS}
-PARAGRAPH_TAGS_FORMAT = _json_format("paragraph_tags", {key: _TAG_SCHEMA for key in PARAGRAPH_TAGS})
-PRUNE_FORMAT = _json_format("pruned", {"relevant": {"type": "string"}})
-
-
-def master_tags_format(max_tags: int) -> dict[str, Any]:
-    """The master-tag reply schema: 1 to ``max_tags`` tags of at most ``TAG_MAX_CHARS`` characters (one schema for
-    every document, so the server compiles its grammar once)."""
-    return _json_format("master_tags", {"tags": {"type": "array", "items": _TAG_SCHEMA, "minItems": 1,
-                                                 "maxItems": max_tags}})
-
-
-MASTER_PROMPT = """Give the master tags of the document below: up to {n} short tags of 1-4 words each, naming the \
-main people, places, things and topics it is about, the most important first.
-
-Title: {title}
-Start of the document: {text}
-
-Reply with one JSON object: {{"tags": ["...", "..."]}}."""
-
-PARAGRAPH_PROMPT = """Tag the passage below with exactly 3 tags of 1-4 words each: "gist" says what the passage \
-states, "subjects" names who or what it is about, "domain" names its broad field (such as music, politics, biology).
-
-Document: {title}
-Passage: {text}
-
-Reply with one JSON object: {{"gist": "...", "subjects": "...", "domain": "..."}}."""
-
-RETRY_PROMPT = ("That reply could not be used: every tag must be 1-4 words of your own about the text, none empty, "
-                "none repeated. Reply again with the JSON object only.")
-
-
-@dataclass(frozen=True)
-class Tagged:
-    """One tagging outcome: the record (model tags or fallback), the failure behind a fallback, the calls spent."""
-
-    record: DocumentTags | ChunkTags
-    failure: FailureRecord | None
-    calls: int
-
-
-class Tagger:
-    """Master and paragraph tags through the ``generator`` role, with retries, then fallback tags. Thread-safe."""
-
-    def __init__(self, client: Client, config: TaggingConfig, role: str = "generator"):
-        self.client, self.config, self.role = client, config, role
-
-    def master(self, document: Document) -> Tagged:
-        n = self.config.max_master_tags
-        prompt = MASTER_PROMPT.format(n=n, title=document.title or "(none)",
-                                      text=" ".join(document.text.split())[: self.config.master_chars])
-        tags, raw, calls = self._ask(prompt, master_tags_format(n), lambda text: parse_master_tags(text, n))
-        if tags:
-            return Tagged(DocumentTags(document.id, document.title, tags, "llm"), None, calls)
-        fallback = fallback_master_tags(document.title, document.text[: self.config.master_chars], n)
-        return Tagged(DocumentTags(document.id, document.title, fallback, "fallback"),
-                      self._failure(document.id, "no usable master tags", raw), calls)
-
-    def paragraph(self, chunk: Chunk) -> Tagged:
-        prompt = PARAGRAPH_PROMPT.format(title=chunk.title or "(none)",
-                                         text=" ".join(chunk.text.split())[: self.config.max_passage_chars])
-        tags, raw, calls = self._ask(prompt, PARAGRAPH_TAGS_FORMAT, parse_paragraph_tags)
-        source = "llm" if tags else "fallback"
-        record = ChunkTags(chunk.id, chunk.doc_id, chunk.title, chunk.text, chunk.start, chunk.end,
-                           tags or fallback_paragraph_tags(chunk.text, chunk.title), source)
-        return Tagged(record, None if tags else self._failure(chunk.id, "no usable paragraph tags", raw), calls)
-
-    def _ask(self, prompt: str, response_format: dict, parse: Callable[[str], list[str]]
-             ) -> tuple[list[str], str, int]:
-        """Up to ``max_attempts`` requests: (the tags, the last raw reply or error, the calls made). After an unusable
-        reply the next request shows it with a correction, since at temperature 0 the same request gets the same
-        reply; a failed request is sent again as it was."""
-        messages: list[dict[str, str]] = [{"role": "user", "content": prompt}]
-        raw = ""
-        for attempt in range(1, self.config.max_attempts + 1):
-            try:
-                reply = self.client.chat(self.role, messages, response_format=response_format,
-                                         max_tokens=self.config.max_tokens, temperature=0)
-            except ClientError as exc:
-                raw = f"<request failed: {exc}>"
-                continue
-            tags = parse(reply.text)
-            if tags:
-                return tags, reply.text, attempt
-            raw = reply.text
-            messages = [messages[0], {"role": "assistant", "content": reply.text},
-                        {"role": "user", "content": RETRY_PROMPT}]
-        return [], raw, self.config.max_attempts
-
-    def _failure(self, record_id: str, error: str, raw: str) -> FailureRecord:
-        return FailureRecord(id=record_id, job="orion tags", error=error, raw=raw, attempts=self.config.max_attempts)
+PRUNE_FORMAT = json_format("pruned", {"relevant": {"type": "string"}})
 
 
 # ------------------------------------------------------------------------------------------------- retrieval
@@ -484,7 +266,7 @@ PRUNE_SYSTEM_PROMPT = ("You filter a retrieved passage for a search query. Copy,
 def rewrite_format(max_queries: int, max_words: int) -> dict[str, Any]:
     """The rewrite reply schema: 1 to ``max_queries`` non-empty strings, each within ``max_words`` words' characters."""
     query = {"type": "string", "minLength": 1, "maxLength": max_words * QUERY_CHARS_PER_WORD}
-    return _json_format("sub_queries", {"queries": {"type": "array", "items": query, "minItems": 1,
+    return json_format("sub_queries", {"queries": {"type": "array", "items": query, "minItems": 1,
                                                     "maxItems": max_queries}})
 
 
@@ -498,12 +280,12 @@ def parse_sub_queries(text: str, question: str, max_queries: int, max_words: int
     >>> parse_sub_queries('{"queries": [""]}', "q", 3, 12) is None, parse_sub_queries("Alien", "q", 3, 12) is None
     (True, True)
     """
-    reply = _reply_object(text, "queries")
+    reply = reply_object(text, "queries")
     values = reply["queries"] if reply is not None and isinstance(reply["queries"], list) else []
     queries = [" ".join(value.split()[:max_words]) for value in values if isinstance(value, str) and value.split()]
     if not queries:
         return None
-    return [q for q in _distinct(queries) if q.lower() != question.strip().lower()][:max_queries]
+    return [q for q in distinct(queries) if q.lower() != question.strip().lower()][:max_queries]
 
 
 def parse_pruned(text: str) -> str | None:
@@ -512,7 +294,7 @@ def parse_pruned(text: str) -> str | None:
     >>> parse_pruned('{"relevant": " Paris is in France. "}'), parse_pruned('{"relevant": ""}'), parse_pruned("Paris")
     ('Paris is in France.', '', None)
     """
-    reply = _reply_object(text, "relevant")
+    reply = reply_object(text, "relevant")
     return reply["relevant"].strip() if reply is not None and isinstance(reply["relevant"], str) else None
 
 

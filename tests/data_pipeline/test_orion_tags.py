@@ -30,10 +30,10 @@ from overstory.retrieval.orion import (
     ChunkTags,
     DocumentTags,
     TaggingConfig,
-    chunk_document,
     load_tags,
     load_vectors,
 )
+from overstory.retrieval.orion_tagger import chunk_document
 from overstory.serving.client import Client
 
 ROOT = Path(__file__).resolve().parents[2]

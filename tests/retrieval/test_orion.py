@@ -22,7 +22,6 @@ from overstory.retrieval.orion import (
     CHUNKS_FILE,
     MASTERS_FILE,
     PROBE,
-    RETRY_PROMPT,
     TAG_MAX_WORDS,
     ChunkingConfig,
     ChunkTags,
@@ -30,14 +29,11 @@ from overstory.retrieval.orion import (
     FusionWeights,
     OrionConfig,
     OrionStrategy,
-    Tagger,
     TaggingConfig,
-    chunk_document,
-    fallback_master_tags,
     semantic_path,
     weighted_rrf,
-    window_spans,
 )
+from overstory.retrieval.orion_tagger import RETRY_PROMPT, Tagger, chunk_document, fallback_master_tags, window_spans
 from overstory.serving.client import Client, ClientError
 from overstory.serving.config import RoleConfig, ServeConfig
 from overstory.serving.engine import EmbeddedEngine

@@ -1,0 +1,253 @@
+"""Orion-RAG's index side: documents cut into sliding windows of characters (``chunk_document``), and the tagger:
+the ``generator`` writes each document's master tags and each chunk's three paragraph tags
+(gist, subjects, domain) through reply schemas; an unusable reply is asked again, then replaced by tags made from the
+text itself (``source="fallback"``), so no chunk is left untagged. ``overstory data orion-tags`` runs it over a
+corpus; the strategy (``retrieval.orion``) reads what it wrote.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from bm25s.stopwords import STOPWORDS_EN_PLUS
+
+from overstory.data_pipeline.formats import Chunk, Document, FailureRecord
+from overstory.retrieval.orion import (
+    PARAGRAPH_TAGS,
+    PROMPT_LABELS,
+    TAG_MAX_CHARS,
+    TAG_MAX_WORDS,
+    ChunkingConfig,
+    ChunkTags,
+    DocumentTags,
+    TaggingConfig,
+    distinct,
+    estimate_tokens,
+    json_format,
+    reply_object,
+)
+from overstory.serving.client import Client, ClientError
+
+STOPWORDS = frozenset(STOPWORDS_EN_PLUS)
+
+
+def window_spans(text: str, chunk_chars: int, overlap_chars: int = 0) -> list[tuple[int, int]]:
+    """(start, end) offsets of sliding windows of at most ``chunk_chars`` characters over ``text``, without leading or
+    trailing whitespace. A window ends at its last whitespace (one word longer than the window is cut inside); the
+    next starts ``overlap_chars`` before that end, moved forward to the start of a word.
+
+    >>> window_spans("aaa bbb ccc", 5)
+    [(0, 3), (4, 7), (8, 11)]
+    >>> window_spans("aaa bbb ccc", 7, overlap_chars=3)
+    [(0, 7), (4, 11)]
+    >>> window_spans(" abcdefgh ", 3)
+    [(1, 4), (4, 7), (7, 9)]
+    """
+    spans: list[tuple[int, int]] = []
+    start = _skip_space(text, 0)
+    while start < len(text):
+        end = min(start + chunk_chars, len(text))
+        if end < len(text) and not text[end].isspace():  # the window ends inside a word
+            end = next((p for p in range(end - 1, start, -1) if text[p].isspace()), end)
+        stop = end
+        while text[stop - 1].isspace():
+            stop -= 1
+        spans.append((start, stop))
+        if end >= len(text):
+            break
+        following = max(end - overlap_chars, start + 1)
+        while following < end and not text[following - 1].isspace():  # the overlap starts at a word
+            following += 1
+        start = _skip_space(text, following)
+    return spans
+
+
+def _skip_space(text: str, position: int) -> int:
+    while position < len(text) and text[position].isspace():
+        position += 1
+    return position
+
+
+def chunk_document(document: Document, chunking: ChunkingConfig) -> list[Chunk]:
+    """The document's windows as chunks: ids ``<doc id>#w<index>`` (stable for the same settings), document offsets,
+    the title carried (the index and the prompts show it)."""
+    return [Chunk(id=f"{document.id}#w{i}", doc_id=document.id, level="paragraph", text=document.text[start:end],
+                  parent=None, children=[], start=start, end=end, n_tokens=estimate_tokens(document.text[start:end]),
+                  title=document.title)
+            for i, (start, end) in enumerate(window_spans(document.text, chunking.chunk_chars,
+                                                          chunking.overlap_chars))]
+
+
+def clean_tag(value: object) -> str:
+    """A tag as one line of at most ``TAG_MAX_WORDS`` words without surrounding punctuation; "" when nothing is left
+    (or ``value`` is not a string). A longer tag keeps its first words: the schema caps characters, not words, and a
+    small model's first words still name the topic.
+
+    >>> clean_tag("  Nobel  Prize in Physics, 1903. "), clean_tag(" - "), clean_tag(7)
+    ('Nobel Prize in Physics', '', '')
+    """
+    if not isinstance(value, str):
+        return ""
+    return " ".join(value.split()[:TAG_MAX_WORDS]).strip(string.punctuation + " ")
+
+
+def parse_master_tags(text: str, max_tags: int) -> list[str]:
+    """The usable master tags of a reply: cleaned, distinct, not a label copied from the prompt, at most
+    ``max_tags``; [] when there are none.
+
+    >>> parse_master_tags('{"tags": ["Marie Curie", "", "marie curie", 7, "Title", "Nobel Prize"]}', 5)
+    ['Marie Curie', 'Nobel Prize']
+    >>> parse_master_tags('{"tags": []}', 5), parse_master_tags("Marie Curie, physics", 5)
+    ([], [])
+    """
+    reply = reply_object(text, "tags")
+    values = reply["tags"] if reply is not None and isinstance(reply["tags"], list) else []
+    return [tag for tag in distinct(map(clean_tag, values)) if tag.lower() not in PROMPT_LABELS][:max_tags]
+
+
+def parse_paragraph_tags(text: str) -> list[str]:
+    """gist, subjects and domain of a reply, cleaned; [] unless all three are usable: none empty or a label copied
+    from the prompt, and not one text three times (a copy, not three facets).
+
+    >>> parse_paragraph_tags('Sure! {"gist": "Curie finds polonium", "subjects": "Marie Curie", "domain": "Chemistry"}')
+    ['Curie finds polonium', 'Marie Curie', 'Chemistry']
+    >>> parse_paragraph_tags('{"gist": " ", "subjects": "Marie Curie", "domain": "Chemistry"}')
+    []
+    >>> parse_paragraph_tags('{"gist": "Marie Curie was", "subjects": "Marie Curie was", "domain": "Marie Curie was"}')
+    []
+    """
+    reply = reply_object(text, PARAGRAPH_TAGS[0])
+    tags = [clean_tag(reply.get(key)) for key in PARAGRAPH_TAGS] if reply is not None else []
+    usable = tags and all(tag and tag.lower() not in PROMPT_LABELS for tag in tags)
+    return tags if usable and len({tag.lower() for tag in tags}) > 1 else []
+
+
+def content_words(text: str) -> list[str]:
+    """The text's lowercase words of 3 or more characters that are not stop words, most frequent first (ties in
+    order of appearance).
+
+    >>> content_words("Radium glows. The radium decays in the dark.")
+    ['radium', 'glows', 'decays', 'dark']
+    """
+    words = [w for w in re.findall(r"\w+", text.lower()) if len(w) >= 3 and w not in STOPWORDS]
+    return [word for word, _ in Counter(words).most_common()]
+
+
+def fallback_master_tags(title: str, text: str, max_tags: int) -> list[str]:
+    """Master tags made of the document's own words, when the model gave none: its title, then its most frequent
+    content words not in the title.
+
+    >>> fallback_master_tags("Marie Curie", "Marie Curie studied radium. Radium glows; radium decays.", 3)
+    ['Marie Curie', 'radium', 'studied']
+    """
+    title_words = set(title.lower().split())
+    tags = distinct([clean_tag(title), *(w for w in content_words(text) if w not in title_words)])
+    return tags[:max_tags] or [clean_tag(text) or "document"]
+
+
+def fallback_paragraph_tags(text: str, title: str) -> list[str]:
+    """gist, subjects and domain made of the chunk's own words: its first words, its two most frequent content words,
+    its document's title (or "general").
+
+    >>> fallback_paragraph_tags("Radium glows in the dark. Radium decays.", "Marie Curie")
+    ['Radium glows in the', 'radium glows', 'Marie Curie']
+    """
+    gist = clean_tag(text) or "passage"
+    return [gist, " ".join(content_words(text)[:2]) or gist, clean_tag(title) or "general"]
+
+
+_TAG_SCHEMA = {"type": "string", "minLength": 1, "maxLength": TAG_MAX_CHARS}
+PARAGRAPH_TAGS_FORMAT = json_format("paragraph_tags", {key: _TAG_SCHEMA for key in PARAGRAPH_TAGS})
+
+
+def master_tags_format(max_tags: int) -> dict[str, Any]:
+    """The master-tag reply schema: 1 to ``max_tags`` tags of at most ``TAG_MAX_CHARS`` characters (one schema for
+    every document, so the server compiles its grammar once)."""
+    return json_format("master_tags", {"tags": {"type": "array", "items": _TAG_SCHEMA, "minItems": 1,
+                                                 "maxItems": max_tags}})
+
+
+MASTER_PROMPT = """Give the master tags of the document below: up to {n} short tags of 1-4 words each, naming the \
+main people, places, things and topics it is about, the most important first.
+
+Title: {title}
+Start of the document: {text}
+
+Reply with one JSON object: {{"tags": ["...", "..."]}}."""
+
+PARAGRAPH_PROMPT = """Tag the passage below with exactly 3 tags of 1-4 words each: "gist" says what the passage \
+states, "subjects" names who or what it is about, "domain" names its broad field (such as music, politics, biology).
+
+Document: {title}
+Passage: {text}
+
+Reply with one JSON object: {{"gist": "...", "subjects": "...", "domain": "..."}}."""
+
+RETRY_PROMPT = ("That reply could not be used: every tag must be 1-4 words of your own about the text, none empty, "
+                "none repeated. Reply again with the JSON object only.")
+
+
+@dataclass(frozen=True)
+class Tagged:
+    """One tagging outcome: the record (model tags or fallback), the failure behind a fallback, the calls spent."""
+
+    record: DocumentTags | ChunkTags
+    failure: FailureRecord | None
+    calls: int
+
+
+class Tagger:
+    """Master and paragraph tags through the ``generator`` role, with retries, then fallback tags. Thread-safe."""
+
+    def __init__(self, client: Client, config: TaggingConfig, role: str = "generator"):
+        self.client, self.config, self.role = client, config, role
+
+    def master(self, document: Document) -> Tagged:
+        n = self.config.max_master_tags
+        prompt = MASTER_PROMPT.format(n=n, title=document.title or "(none)",
+                                      text=" ".join(document.text.split())[: self.config.master_chars])
+        tags, raw, calls = self._ask(prompt, master_tags_format(n), lambda text: parse_master_tags(text, n))
+        if tags:
+            return Tagged(DocumentTags(document.id, document.title, tags, "llm"), None, calls)
+        fallback = fallback_master_tags(document.title, document.text[: self.config.master_chars], n)
+        return Tagged(DocumentTags(document.id, document.title, fallback, "fallback"),
+                      self._failure(document.id, "no usable master tags", raw), calls)
+
+    def paragraph(self, chunk: Chunk) -> Tagged:
+        prompt = PARAGRAPH_PROMPT.format(title=chunk.title or "(none)",
+                                         text=" ".join(chunk.text.split())[: self.config.max_passage_chars])
+        tags, raw, calls = self._ask(prompt, PARAGRAPH_TAGS_FORMAT, parse_paragraph_tags)
+        source = "llm" if tags else "fallback"
+        record = ChunkTags(chunk.id, chunk.doc_id, chunk.title, chunk.text, chunk.start, chunk.end,
+                           tags or fallback_paragraph_tags(chunk.text, chunk.title), source)
+        return Tagged(record, None if tags else self._failure(chunk.id, "no usable paragraph tags", raw), calls)
+
+    def _ask(self, prompt: str, response_format: dict, parse: Callable[[str], list[str]]
+             ) -> tuple[list[str], str, int]:
+        """Up to ``max_attempts`` requests: (the tags, the last raw reply or error, the calls made). After an unusable
+        reply the next request shows it with a correction, since at temperature 0 the same request gets the same
+        reply; a failed request is sent again as it was."""
+        messages: list[dict[str, str]] = [{"role": "user", "content": prompt}]
+        raw = ""
+        for attempt in range(1, self.config.max_attempts + 1):
+            try:
+                reply = self.client.chat(self.role, messages, response_format=response_format,
+                                         max_tokens=self.config.max_tokens, temperature=0)
+            except ClientError as exc:
+                raw = f"<request failed: {exc}>"
+                continue
+            tags = parse(reply.text)
+            if tags:
+                return tags, reply.text, attempt
+            raw = reply.text
+            messages = [messages[0], {"role": "assistant", "content": reply.text},
+                        {"role": "user", "content": RETRY_PROMPT}]
+        return [], raw, self.config.max_attempts
+
+    def _failure(self, record_id: str, error: str, raw: str) -> FailureRecord:
+        return FailureRecord(id=record_id, job="orion tags", error=error, raw=raw, attempts=self.config.max_attempts)
