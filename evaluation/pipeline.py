@@ -20,6 +20,10 @@ Writes ``metrics.json``, ``table.md``, ``predictions/<strategy>.jsonl``, ``quali
 against generator tokens per question, SmartChunk's Figure 1) and ``quality_vs_seconds.png``; for QASPER also
 ``qasper/<strategy>.jsonl`` in the official prediction format (``question_id``, ``predicted_answer``,
 ``predicted_evidence``) for the official evaluator.
+
+Each answered question is appended to ``predictions/<strategy>.jsonl`` as it finishes, so a killed run resumes where
+it stopped and a larger ``limit_questions`` answers only the new questions (``evaluation/pipeline_records.py``;
+``resume=false`` starts over).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from overstory.data_pipeline.formats import Chunk, Document, QAExample, write_js
 from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies
 from overstory.data_pipeline.lattice_traces import tree_leaf_chunks
 from overstory.data_pipeline.orion_tags import tag_and_index
+from overstory.evaluation.pipeline_records import StrategyRecords, combined_cost_check
 from overstory.evaluation.plots import plot_quality_vs_cost
 from overstory.evaluation.rag import select_questions
 from overstory.retrieval.arag import ARagConfig, ARagStrategy
@@ -109,6 +114,7 @@ class PipelineEvalConfig:
     recall_k: int = 5
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     concurrency: int = 2  # questions answered at once (each strategy's own calls may fan out further)
+    resume: bool = True  # keep the answers already in <out>/predictions (same settings); false: answer them again
     request_timeout_s: float = 600.0
     server_url: str = ""  # a running stack; empty starts `serve` in the background
     serve: ServeConfig = field(default_factory=lambda: ServeConfig.local(port=0))
@@ -189,7 +195,7 @@ def answer_question(strategy: Strategy, question: QAExample, client: Client, rec
         "contains_match": contains_match(result.raw, question.answers),
         "rouge_l": rouge_l(result.prediction, question.answers),
         "seconds": round(seconds, 3), "usage": usage, "details": result.details,
-        "_evidence_texts": [c.text for c in result.evidence[:recall_k]],
+        "evidence_texts": [c.text for c in result.evidence[:recall_k]],
     }
 
 
@@ -260,14 +266,17 @@ def costs_add_up(totals: dict[str, dict[str, int]], before: dict | None, after: 
 def qasper_predictions(records: Sequence[dict]) -> list[dict]:
     """QASPER's official prediction format: one line per question with the answer and the evidence texts (the
     evaluator scores evidence by string match against the gold paragraphs)."""
-    return [{"question_id": r["id"], "predicted_answer": r["prediction"], "predicted_evidence": r["_evidence_texts"]}
+    return [{"question_id": r["id"], "predicted_answer": r["prediction"], "predicted_evidence": r["evidence_texts"]}
             for r in records]
 
 
 def _judge(records: list[dict], questions: dict[str, QAExample], client: Client, config: JudgeConfig) -> dict:
+    """Score every record the judge has not scored yet (a resumed run keeps earlier verdicts); its usage."""
     judge = client.fork()
     rule = CorrectnessConfig("judge")
     for record in records:
+        if "judge" in record:
+            continue
         if record["failure"] and not record["prediction"]:
             record["judge"] = 0.0  # no answer is a wrong answer: accuracy is over all questions
             continue
@@ -278,20 +287,69 @@ def _judge(records: list[dict], questions: dict[str, QAExample], client: Client,
 
 
 def run_strategy(name: str, strategy: Strategy, questions: Sequence[QAExample], client: Client,
-                 config: PipelineEvalConfig, progress: Progress) -> tuple[list[dict], dict | None]:
-    task = progress.add_task(f"{name}: questions", total=len(questions))
+                 config: PipelineEvalConfig, progress: Progress, records: StrategyRecords,
+                 already_done: int = 0) -> tuple[list[dict], dict | None]:
+    """Answer ``questions``, appending each record as it finishes; the records and the cost check of this run."""
+    task = progress.add_task(f"{name}: questions", total=already_done + len(questions), completed=already_done)
     before = client.server_token_totals()
 
     def one(question: QAExample) -> dict:
         record = answer_question(strategy, question, client, config.recall_k)
+        records.append(record)
         progress.advance(task)
         return record
 
-    with ThreadPoolExecutor(max_workers=config.concurrency) as pool:
-        records = list(pool.map(one, questions))
+    try:
+        with ThreadPoolExecutor(max_workers=config.concurrency) as pool:
+            answered = list(pool.map(one, questions))
+    finally:
+        records.close()
     after = client.server_token_totals()
-    totals = summarise(records, config.recall_k)["usage_total"]
-    return records, costs_add_up(totals, before, after)
+    totals = summarise(answered, config.recall_k)["usage_total"]
+    return answered, costs_add_up(totals, before, after)
+
+
+def strategy_settings(name: str, config: PipelineEvalConfig, checkpoints: dict) -> dict:
+    """What decides a strategy's answers; records made under other settings are not resumed. A running server's
+    address is left out (its port changes between runs; its served names stay)."""
+    own = {"fable": ("fable", "fable_forest"), "orion": ("orion", "orion_chunking", "orion_tagging")}.get(name, (name,))
+    full = to_dict(config)
+    return {"dataset": to_dict(config.dataset), "skip_unanswerable": config.skip_unanswerable,
+            **{key: full[key] for key in ("hierarchy", "answer", "recall_k", *own)},
+            "checkpoints": {key: value for key, value in checkpoints.items() if key != "server_url"}}
+
+
+def evaluate_strategy(name: str, config: PipelineEvalConfig, corpus: tuple[Sequence[Document], Sequence[Chunk]],
+                      questions: Sequence[QAExample], client: Client, progress: Progress,
+                      checkpoints: dict) -> tuple[dict, list[dict]]:
+    """One strategy's row and records: the questions answered before (same settings) are kept, the rest are
+    answered now by a strategy built over the corpus (its index cost recorded with the run)."""
+    records = StrategyRecords(Path(config.out) / "predictions", name)
+    records.start(strategy_settings(name, config, checkpoints), config.resume)
+    ids = [q.id for q in questions]
+    done = records.done(ids)
+    todo = [q for q in questions if q.id not in done]
+    if done:
+        print(f"{name}: resuming, {len(done)} of {len(questions)} questions already answered in {records.path}")
+    if todo:
+        index_client = client.fork()
+        started = time.perf_counter()
+        strategy = build_strategy(name, config, *corpus, index_client)
+        index = {"seconds": round(time.perf_counter() - started, 2), "usage": index_client.stats.summary()}
+        answered, check = run_strategy(name, strategy, todo, client, config, progress, records, len(done))
+        records.log_run({"question_ids": [r["id"] for r in answered], "index": index, "costs_add_up": check,
+                         "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
+        done.update({r["id"]: r for r in answered})
+    ordered = [done[i] for i in ids]
+    row: dict = {}
+    if config.judge.enabled:
+        row["judge_usage"] = _judge(ordered, {q.id: q for q in questions}, client, config.judge)
+    if todo or config.judge.enabled:
+        records.rewrite(ordered)  # the questions' order (they were appended as they finished), with any verdicts
+    runs = records.runs()
+    row = {**summarise(ordered, config.recall_k), **row, "costs_add_up": combined_cost_check(runs, ids),
+           "runs": len(runs), "index": runs[-1]["index"] if runs else None}
+    return row, ordered
 
 
 def markdown_table(report: dict) -> str:
@@ -307,13 +365,23 @@ def markdown_table(report: dict) -> str:
 
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for name, row in report["strategies"].items():
-        check = row.get("costs_add_up")
         lines.append("| " + " | ".join([
             name, *(cell(row, key) for key in (*QUALITY, f"recall@{k}", "judge")), f"{row['llm_calls']:g}",
             f"{row['llm_input_tokens']:g} / {row['llm_output_tokens']:g}", f"{row['generator_tokens']:g}",
             f"{row['seconds']:.2f}", f"{row['n_questions'] - row['answered']}/{row['n_questions']}",
-            "-" if check is None else ("yes" if check["match"] else "NO")]) + " |")
+            _cost_cell(row.get("costs_add_up"))]) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _cost_cell(check: dict | None) -> str:
+    """``yes`` when every question's costs were checked and added up; ``yes (k/n)`` when a killed run left some
+    unchecked."""
+    if check is None:
+        return "-"
+    if not check["match"]:
+        return "NO"
+    checked, total = check["questions_checked"], check["questions"]
+    return "yes" if checked == total else f"yes ({checked}/{total})"
 
 
 def _recorded_checkpoints(config: PipelineEvalConfig, client: Client) -> dict:
@@ -332,7 +400,6 @@ def run(config: PipelineEvalConfig) -> dict:
     if not questions:
         raise ConfigError(f"corpus {corpus.path} has no questions to evaluate")
     chunks = build_hierarchies(documents, config.hierarchy)
-    by_id = {q.id: q for q in questions}
     report: dict = {"dataset": corpus.kind, "corpus": to_dict(corpus), "n_questions": len(questions),
                     "n_documents": len(documents), "recall_k": config.recall_k, "strategies": {}}
     with ExitStack() as stack, Progress() as progress:
@@ -341,21 +408,9 @@ def run(config: PipelineEvalConfig) -> dict:
         client = Client.from_url(url, timeout_s=config.request_timeout_s)
         report["checkpoints"] = _recorded_checkpoints(config, client)
         for name in config.names:
-            index_client = client.fork()
-            started = time.perf_counter()
-            strategy = build_strategy(name, config, documents, chunks, index_client)
-            index_seconds = time.perf_counter() - started
-            records, check = run_strategy(name, strategy, questions, client, config, progress)
-            row = summarise(records, config.recall_k)
-            row.update(costs_add_up=check, index={"seconds": round(index_seconds, 2),
-                                                  "usage": index_client.stats.summary()})
-            if config.judge.enabled:
-                row["judge_usage"] = _judge(records, by_id, client, config.judge)
-                row.update({key: v for key, v in summarise(records, config.recall_k).items()
-                            if key.startswith("judge")})
+            row, records = evaluate_strategy(name, config, (documents, chunks), questions, client, progress,
+                                             report["checkpoints"])
             report["strategies"][name] = row
-            write_jsonl(out / "predictions" / f"{name}.jsonl",
-                        [{k: v for k, v in r.items() if not k.startswith("_")} for r in records])
             if corpus.kind == "qasper":
                 write_jsonl(out / "qasper" / f"{name}.jsonl", qasper_predictions(records))
         tracker.summary({f"{name}/{key}": value for name, row in report["strategies"].items()

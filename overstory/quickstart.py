@@ -445,7 +445,8 @@ def _strategies_stage(config: QuickstartConfig, folder: Path, server_url: str) -
             strategies=stage.strategies, corpus=CorpusConfig(corpus.kind, corpus.path, limit_docs=stage.limit_docs,
                                                              split=corpus.split),
             limit_questions=stage.questions, hierarchy=config.hierarchy, arag=stage.arag, server_url=server_url,
-            out=str(folder / name), tracking=TrackingConfig(backend="none")))
+            # answered afresh: the stack serves this run's planner adapter under the same role names as the last
+            resume=False, out=str(folder / name), tracking=TrackingConfig(backend="none")))
         keys = ("contains_match", "token_f1", "recall@5", "llm_calls", "generator_tokens", "seconds", "failures",
                 "answered")
         corpora[name] = {"n_questions": report["n_questions"], "table": str(folder / name / "table.md"),

@@ -81,14 +81,29 @@ def test_the_strategies_that_build_llm_indexes_run_in_the_harness(tmp_path: Path
     assert report["strategies"]["orion"]["index"]["usage"]["generator"]["requests"] > 0  # the tags were written
 
 
-def test_qasper_answers_in_the_official_prediction_format(tmp_path: Path) -> None:
-    _run(tmp_path, "--strategies", "naive", "--data", "qasper", "corpus.limit_docs=1", "limit_questions=2")
+def test_qasper_prediction_format_and_a_rerun_answers_only_new_questions(tmp_path: Path, capsys) -> None:
+    """The first run answers one question; the second, asked for two, keeps it and answers one more (a killed run
+    resumes the same way); a third with another answer setting is refused, naming the key."""
+    qasper = ("--strategies", "naive", "--data", "qasper", "corpus.limit_docs=1")
+    _run(tmp_path, *qasper, "limit_questions=1")
+    first = (tmp_path / "predictions" / "naive.jsonl").read_text()
+    report = _run(tmp_path, *qasper, "limit_questions=2")
+    records = [json.loads(line) for line in (tmp_path / "predictions" / "naive.jsonl").read_text().splitlines()]
+    assert len(records) == 2 and json.loads(first) == records[0]  # the first answer was kept, not made again
+    runs = [json.loads(line) for line in (tmp_path / "predictions" / "naive.runs.jsonl").read_text().splitlines()]
+    assert [len(run["question_ids"]) for run in runs] == [1, 1]
+    row = report["strategies"]["naive"]
+    assert row["n_questions"] == 2 and row["usage_total"]["generator"]["calls"] == 2
+    assert row["costs_add_up"] == {"match": True, "questions_checked": 2, "questions": 2, "runs": 2}
     lines = [json.loads(line) for line in (tmp_path / "qasper" / "naive.jsonl").read_text().splitlines()]
-    assert len(lines) == 2
+    assert [line["question_id"] for line in lines] == [r["id"] for r in records]
     for line in lines:
         assert set(line) == {"question_id", "predicted_answer", "predicted_evidence"}
         assert isinstance(line["predicted_answer"], str) and line["predicted_evidence"]
         assert all(isinstance(text, str) and text for text in line["predicted_evidence"])
+    assert main(["eval", "pipeline", "--config", CONFIG, f"out={tmp_path}", "tracking.backend=none", *qasper,
+                 "answer.max_tokens=8"]) == 2
+    assert "answer.max_tokens differ" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("override, key", [("strategies=naive,graphrag", "strategies"), ("data=msmarco", "data"),

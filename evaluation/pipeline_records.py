@@ -1,0 +1,124 @@
+"""The evaluation harness's files per strategy, which make a run resumable and let runs add up to one report.
+
+``overstory eval pipeline`` appends each question's record as soon as it is answered, so a killed run (or one cut
+off by a session's end) resumes where it stopped, and raising ``limit_questions`` answers only the new questions.
+Strategies run by separate invocations into the same ``out`` folder (two streams on two machines' worth of cores,
+say) share it; the last run's ``metrics.json`` covers the strategies it names.
+
+    <out>/predictions/<strategy>.jsonl          one record per answered question, appended as each finishes
+    <out>/predictions/<strategy>.settings.json  what decides those answers: the dataset, the chunking, the answer
+                                                settings, the strategy's own section and the served checkpoints
+    <out>/predictions/<strategy>.runs.jsonl     one line per run that answered questions: how many, what building
+                                                the strategy cost, and the check of its token sums against the
+                                                servers' counters
+
+Resuming with other settings is refused with the keys that differ, rather than a table that mixes two
+configurations. Against a running server (``server_url``) only the served names can be checked, not the weights
+behind them: keep one ``out`` folder per checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Collection
+from pathlib import Path
+
+from overstory.core.config import ConfigError
+from overstory.data_pipeline.formats import JsonlAppender, read_jsonl, write_jsonl
+
+
+def differing_keys(old: object, new: object, prefix: str = "") -> list[str]:
+    """Dotted paths where two nested settings dicts differ.
+
+    >>> differing_keys({"a": 1, "b": {"c": 2, "d": 3}}, {"a": 1, "b": {"c": 5}, "e": 0})
+    ['b.c', 'b.d', 'e']
+    """
+    if isinstance(old, dict) and isinstance(new, dict):
+        keys = sorted(set(old) | set(new))
+        return [path for key in keys
+                for path in differing_keys(old.get(key), new.get(key), f"{prefix}{key}.")]
+    return [] if old == new else [prefix.rstrip(".")]
+
+
+class StrategyRecords:
+    """One strategy's records in ``<out>/predictions``: load what is done, append what is answered, log runs."""
+
+    def __init__(self, folder: str | Path, strategy: str):
+        self.folder = Path(folder)
+        self.strategy = strategy
+        self.path = self.folder / f"{strategy}.jsonl"
+        self.settings_path = self.folder / f"{strategy}.settings.json"
+        self.runs_path = self.folder / f"{strategy}.runs.jsonl"
+        self._lock = threading.Lock()
+        self._writer: JsonlAppender | None = None
+
+    def start(self, settings: dict, resume: bool) -> None:
+        """Record the settings, or check them against those of the records already there; ``resume=False``
+        deletes this strategy's earlier records first."""
+        if not resume:
+            for path in (self.path, self.settings_path, self.runs_path):
+                path.unlink(missing_ok=True)
+        settings = json.loads(json.dumps(settings))  # the JSON view, so tuples compare equal to stored lists
+        if self.path.exists() and self.settings_path.exists():
+            recorded = json.loads(self.settings_path.read_text())
+            changed = differing_keys(recorded, settings)
+            if changed:
+                raise ConfigError(f"{self.path} holds answers made with other settings ({', '.join(changed)} "
+                                  f"differ from {self.settings_path}); choose another out= or set resume=false")
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.settings_path.write_text(json.dumps(settings, indent=2) + "\n")
+
+    def done(self, question_ids: Collection[str]) -> dict[str, dict]:
+        """The records already answered for these questions, by id (a record of a question outside the set, from
+        a run over more questions, is kept on disk and left out here)."""
+        if not self.path.exists():
+            return {}
+        wanted = set(question_ids)
+        return {r["id"]: r for r in read_jsonl(self.path) if r["id"] in wanted}
+
+    def append(self, record: dict) -> None:
+        """Add one answered question (thread-safe: the harness answers questions concurrently)."""
+        with self._lock:
+            if self._writer is None:
+                self._writer = JsonlAppender(self.path)
+            self._writer.write(record)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
+
+    def rewrite(self, records: list[dict]) -> None:
+        """Replace the records of these questions (after the judge scored them), keeping any others on disk."""
+        self.close()
+        by_id = {r["id"]: r for r in records}
+        kept = [r for r in read_jsonl(self.path) if r["id"] not in by_id] if self.path.exists() else []
+        write_jsonl(self.path, [*kept, *records])
+
+    def log_run(self, run: dict) -> None:
+        with self._lock:
+            with self.runs_path.open("a") as fh:
+                fh.write(json.dumps(run) + "\n")
+
+    def runs(self) -> list[dict]:
+        return list(read_jsonl(self.runs_path)) if self.runs_path.exists() else []
+
+
+def combined_cost_check(runs: list[dict], question_ids: Collection[str]) -> dict | None:
+    """The cost checks of every run that answered these questions, as one verdict: ``match`` when no run's token
+    sums differed from its servers' counters, and how many of the questions the checks covered (a killed run never
+    wrote its check, so its questions stay unchecked). None when no run could check.
+
+    >>> combined_cost_check([{"question_ids": ["a", "b"], "costs_add_up": {"match": True}},
+    ...                      {"question_ids": ["c"], "costs_add_up": None}], ["a", "b", "c"])
+    {'match': True, 'questions_checked': 2, 'questions': 3, 'runs': 2}
+    """
+    wanted = set(question_ids)
+    checked = [run for run in runs if run.get("costs_add_up") is not None and wanted & set(run["question_ids"])]
+    if not checked:
+        return None
+    return {"match": all(run["costs_add_up"]["match"] for run in checked),
+            "questions_checked": len(wanted & {q for run in checked for q in run["question_ids"]}),
+            "questions": len(wanted), "runs": len(runs)}
