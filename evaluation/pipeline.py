@@ -271,12 +271,13 @@ def qasper_predictions(records: Sequence[dict]) -> list[dict]:
 
 
 def _judge(records: list[dict], questions: dict[str, QAExample], client: Client, config: JudgeConfig) -> dict:
-    """Score every record the judge has not scored yet (a resumed run keeps earlier verdicts); its usage."""
+    """Score every record this judge role has not scored yet (a resumed run keeps its verdicts); its usage."""
     judge = client.fork()
     rule = CorrectnessConfig("judge")
     for record in records:
-        if "judge" in record:
+        if record.get("judge_role") == config.role:
             continue
+        record["judge_role"] = config.role
         if record["failure"] and not record["prediction"]:
             record["judge"] = 0.0  # no answer is a wrong answer: accuracy is over all questions
             continue

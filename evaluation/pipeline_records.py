@@ -60,7 +60,10 @@ class StrategyRecords:
             for path in (self.path, self.settings_path, self.runs_path):
                 path.unlink(missing_ok=True)
         settings = json.loads(json.dumps(settings))  # the JSON view, so tuples compare equal to stored lists
-        if self.path.exists() and self.settings_path.exists():
+        if self.path.exists() and not self.settings_path.exists():
+            raise ConfigError(f"{self.path} holds answers without a record of their settings (an earlier harness); "
+                              "choose another out= or set resume=false")
+        if self.path.exists():
             recorded = json.loads(self.settings_path.read_text())
             changed = differing_keys(recorded, settings)
             if changed:

@@ -33,7 +33,13 @@ def test_records_resume_only_under_the_same_settings(tmp_path: Path) -> None:
     assert again.done(["q1"])  # the refused run deleted nothing
     StrategyRecords(tmp_path, "naive").start(changed, resume=False)  # starting over drops the old answers
     assert StrategyRecords(tmp_path, "naive").done(["q1", "q2"]) == {}
+    fresh = StrategyRecords(tmp_path, "naive")
+    fresh.append(_record("q1"))
+    fresh.close()
     assert json.loads((tmp_path / "naive.settings.json").read_text())["answer"]["max_tokens"] == 64
+    (tmp_path / "naive.settings.json").unlink()  # answers of an earlier harness, which kept no settings
+    with pytest.raises(ConfigError, match="without a record of their settings"):
+        StrategyRecords(tmp_path, "naive").start(SETTINGS, resume=True)
 
 
 def test_rewrite_puts_the_questions_in_order_and_keeps_other_records(tmp_path: Path) -> None:
