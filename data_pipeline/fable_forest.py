@@ -6,7 +6,8 @@ Every document of the corpus is chunked by the ``generator`` into semantic leave
 at most ``forest.depth`` (sections from the document's headings where it has them, else grouped by the model),
 summarised bottom-up and embedded by the ``embedder`` (``retrieval.fable.ForestBuilder``; the module docstring of
 ``retrieval/fable.py`` gives the details). Each finished document's tree is appended to ``<out>/trees.jsonl``, so a
-killed run resumes: finished documents are skipped (to rebuild one, delete its line). Replies that had to fall back
+killed run resumes: finished documents are skipped (to rebuild one, delete its line); the settings that shape a tree
+are kept in ``<out>/settings.json``, and resuming with others is refused, naming the keys. Replies that had to fall back
 are kept with their raw text in ``<out>/failures.jsonl``. At the end the job writes ``<out>/forest.json`` (every
 document of the corpus, in corpus order; ``FableStrategy.load`` reads it) and ``<out>/build.json``: nodes by kind,
 fallbacks, and what this run spent (LLM calls, prompt and completion tokens from the servers' usage, embedding
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from rich.progress import Progress
 
-from overstory.core.config import ConfigError
+from overstory.core.config import ConfigError, differing_keys, to_dict
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
 from overstory.data_pipeline.formats import JsonlAppender, read_jsonl
@@ -81,6 +82,7 @@ def build_forest(config: FableForestConfig, client: Client) -> dict:
         raise ConfigError(f"corpus {config.corpus.path!r} has no documents")
     out = Path(config.out)
     trees_path = out / "trees.jsonl"
+    _check_settings(out, config)
     totals: Counter = Counter()
     with JsonlAppender(trees_path) as trees, JsonlAppender(out / "failures.jsonl") as failures:
         todo = [d for d in documents if d.id not in trees]
@@ -106,6 +108,25 @@ def build_forest(config: FableForestConfig, client: Client) -> dict:
     return report
 
 
+def _check_settings(out: Path, config: FableForestConfig) -> None:
+    """Record what shapes a tree (the corpus kind, the sentence hierarchy, the forest settings) beside the trees, or
+    refuse to add trees built another way to those already there. The corpus's path and size may change: a run over
+    more documents of the same corpus adds their trees."""
+    settings = {"corpus_kind": config.corpus.kind, "hierarchy": to_dict(config.hierarchy),
+                "forest": to_dict(config.forest)}
+    path = out / "settings.json"
+    if (out / "trees.jsonl").exists():
+        if not path.exists():
+            raise ConfigError(f"{out} holds trees without a record of their settings (an earlier builder); choose "
+                              "another out= or delete the folder to rebuild")
+        changed = differing_keys(json.loads(path.read_text()), settings)
+        if changed:
+            raise ConfigError(f"{out} holds trees built with other settings ({', '.join(changed)} differ from "
+                              f"{path}); choose another out= or delete the folder to rebuild")
+    out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(settings, indent=2) + "\n")
+
+
 def _report(forest: Forest, skipped: int, built: int, totals: Counter, client: Client, seconds: float) -> dict:
     """What the forest holds, and what this run did and spent."""
     usage = client.stats.summary()
@@ -116,8 +137,8 @@ def _report(forest: Forest, skipped: int, built: int, totals: Counter, client: C
         "max_depth": max(n.depth for n in forest.nodes.values()),
         "seeded_documents": totals["seeded"],
         "fallbacks": {what: totals[f"{what}_fallbacks"] for what in ("chunk", "group", "summary")},
-        "repairs": {key: totals[key] for key in ("chunk_ids_dropped", "chunk_runs_split", "group_ids_dropped",
-                                                 "group_runs_split")},
+        "repairs": {f"{what}_{repair}": totals[f"{what}_{repair}"] for what in ("chunk", "group")
+                    for repair in ("ids_dropped", "runs_split", "runs_merged")},
         "cost": {"llm_calls": generator.get("requests", 0), "request_failures": totals["request_failures"],
                  "prompt_tokens": generator.get("prompt_tokens", 0),
                  "completion_tokens": generator.get("completion_tokens", 0),

@@ -24,21 +24,8 @@ import threading
 from collections.abc import Collection
 from pathlib import Path
 
-from overstory.core.config import ConfigError
+from overstory.core.config import ConfigError, differing_keys
 from overstory.data_pipeline.formats import JsonlAppender, read_jsonl, write_jsonl
-
-
-def differing_keys(old: object, new: object, prefix: str = "") -> list[str]:
-    """Dotted paths where two nested settings dicts differ.
-
-    >>> differing_keys({"a": 1, "b": {"c": 2, "d": 3}}, {"a": 1, "b": {"c": 5}, "e": 0})
-    ['b.c', 'b.d', 'e']
-    """
-    if isinstance(old, dict) and isinstance(new, dict):
-        keys = sorted(set(old) | set(new))
-        return [path for key in keys
-                for path in differing_keys(old.get(key), new.get(key), f"{prefix}{key}.")]
-    return [] if old == new else [prefix.rstrip(".")]
 
 
 class StrategyRecords:

@@ -8,13 +8,15 @@ Offline, the ``generator`` turns every document into a tree (``retrieval.fable_b
    where a new chunk begins. Sentence numbers are something a 135M model can write under a grammar (an integer
    range, never text to copy), and a chunk is then a run of whole sentences, so its character offsets are exact.
    An unusable reply (no list, or no number in range) falls back to packing each paragraph's sentences up to
-   ``chunk_tokens``; an LLM chunk over ``max_chunk_tokens`` is re-packed. Both are counted, the raw reply kept.
+   ``chunk_tokens``; an LLM chunk over ``max_chunk_tokens`` is re-packed, one under ``min_chunk_tokens`` joins a
+   neighbour (``retrieval/fable_runs.py``). All are counted, the raw reply kept.
 2. One typed tree per document, depth at most D (the root is at depth 1): root > section > subsection > leaf. A
    document with real headings (QASPER; ``seed_structure``) takes its sections and subsections from the hierarchy
    and is chunked inside them. Any other document whose leaves outnumber ``max_children`` is grouped by the model
    the same way (``{"group_starts": [...]}`` over its numbered leaves) into sections, and sections into
    subsections; a long document is grouped in parts of ``group_window`` leaves and the parts' sections are merged
-   under the one root in document order. Every internal node gets a table-of-contents title and a summary of its
+   under the one root in document order. Groups of one leaf, and groups beyond ``max_children``, are merged with
+   their neighbours while the size limit allows. Every internal node gets a table-of-contents title and a summary of its
    children (``{"title", "summary"}``; fallback: its first words and first sentence); the root's title is the
    document's, a seeded section's its heading.
 3. Embeddings through the ``embedder``: an internal node embeds "toc path: summary", a leaf its content.
@@ -64,7 +66,6 @@ import numpy as np
 from overstory.core.config import ConfigError
 from overstory.data_pipeline.formats import Chunk, Document
 from overstory.models.json_reply import as_int, json_objects, loads_tolerant
-from overstory.retrieval.arag import pack
 from overstory.retrieval.naive import AnswerConfig, generate_answer
 from overstory.retrieval.strategy import StrategyAnswer
 from overstory.serving.client import Client, ClientError
@@ -90,6 +91,9 @@ class ForestConfig:
     window_tokens: int = 512  # sentences shown per chunking prompt: a few chunks' worth, a short CPU prefill
     chunk_tokens: int = 128  # the fallback packs a paragraph's sentences up to this many tokens
     max_chunk_tokens: int = 384  # an LLM chunk over this is re-packed to chunk_tokens (a leaf must fit B_max)
+    # an LLM chunk under this joins a neighbour (within max_chunk_tokens): SmolLM2-135M starts a chunk at almost
+    # every sentence, which leaves of 10-30 tokens; 0 keeps the model's chunks as they are
+    min_chunk_tokens: int = 64
     max_children: int = 8  # a node with more leaves than this gets a level of groups, while the depth allows
     group_window: int = 24  # items per grouping prompt (long documents are grouped in parts); members per summary
     max_member_chars: int = 300  # each leaf's text is cut to this in grouping and summary prompts
@@ -105,6 +109,9 @@ class ForestConfig:
                     "summary_max_tokens", "embed_batch_size"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"forest.{key} must be at least 1, got {getattr(self, key)}")
+        if not 0 <= self.min_chunk_tokens <= self.max_chunk_tokens:
+            raise ConfigError(f"forest.min_chunk_tokens must be between 0 and forest.max_chunk_tokens "
+                              f"({self.max_chunk_tokens}), got {self.min_chunk_tokens}")
         if self.max_children < 2:
             raise ConfigError(f"forest.max_children must be at least 2, got {self.max_children}")
         if self.group_window < self.max_children:
@@ -374,61 +381,6 @@ def parse_ids(text: str, key: str, n: int) -> tuple[list[int], int] | None:
     numbers = [as_int(item) for item in items]
     valid = [i for i in numbers if i is not None and 0 <= i < n]
     return list(dict.fromkeys(valid)), len(numbers) - len(valid)
-
-
-def parse_starts(text: str, key: str, n: int) -> tuple[list[int], int] | None:
-    """Where runs begin among ``n`` numbered items: (sorted starts, always with 0; how many listed numbers were out
-    of range), or None when the reply is unusable: no list, or no number in range (an empty chunking).
-
-    >>> parse_starts('{"chunk_starts": [3, 0, 7, 3]}', "chunk_starts", 5)
-    ([0, 3], 1)
-    >>> parse_starts('{"chunk_starts": []}', "chunk_starts", 5) is None
-    True
-    """
-    parsed = parse_ids(text, key, n)
-    if parsed is None or not parsed[0]:
-        return None
-    return sorted({0, *parsed[0]}), parsed[1]
-
-
-def runs_from_starts(starts: Sequence[int], n: int) -> list[range]:
-    """Consecutive runs of ``n`` items, one from each start to the next.
-
-    >>> runs_from_starts([0, 2], 5)
-    [range(0, 2), range(2, 5)]
-    """
-    return [range(a, b) for a, b in zip(starts, [*starts[1:], n])]
-
-
-def split_long_runs(runs: Sequence[range], weights: Sequence[int], limit: int, size: int) -> tuple[list[range], int]:
-    """Runs whose weights sum past ``limit`` re-packed into runs of at most ``size`` (``pack``); (runs, how many
-    were split).
-
-    >>> split_long_runs([range(0, 3), range(3, 4)], [50, 50, 50, 10], 120, 100)
-    ([range(0, 2), range(2, 3), range(3, 4)], 1)
-    """
-    out, split = [], 0
-    for run in runs:
-        if sum(weights[i] for i in run) <= limit:
-            out.append(run)
-            continue
-        split += 1
-        out += [range(run.start + r.start, run.start + r.stop) for r in pack([weights[i] for i in run], size)]
-    return out, split
-
-
-def fallback_runs(weights: Sequence[int], groups: Sequence[str], size: int) -> list[range]:
-    """The deterministic chunking: consecutive items of one group (a paragraph's sentences) packed up to ``size``.
-
-    >>> fallback_runs([50, 50, 50, 10], ["p0", "p0", "p0", "p1"], 100)
-    [range(0, 2), range(2, 3), range(3, 4)]
-    """
-    runs, start = [], 0
-    for end in range(1, len(weights) + 1):
-        if end == len(weights) or groups[end] != groups[start]:
-            runs += [range(start + r.start, start + r.stop) for r in pack(weights[start:end], size)]
-            start = end
-    return runs
 
 
 def parse_summary(text: str) -> tuple[str, str] | None:

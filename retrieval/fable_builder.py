@@ -14,14 +14,11 @@ from typing import Any
 
 from overstory.data_pipeline.formats import Chunk, Document, FailureRecord
 from overstory.retrieval.arag import pack
-from overstory.retrieval.fable import (
-    KINDS,
-    ForestConfig,
-    ForestNode,
+from overstory.retrieval.fable import KINDS, ForestConfig, ForestNode, numbered, parse_summary
+from overstory.retrieval.fable_runs import (
     fallback_runs,
-    numbered,
+    merge_short_runs,
     parse_starts,
-    parse_summary,
     runs_from_starts,
     split_long_runs,
 )
@@ -195,6 +192,11 @@ class ForestBuilder:
             found, _ = self._segment(state, "group", prompt, "group_starts", ones, size, size,
                                      partial(pack, ones, size), f"{parent.id}/group{part.start}")
             runs += [range(part.start + r.start, part.start + r.stop) for r in found]
+        # a group of one leaf is a node without a purpose, and more groups than max_children leave the parent as
+        # wide as before: the model's groups are merged (in document order) until neither holds or none fits
+        runs, merged = merge_short_runs(runs, [1] * len(leaves), size, min_weight=2,
+                                        max_runs=self.config.max_children)
+        state.stats["group_runs_merged"] += merged
         parent.children = []
         for run in runs:
             group = state.new(kind, parent)
@@ -216,6 +218,10 @@ class ForestBuilder:
                 state, "chunk", prompt, "chunk_starts", weights, self.config.max_chunk_tokens, self.config.chunk_tokens,
                 partial(fallback_runs, weights, [s.parent or "" for s in members], self.config.chunk_tokens),
                 f"{parent.id}/chunk{window.start}")
+            if source == "llm":
+                runs, merged = merge_short_runs(runs, weights, self.config.max_chunk_tokens,
+                                                min_weight=self.config.min_chunk_tokens)
+                state.stats["chunk_runs_merged"] += merged
             for run in runs:
                 leaf = state.new("leaf", parent)
                 leaf.start, leaf.end = members[run.start].start, members[run.stop - 1].end

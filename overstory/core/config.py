@@ -186,3 +186,16 @@ def to_dict(config: Any) -> dict[str, Any]:
         return value
 
     return convert(config)
+
+
+def differing_keys(old: object, new: object, prefix: str = "") -> list[str]:
+    """Dotted paths where two nested settings dicts differ.
+
+    >>> differing_keys({"a": 1, "b": {"c": 2, "d": 3}}, {"a": 1, "b": {"c": 5}, "e": 0})
+    ['b.c', 'b.d', 'e']
+    """
+    if isinstance(old, dict) and isinstance(new, dict):
+        keys = sorted(set(old) | set(new))
+        return [path for key in keys
+                for path in differing_keys(old.get(key), new.get(key), f"{prefix}{key}.")]
+    return [] if old == new else [prefix.rstrip(".")]

@@ -105,3 +105,6 @@ def test_a_killed_run_resumes_with_only_the_missing_documents(tmp_path, monkeypa
     # a finished forest: nothing left to ask
     backend.prompts.clear()
     assert run(job_config(tmp_path))["built"] == 0 and backend.prompts == []
+    # more trees built another way would mix two forests: refused, naming the key
+    with pytest.raises(ConfigError, match=r"forest\.min_chunk_tokens differ"):
+        run(job_config(tmp_path, "forest.min_chunk_tokens=0"))

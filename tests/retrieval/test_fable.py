@@ -28,11 +28,11 @@ from overstory.retrieval.fable import (
     greedy_select,
     node_fusion,
     parse_ids,
-    parse_starts,
     parse_summary,
     tree_expansion_scores,
 )
 from overstory.retrieval.fable_builder import ForestBuilder
+from overstory.retrieval.fable_runs import parse_starts
 from overstory.retrieval.metrics import recall_at_k
 from overstory.retrieval.naive import AnswerConfig
 from overstory.serving.client import Client, ClientError
@@ -104,15 +104,19 @@ def hierarchy_of(*documents: Document):
 
 
 def build_tree(document: Document, backend: StandIn, **config):
+    """One tree from the stand-in's replies; the model's chunks are kept as they are (these documents are a few
+    tokens long) unless a test sets min_chunk_tokens."""
+    config = {"min_chunk_tokens": 0, **config}
     return ForestBuilder(Client(backend), ForestConfig(**config)).build(document, hierarchy_of(document))
 
 
 @pytest.fixture(scope="module")
 def strategy():
     """The three documents; the rivers document is chunked into its two paragraphs (2 leaves), the others are one
-    leaf each: every tree is a root over its leaves."""
+    leaf each: every tree is a root over its leaves (the model's chunks kept as they are)."""
     backend = StandIn(chunk_starts=['{"chunk_starts": [0, 2]}'])
-    return FableStrategy.build(DOCUMENTS, hierarchy_of(*DOCUMENTS), Client(backend))
+    return FableStrategy.build(DOCUMENTS, hierarchy_of(*DOCUMENTS), Client(backend),
+                               forest=ForestConfig(min_chunk_tokens=0))
 
 
 def with_config(strategy, **changes):
@@ -284,6 +288,23 @@ def test_a_long_document_is_grouped_in_parts_and_the_parts_merged():
     assert "[5] Fact number 5" in backend.prompts("group_starts")[0] and "[0] Fact number 6" in \
         backend.prompts("group_starts")[1]
     assert tree.stats["summary_calls"] == 6  # the root and 5 sections
+
+
+def test_sentence_chunks_and_one_leaf_sections_are_merged():
+    """The 135M model's habit, here from a stand-in: a chunk starts at every sentence (9 tokens each) and a section
+    at every leaf. With min_chunk_tokens=20 the 12 one-sentence chunks (11 tokens, the last two 13) merge pairwise
+    into 6 leaves; the 6 one-leaf sections (max_children 3) merge into 3 sections of 2 leaves."""
+    each_leaf = json.dumps({"group_starts": list(range(6))})
+    backend = StandIn(chunk_starts=[EACH_SENTENCE], group_starts=[each_leaf])
+    tree = build_tree(LONG, backend, depth=3, max_children=3, min_chunk_tokens=20)
+    nodes = {n.id: n for n in tree.nodes}
+    leaves = [n for n in tree.nodes if n.kind == "leaf"]
+    assert [n.n_tokens for n in leaves] == [22, 22, 22, 22, 22, 26]
+    first = "Fact number 0 is about the topic 0.\n\nFact number 1 is about the topic 1."
+    assert LONG.text[leaves[0].start:leaves[0].end] == first
+    sections = [nodes[c] for c in nodes["t/facts#root"].children]
+    assert [len(section.children) for section in sections] == [2, 2, 2]
+    assert (tree.stats["chunk_runs_merged"], tree.stats["group_runs_merged"]) == (6, 3)
 
 
 def test_depth_four_groups_sections_into_subsections():
