@@ -10,12 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import xgrammar as xgr
 
 from overstory.core.config import ConfigError
 from overstory.data_pipeline.corpora import load_corpus
 from overstory.data_pipeline.formats import Document, Span, read_jsonl, write_jsonl
 from overstory.data_pipeline.orion_tags import tag_and_index
-from overstory.models.registry import MINILM, SMOLLM2
+from overstory.models.registry import MINILM, SMOLLM2, load_tokenizer
 from overstory.retrieval.metrics import recall_at_k
 from overstory.retrieval.naive import AnswerConfig
 from overstory.retrieval.orion import (
@@ -33,10 +34,19 @@ from overstory.retrieval.orion import (
     semantic_path,
     weighted_rrf,
 )
-from overstory.retrieval.orion_tagger import RETRY_PROMPT, Tagger, chunk_document, fallback_master_tags, window_spans
+from overstory.retrieval.orion_tagger import (
+    PARAGRAPH_TAGS_FORMAT,
+    RETRY_PROMPT,
+    Tagger,
+    chunk_document,
+    fallback_master_tags,
+    master_tags_format,
+    window_spans,
+)
 from overstory.serving.client import Client, ClientError
 from overstory.serving.config import RoleConfig, ServeConfig
 from overstory.serving.engine import EmbeddedEngine
+from overstory.serving.structured import GrammarCompilerCache, grammar_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -239,6 +249,22 @@ def test_paragraph_tags_are_three_of_at_most_four_words():
     labels = json.dumps({"gist": "Nile river", "subjects": "Subjects", "domain": "geography"})
     tagged = Tagger(Client(StandIn([copied, labels])), TaggingConfig()).paragraph(chunk)
     assert tagged.record.source == "fallback" and tagged.failure.raw == labels  # neither is three facets
+
+
+def test_the_tag_grammar_refuses_the_placeholder_the_prompt_shows():
+    """SmolLM2 wrote the reply form's "..." back as every master tag; the grammar its tokens are masked by admits a
+    tag only from a letter or digit (any script) onwards."""
+    compilers = GrammarCompilerCache(load_tokenizer(SMOLLM2), 49152)
+
+    def accepts(response_format: dict, reply: str) -> bool:
+        matcher = xgr.GrammarMatcher(compilers.compile(grammar_spec(response_format)))
+        return matcher.accept_string(reply) and matcher.is_completed()
+
+    masters = master_tags_format(5)
+    assert not accepts(masters, '{"tags": ["...", "..."]}') and not accepts(masters, '{"tags": [" Nile"]}')
+    assert accepts(masters, '{"tags": ["Nile", "Égypte", "2003 film", "Cairo, Egypt"]}')
+    assert not accepts(PARAGRAPH_TAGS_FORMAT, '{"gist": "...", "subjects": "Nile", "domain": "geography"}')
+    assert accepts(PARAGRAPH_TAGS_FORMAT, '{"gist": "longest river", "subjects": "Nile", "domain": "geography"}')
 
 
 # ---------------------------------------------------------------------------------------------------- retrieval
