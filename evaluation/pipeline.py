@@ -287,6 +287,17 @@ def _judge(records: list[dict], questions: dict[str, QAExample], client: Client,
     return judge.stats.summary()
 
 
+def judge_sanity(questions: Sequence[QAExample], client: Client, config: JudgeConfig, n: int = 5) -> dict:
+    """Whether the judge accepts the reference answer itself, on the first ``n`` questions: a judge that refuses an
+    exact copy (SmolLM2-135M answers "No" every time) makes the judge column a measure of the judge, not of the
+    answers, and the table says so."""
+    judge = client.fork()
+    rule = CorrectnessConfig("judge")
+    asked = [q for q in questions if q.answers][:n]
+    accepted = sum(is_correct(q.answers[0], q.answers, q.question, rule, judge, role=config.role) for q in asked)
+    return {"reference_accepted": accepted, "asked": len(asked), "usage": judge.stats.summary()}
+
+
 def run_strategy(name: str, strategy: Strategy, questions: Sequence[QAExample], client: Client,
                  config: PipelineEvalConfig, progress: Progress, records: StrategyRecords,
                  already_done: int = 0) -> tuple[list[dict], dict | None]:
@@ -371,6 +382,10 @@ def markdown_table(report: dict) -> str:
             f"{row['llm_input_tokens']:g} / {row['llm_output_tokens']:g}", f"{row['generator_tokens']:g}",
             f"{row['seconds']:.2f}", f"{row['n_questions'] - row['answered']}/{row['n_questions']}",
             _cost_cell(row.get("costs_add_up"))]) + " |")
+    sanity = report.get("judge_sanity")
+    if sanity and sanity["reference_accepted"] < sanity["asked"]:
+        lines.append(f"\njudge: it accepted the reference answer itself for {sanity['reference_accepted']} of "
+                     f"{sanity['asked']} questions, so its column measures the judge more than the answers")
     return "\n".join(lines) + "\n"
 
 
@@ -408,6 +423,8 @@ def run(config: PipelineEvalConfig) -> dict:
         url = config.server_url or stack.enter_context(stack_in_background(replace(config.serve, port=0)))
         client = Client.from_url(url, timeout_s=config.request_timeout_s)
         report["checkpoints"] = _recorded_checkpoints(config, client)
+        if config.judge.enabled:
+            report["judge_sanity"] = judge_sanity(questions, client, config.judge)
         for name in config.names:
             row, records = evaluate_strategy(name, config, (documents, chunks), questions, client, progress,
                                              report["checkpoints"])
@@ -417,7 +434,9 @@ def run(config: PipelineEvalConfig) -> dict:
         tracker.summary({f"{name}/{key}": value for name, row in report["strategies"].items()
                          for key, value in row.items()
                          if isinstance(value, (int, float)) and not isinstance(value, bool)})
-    quality = "judge" if config.judge.enabled else "contains_match"
+    sanity = report.get("judge_sanity")
+    judge_works = sanity is not None and sanity["reference_accepted"] == sanity["asked"]
+    quality = "judge" if judge_works else "contains_match"  # a judge that refuses the reference plots nothing
     (out / "metrics.json").write_text(json.dumps({"config": to_dict(config), **report}, indent=2))
     (out / "table.md").write_text(markdown_table(report))
     plot_quality_vs_cost(report["strategies"], out / "quality_vs_cost.png", quality=quality, cost="generator_tokens",

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from overstory.cli import main
-from overstory.evaluation.pipeline import summarise
+from overstory.data_pipeline.formats import QAExample
+from overstory.evaluation.pipeline import JudgeConfig, judge_sanity, markdown_table, summarise
+from overstory.serving.client import Client
 from tests.conftest import HOTPOTQA_150, ROOT
 
 CONFIG = str(ROOT / "configs/eval/pipeline.yaml")
@@ -31,6 +33,7 @@ def test_every_strategy_on_the_same_questions_and_costs_add_up(lattice_tree: Pat
                   f"serve.roles.scorer.model={ce_student / 'final'}", "judge.enabled=true", "judge.role=generator")
     assert report["n_questions"] == 2 and list(report["strategies"]) == ["naive", "smartchunk", "lattice"]
     assert report["checkpoints"]["scorer"]["model"] == str(ce_student / "final")
+    assert report["judge_sanity"]["asked"] == 2  # the judge was first shown each reference as the answer
     ids = None
     for name, row in report["strategies"].items():
         assert row["n_questions"] == 2
@@ -104,6 +107,33 @@ def test_qasper_prediction_format_and_a_rerun_answers_only_new_questions(tmp_pat
     assert main(["eval", "pipeline", "--config", CONFIG, f"out={tmp_path}", "tracking.backend=none", *qasper,
                  "answer.max_tokens=8"]) == 2
     assert "answer.max_tokens differ" in capsys.readouterr().err
+
+
+class SaysNo:
+    """Stands in for a served judge that refuses everything, as SmolLM2-135M does (a real judge cannot be made to
+    refuse on demand); the ``Backend`` of serving/client.py."""
+
+    def __init__(self):
+        self.prompts: list[str] = []
+
+    def post(self, path, payload):
+        self.prompts.append(payload["messages"][0]["content"])
+        return {"choices": [{"index": 0, "message": {"role": "assistant", "content": "No, the"},
+                             "finish_reason": "length"}], "usage": {"prompt_tokens": 9, "completion_tokens": 3}}, 0
+
+
+def test_a_judge_that_refuses_the_reference_itself_is_flagged() -> None:
+    questions = [QAExample(f"q{i}", f"Who is {i}?", [f"Person {i}"], [], "stand-in") for i in range(7)]
+    backend = SaysNo()
+    sanity = judge_sanity(questions, Client(backend), JudgeConfig(role="scorer"))
+    assert (sanity["reference_accepted"], sanity["asked"]) == (0, 5)
+    assert "Reference answer: Person 0\nProposed answer: Person 0" in backend.prompts[0]
+    row = {"n_questions": 7, "answered": 7, "llm_calls": 1, "llm_input_tokens": 1, "llm_output_tokens": 1,
+           "generator_tokens": 1, "seconds": 1.0, "judge": 0.0, "costs_add_up": None}
+    table = markdown_table({"recall_k": 5, "strategies": {"naive": row}, "judge_sanity": sanity})
+    assert "accepted the reference answer itself for 0 of 5 questions" in table
+    assert "accepted" not in markdown_table({"recall_k": 5, "strategies": {"naive": row},
+                                             "judge_sanity": {**sanity, "reference_accepted": 5}})
 
 
 @pytest.mark.parametrize("override, key", [("strategies=naive,graphrag", "strategies"), ("data=msmarco", "data"),
