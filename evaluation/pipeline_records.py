@@ -2,8 +2,8 @@
 
 ``overstory eval pipeline`` appends each question's record as soon as it is answered, so a killed run (or one cut
 off by a session's end) resumes where it stopped, and raising ``limit_questions`` answers only the new questions.
-Strategies run by separate invocations into the same ``out`` folder (two streams on two machines' worth of cores,
-say) share it; the last run's ``metrics.json`` covers the strategies it names.
+Strategies run by separate commands into the same ``out`` folder (two commands sharing the cores, say) share it;
+the last run's ``metrics.json`` covers the strategies it names.
 
     <out>/predictions/<strategy>.jsonl          one record per answered question, appended as each finishes
     <out>/predictions/<strategy>.settings.json  what decides those answers: the dataset, the chunking, the answer
@@ -33,7 +33,6 @@ class StrategyRecords:
 
     def __init__(self, folder: str | Path, strategy: str):
         self.folder = Path(folder)
-        self.strategy = strategy
         self.path = self.folder / f"{strategy}.jsonl"
         self.settings_path = self.folder / f"{strategy}.settings.json"
         self.runs_path = self.folder / f"{strategy}.runs.jsonl"
