@@ -129,6 +129,7 @@ def with_config(strategy, **changes):
 @pytest.mark.parametrize("cls, key, value", [
     (FableConfig, "budget_tokens", 0), (FableConfig, "budget_tokens", -100), (FableConfig, "mode", "trees"),
     (FableConfig, "top_k", 0), (FableConfig, "llm_depth", 0), (ForestConfig, "depth", 1), (ForestConfig, "depth", 5),
+    (ForestConfig, "min_chunk_tokens", -1), (ForestConfig, "min_chunk_tokens", 500),
     (ForestConfig, "max_children", 1), (ForestConfig, "group_window", 4), (ForestConfig, "chunk_tokens", 0)])
 def test_configs_name_the_bad_key(cls, key, value):
     prefix = "fable" if cls is FableConfig else "forest"
