@@ -161,8 +161,9 @@ def fallback_paragraph_tags(text: str, title: str) -> list[str]:
     return [gist, " ".join(content_words(text)[:2]) or gist, clean_tag(title) or "general"]
 
 
-# A tag begins with a letter or digit: the master prompt's reply form shows "..." where the tags go, and SmolLM2-135M
-# wrote that back for every document (0 of 9 usable on SQuAD and NarrativeQA; 6 of 9 with the pattern)
+# A tag may not begin with whitespace or ASCII punctuation (so a letter or digit of any script, in practice): the
+# master prompt's reply form shows "..." where the tags go, and SmolLM2-135M wrote that back for every document
+# (0 of 9 usable on SQuAD and NarrativeQA; 6 of 9 with the pattern)
 TAG_PATTERN = r"^[^\s!-/:-@\[-`{-~].*$"
 _TAG_SCHEMA = {"type": "string", "minLength": 1, "maxLength": TAG_MAX_CHARS, "pattern": TAG_PATTERN}
 PARAGRAPH_TAGS_FORMAT = json_format("paragraph_tags", {key: _TAG_SCHEMA for key in PARAGRAPH_TAGS})

@@ -252,8 +252,8 @@ def test_paragraph_tags_are_three_of_at_most_four_words():
 
 
 def test_the_tag_grammar_refuses_the_placeholder_the_prompt_shows():
-    """SmolLM2 wrote the reply form's "..." back as every master tag; the grammar its tokens are masked by admits a
-    tag only from a letter or digit (any script) onwards."""
+    """SmolLM2 wrote the reply form's "..." back as every master tag; the grammar its tokens are masked by refuses a
+    tag that begins with whitespace or ASCII punctuation, and takes one in any script."""
     compilers = GrammarCompilerCache(load_tokenizer(SMOLLM2), 49152)
 
     def accepts(response_format: dict, reply: str) -> bool:
