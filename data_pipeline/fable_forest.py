@@ -26,7 +26,7 @@ from pathlib import Path
 
 from rich.progress import Progress
 
-from overstory.core.config import ConfigError, differing_keys, to_dict
+from overstory.core.config import ConfigError, record_settings, to_dict
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
 from overstory.data_pipeline.formats import JsonlAppender, read_jsonl
@@ -114,17 +114,8 @@ def _check_settings(out: Path, config: FableForestConfig) -> None:
     more documents of the same corpus adds their trees."""
     settings = {"corpus_kind": config.corpus.kind, "hierarchy": to_dict(config.hierarchy),
                 "forest": to_dict(config.forest)}
-    path = out / "settings.json"
-    if (out / "trees.jsonl").exists():
-        if not path.exists():
-            raise ConfigError(f"{out} holds trees without a record of their settings (an earlier builder); choose "
-                              "another out= or delete the folder to rebuild")
-        changed = differing_keys(json.loads(path.read_text()), settings)
-        if changed:
-            raise ConfigError(f"{out} holds trees built with other settings ({', '.join(changed)} differ from "
-                              f"{path}); choose another out= or delete the folder to rebuild")
-    out.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(settings, indent=2) + "\n")
+    record_settings(out / "settings.json", settings, results=out / "trees.jsonl",
+                    remedy="choose another out= or delete the folder to rebuild")
 
 
 def _report(forest: Forest, skipped: int, built: int, totals: Counter, client: Client, seconds: float) -> dict:

@@ -10,7 +10,6 @@ resuming with different settings is a config error rather than a file mixing two
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from rich.console import Console
 from rich.progress import track
 from rich.table import Table
 
-from overstory.core.config import ConfigError, to_dict
+from overstory.core.config import ConfigError, record_settings, to_dict
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
 from overstory.data_pipeline.formats import LEVEL_RANK, LEVELS, Chunk, JsonlAppender, read_jsonl, write_jsonl
@@ -78,12 +77,8 @@ def _complete_documents(path: Path) -> set[str]:
 def _check_settings(out: Path, config: HierarchyJobConfig) -> None:
     """Record the hierarchy settings beside ``out``, or check them against those already recorded."""
     settings = {"corpus_kind": config.corpus.kind, "hierarchy": to_dict(config.hierarchy)}
-    sidecar = out.with_name(out.name + ".config.json")
-    if out.exists() and sidecar.exists() and json.loads(sidecar.read_text()) != settings:
-        raise ConfigError(f"{out} was built with other settings ({sidecar.read_text().strip()}); "
-                          f"choose another out= or delete it to rebuild")
-    sidecar.parent.mkdir(parents=True, exist_ok=True)
-    sidecar.write_text(json.dumps(settings, indent=2) + "\n")
+    record_settings(out.with_name(out.name + ".config.json"), settings, results=out,
+                    remedy="choose another out= or delete it to rebuild")
 
 
 def run(config: HierarchyJobConfig) -> dict:

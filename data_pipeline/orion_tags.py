@@ -29,7 +29,7 @@ from pathlib import Path
 
 from rich.progress import Progress
 
-from overstory.core.config import ConfigError
+from overstory.core.config import ConfigError, record_settings
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
 from overstory.data_pipeline.formats import Chunk, Document, JsonlAppender, write_jsonl
@@ -112,15 +112,10 @@ def tag_and_index(documents: Sequence[Document], client: Client, out: str | Path
 
 
 def check_chunking(out: Path, chunking: ChunkingConfig) -> None:
-    """Record the chunking settings in a new ``out``; refuse others than those recorded (chunk ids number windows)."""
-    path = out / CHUNKING_FILE
-    if path.is_file():
-        recorded = json.loads(path.read_text())
-        if recorded != asdict(chunking):
-            raise ConfigError(f"chunking: {out} was tagged with {recorded}; use those settings or another out folder")
-        return
-    out.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(asdict(chunking)))
+    """Record the chunking settings beside the tags; refuse others than those of the tags there (chunk ids number
+    windows, so tags of other windows would land on the wrong text)."""
+    record_settings(out / CHUNKING_FILE, asdict(chunking), results=out / CHUNKS_FILE,
+                    remedy="use the recorded chunking settings or another out folder")
 
 
 def tag_missing(documents: Sequence[Document], chunks: Sequence[Chunk], client: Client, out: Path,

@@ -24,7 +24,7 @@ import threading
 from collections.abc import Collection
 from pathlib import Path
 
-from overstory.core.config import ConfigError, differing_keys
+from overstory.core.config import record_settings
 from overstory.data_pipeline.formats import JsonlAppender, read_jsonl, write_jsonl
 
 
@@ -45,18 +45,8 @@ class StrategyRecords:
         if not resume:
             for path in (self.path, self.settings_path, self.runs_path):
                 path.unlink(missing_ok=True)
-        settings = json.loads(json.dumps(settings))  # the JSON view, so tuples compare equal to stored lists
-        if self.path.exists() and not self.settings_path.exists():
-            raise ConfigError(f"{self.path} holds answers without a record of their settings (an earlier harness); "
-                              "choose another out= or set resume=false")
-        if self.path.exists():
-            recorded = json.loads(self.settings_path.read_text())
-            changed = differing_keys(recorded, settings)
-            if changed:
-                raise ConfigError(f"{self.path} holds answers made with other settings ({', '.join(changed)} "
-                                  f"differ from {self.settings_path}); choose another out= or set resume=false")
-        self.folder.mkdir(parents=True, exist_ok=True)
-        self.settings_path.write_text(json.dumps(settings, indent=2) + "\n")
+        record_settings(self.settings_path, settings, results=self.path,
+                        remedy="choose another out= or set resume=false")
 
     def done(self, question_ids: Collection[str]) -> dict[str, dict]:
         """The records already answered for these questions, by id (a record of a question outside the set, from

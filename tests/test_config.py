@@ -11,7 +11,7 @@ from typing import Literal
 import pytest
 
 from overstory.cli import JOBS, job_config_class
-from overstory.core.config import ConfigError, load_config, to_dict
+from overstory.core.config import ConfigError, load_config, record_settings, to_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -134,3 +134,18 @@ def test_the_quickstart_config_spells_out_the_defaults() -> None:
 
     spelled_out = load_config(QuickstartConfig, ROOT / "configs/quickstart.yaml")
     assert to_dict(spelled_out) == to_dict(QuickstartConfig())
+
+
+def test_settings_records_refuse_other_settings_and_unrecorded_results(tmp_path: Path) -> None:
+    record, results = tmp_path / "settings.json", tmp_path / "results.jsonl"
+    settings = {"chunking": {"size": 500, "levels": ("sentence", "paragraph")}, "seed": 0}
+    record_settings(record, settings, results=results, remedy="start over")
+    results.write_text("{}\n")
+    record_settings(record, settings, results=results, remedy="start over")  # equal: a tuple is read back as a list
+    with pytest.raises(ConfigError, match=r"other settings \(chunking\.size, seed differ from .*\); start over$"):
+        record_settings(record, {"chunking": {"size": 2000, "levels": ["sentence", "paragraph"]}, "seed": 1},
+                        results=results, remedy="start over")
+    assert record.read_text().count("500") == 1  # a refused run leaves the record as it was
+    record.unlink()
+    with pytest.raises(ConfigError, match="without a record of their settings"):
+        record_settings(record, settings, results=results, remedy="start over")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import types
 import typing
 from pathlib import Path
@@ -199,3 +200,25 @@ def differing_keys(old: object, new: object, prefix: str = "") -> list[str]:
         return [path for key in keys
                 for path in differing_keys(old.get(key), new.get(key), f"{prefix}{key}.")]
     return [] if old == new else [prefix.rstrip(".")]
+
+
+def record_settings(record: Path, settings: dict, *, results: Path, remedy: str) -> None:
+    """Write ``settings`` (what decides a resumable job's output) to the JSON file ``record``, after checking them
+    against those already recorded when ``results`` exists.
+
+    Resumable jobs append to their output; adding results made another way to those already there would give a
+    mixed output that nothing downstream can tell apart, so a rerun with other settings is refused naming the dotted
+    keys that differ, and results without a record (from a version that kept none) are refused too. ``remedy`` ends
+    the message: what the user can do instead (another out folder, a restart).
+    """
+    settings = json.loads(json.dumps(settings))  # the JSON view, so tuples compare equal to stored lists
+    if results.exists():
+        if not record.exists():
+            raise ConfigError(f"{results} holds results without a record of their settings ({record} is missing); "
+                              f"{remedy}")
+        changed = differing_keys(json.loads(record.read_text()), settings)
+        if changed:
+            raise ConfigError(f"{results} was made with other settings ({', '.join(changed)} differ from {record}); "
+                              f"{remedy}")
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps(settings, indent=2) + "\n")
