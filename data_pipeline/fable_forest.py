@@ -129,7 +129,8 @@ def _report(forest: Forest, skipped: int, built: int, totals: Counter, client: C
         "seeded_documents": totals["seeded"],
         "fallbacks": {what: totals[f"{what}_fallbacks"] for what in ("chunk", "group", "summary")},
         "repairs": {f"{what}_{repair}": totals[f"{what}_{repair}"] for what in ("chunk", "group")
-                    for repair in ("ids_dropped", "runs_split", "runs_merged")},
+                    for repair in ("ids_dropped", "runs_split", "runs_merged")}
+        | {"group_runs_rebalanced": totals["group_runs_rebalanced"]},
         "cost": {"llm_calls": generator.get("requests", 0), "request_failures": totals["request_failures"],
                  "prompt_tokens": generator.get("prompt_tokens", 0),
                  "completion_tokens": generator.get("completion_tokens", 0),

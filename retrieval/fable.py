@@ -16,7 +16,8 @@ Offline, the ``generator`` turns every document into a tree (``retrieval.fable_b
    the same way (``{"group_starts": [...]}`` over its numbered leaves) into sections, and sections into
    subsections; a long document is grouped in parts of ``group_window`` leaves and the parts' sections are merged
    under the one root in document order. Groups of one leaf, and groups beyond ``max_children``, are merged with
-   their neighbours while the size limit allows. Every internal node gets a table-of-contents title and a summary of its
+   their neighbours while the size limit allows; a reply that leaves one group (or none usable) is split evenly
+   (``balanced_runs``). Every internal node gets a table-of-contents title and a summary of its
    children (``{"title", "summary"}``; fallback: its first words and first sentence); the root's title is the
    document's, a seeded section's its heading.
 3. Embeddings through the ``embedder``: an internal node embeds "toc path: summary", a leaf its content.

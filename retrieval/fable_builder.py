@@ -16,6 +16,7 @@ from overstory.data_pipeline.formats import Chunk, Document, FailureRecord
 from overstory.retrieval.arag import pack
 from overstory.retrieval.fable import KINDS, ForestConfig, ForestNode, numbered, parse_summary
 from overstory.retrieval.fable_runs import (
+    balanced_runs,
     fallback_runs,
     merge_short_runs,
     parse_starts,
@@ -178,7 +179,8 @@ class ForestBuilder:
         """Group ``parent``'s leaves into sections (then a section's into subsections) while they outnumber
         ``max_children`` and the depth allows; in parts of ``group_window`` leaves, merged in document order. A
         group holds at most ``max_children`` leaves per level still to come below it (a section that will get
-        subsections up to max_children^2): a longer run in a reply is re-packed, an unusable reply packs."""
+        subsections up to max_children^2): a longer run in a reply is re-packed; an unusable reply, or one that puts
+        every leaf in one group, gets ``balanced_runs``."""
         kind = KINDS[parent.depth]  # the kind one level below the parent
         leaves = [state.nodes[c] for c in parent.children]
         if len(leaves) <= self.config.max_children or parent.depth + 2 > self.config.depth:
@@ -190,13 +192,17 @@ class ForestBuilder:
             prompt = GROUP_PROMPT.format(title=state.document.title, items=numbered(members))
             ones = [1] * len(members)
             found, _ = self._segment(state, "group", prompt, "group_starts", ones, size, size,
-                                     partial(pack, ones, size), f"{parent.id}/group{part.start}")
+                                     partial(balanced_runs, len(ones), self.config.max_children, size),
+                                     f"{parent.id}/group{part.start}")
             runs += [range(part.start + r.start, part.start + r.stop) for r in found]
         # a group of one leaf is a node without a purpose, and more groups than max_children leave the parent as
         # wide as before: the model's groups are merged (in document order) until neither holds or none fits
         runs, merged = merge_short_runs(runs, [1] * len(leaves), size, min_weight=2,
                                         max_runs=self.config.max_children)
         state.stats["group_runs_merged"] += merged
+        if len(runs) == 1:  # every leaf in one group: a section that only repeats its parent; split it evenly instead
+            runs = balanced_runs(len(leaves), self.config.max_children, size)
+            state.stats["group_runs_rebalanced"] += 1
         parent.children = []
         for run in runs:
             group = state.new(kind, parent)

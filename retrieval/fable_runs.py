@@ -3,8 +3,8 @@
 The generator answers with the numbers where runs begin (``parse_starts``); its runs are then repaired, never
 trusted blindly: a run over the size limit is re-packed (``split_long_runs``), and runs too small to be worth a node
 are merged into a neighbour (``merge_short_runs``): a 135M model begins a "chunk" at every sentence and a "section" at
-every leaf, which gives leaves of a dozen tokens and one section per leaf. An unusable reply gets the deterministic
-packing instead (``fallback_runs``, or ``pack``).
+every leaf, which gives leaves of a dozen tokens and one section per leaf. An unusable reply gets a deterministic
+split instead (``fallback_runs`` for chunks, ``balanced_runs`` for groups).
 """
 
 from __future__ import annotations
@@ -102,3 +102,20 @@ def merge_short_runs(runs: Sequence[range], weights: Sequence[int], limit: int, 
         weight[i:i + 2] = [weight[i] + weight[i + 1]]
         merges += 1
     return out, merges
+
+
+def balanced_runs(n: int, max_runs: int, size: int) -> list[range]:
+    """``n`` items in consecutive runs of near-equal length, as many as a balanced tree wants: one per ``max_runs``
+    items (so each run needs no further level when it can), at most ``max_runs`` of them unless runs of ``size``
+    items need more, and at least two: one run would only repeat its parent.
+
+    >>> balanced_runs(20, 8, 512)
+    [range(0, 6), range(6, 13), range(13, 20)]
+    >>> [len(r) for r in balanced_runs(100, 8, 512)]
+    [12, 13, 12, 13, 12, 13, 12, 13]
+    >>> balanced_runs(1, 8, 512)
+    [range(0, 1)]
+    """
+    count = max(min(max_runs, -(-n // max_runs)), -(-n // size), min(2, n))
+    bounds = [i * n // count for i in range(count + 1)]
+    return [range(a, b) for a, b in zip(bounds, bounds[1:])]

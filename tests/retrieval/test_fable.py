@@ -332,6 +332,22 @@ def test_depth_four_groups_sections_into_subsections():
     assert len(flat.nodes) == 13 and flat.stats["group_calls"] == 0
 
 
+@pytest.mark.parametrize("root_reply, fallbacks", [('{"group_starts": [0]}', 0), ("none", 1)])
+def test_one_group_of_every_leaf_is_split_evenly(root_reply, fallbacks):
+    """At depth 4 with max_children 4 a section may hold 16 leaves (its subsections group them), so the reply [0]
+    (one section of all 12) passes every size check, as would packing an unusable reply: either way the root's 12
+    leaves go into 3 even sections of 4, which need no subsections."""
+    backend = StandIn(chunk_starts=[EACH_SENTENCE], group_starts=[root_reply])
+    tree = build_tree(LONG, backend, depth=4, max_children=4)
+    nodes = {n.id: n for n in tree.nodes}
+    sections = [nodes[c] for c in nodes["t/facts#root"].children]
+    assert [s.kind for s in sections] == ["section"] * 3
+    assert [[int(c.removeprefix("t/facts#leaf")) for c in s.children] for s in sections] == [
+        [0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    assert (tree.stats["group_calls"], tree.stats["group_fallbacks"]) == (1, fallbacks)
+    assert tree.stats["group_runs_rebalanced"] == 1 - fallbacks
+
+
 def headed_document() -> Document:
     """A QASPER-like paper: two sections, the second with two subsections, headings on lines of their own."""
     pieces = ["Introduction", "We study rivers. Rivers are long.", "Methods", "Nile", "We measured the Nile.",
