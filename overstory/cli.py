@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from overstory.config_help import describe_config, source_notes
 from overstory.core.config import ConfigError, load_config
+from overstory.data_pipeline.corpora import CorpusError
 from overstory.jobs import GROUP_HELP, JOBS, job_config_class
 
 # Flags that are shorthand for the override of the same name, for the jobs whose config has the key.
@@ -118,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
         run_job(job[0], job[1], args.config, overrides)
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
+        return 2
+    except CorpusError as exc:  # a corpus.path that names no file, or a file that is not the corpus kind's format
+        print(f"corpus error: {exc}", file=sys.stderr)
         return 2
     return 0
 

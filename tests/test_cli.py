@@ -110,6 +110,13 @@ def test_unknown_key_fails_before_work(capsys: pytest.CaptureFixture) -> None:
     assert "retrieval.kk" in err and "retrieval.k" in err
 
 
+def test_a_missing_corpus_file_is_a_short_error(tmp_path, capsys: pytest.CaptureFixture) -> None:
+    code = main(["data", "hierarchy", "--config", "configs/data/hierarchy.yaml", "corpus.kind=squad",
+                 f"corpus.path={tmp_path / 'nowhere.json'}", f"out={tmp_path / 'h.jsonl'}", "tracking.backend=none"])
+    assert code == 2
+    assert f"corpus error: corpus file not found: {tmp_path / 'nowhere.json'}" in capsys.readouterr().err
+
+
 @dataclass(frozen=True)
 class _Inner:
     """The inner section.
