@@ -35,7 +35,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -249,6 +249,24 @@ def paper_document(paper_id: str, paper: dict[str, Any], where: str, report: Qas
     return Document(f"qasper/{paper_id}", paper["title"] or paper_id, "\n\n".join(pieces),
                     {"headings": headings, "paragraph_spans": paragraph_spans, "paper_id": paper_id,
                      "figures_and_tables": figures})
+
+
+def paragraphs_at(doc: Document, spans: Sequence[tuple[int, int]]) -> list[str]:
+    r"""The paper's own paragraphs (verbatim, as in ``full_text``) that the character spans overlap, in the spans'
+    order, each once. QASPER's evaluator scores evidence by exact string match against the gold paragraphs, so a
+    sentence, a window or a section retrieved as evidence is scored through the paragraphs it touches.
+
+    >>> doc = Document("qasper/x", "X", "Abstract\n\nOne. Two.\n\nThree.", {"paragraph_spans": [[10, 19], [21, 27]]})
+    >>> paragraphs_at(doc, [(21, 27), (14, 25), (0, 8)])
+    ['Three.', 'One. Two.']
+    """
+    found: list[str] = []
+    for start, end in spans:
+        for p_start, p_end in doc.metadata["paragraph_spans"]:
+            text = doc.text[p_start:p_end]
+            if p_start < end and start < p_end and text not in found:
+                found.append(text)
+    return found
 
 
 def _answer_form(answer: dict[str, Any], where: str) -> tuple[str, str]:

@@ -46,6 +46,7 @@ from overstory.data_pipeline.formats import Chunk, Document, QAExample, write_js
 from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies
 from overstory.data_pipeline.lattice_traces import tree_leaf_chunks
 from overstory.data_pipeline.orion_tags import tag_and_index
+from overstory.data_pipeline.qasper import paragraphs_at
 from overstory.evaluation.pipeline_records import StrategyRecords, combined_cost_check
 from overstory.evaluation.plots import plot_quality_vs_cost
 from overstory.evaluation.rag import select_questions
@@ -195,7 +196,7 @@ def answer_question(strategy: Strategy, question: QAExample, client: Client, rec
         "contains_match": contains_match(result.raw, question.answers),
         "rouge_l": rouge_l(result.prediction, question.answers),
         "seconds": round(seconds, 3), "usage": usage, "details": result.details,
-        "evidence_texts": [c.text for c in result.evidence[:recall_k]],
+        "evidence_spans": [[c.doc_id, c.start, c.end] for c in result.evidence[:recall_k]],
     }
 
 
@@ -263,11 +264,21 @@ def costs_add_up(totals: dict[str, dict[str, int]], before: dict | None, after: 
     return {"match": server == ours, "server": server}
 
 
-def qasper_predictions(records: Sequence[dict]) -> list[dict]:
-    """QASPER's official prediction format: one line per question with the answer and the evidence texts (the
-    evaluator scores evidence by string match against the gold paragraphs)."""
-    return [{"question_id": r["id"], "predicted_answer": r["prediction"], "predicted_evidence": r["evidence_texts"]}
-            for r in records]
+def qasper_predictions(records: Sequence[dict], documents: Sequence[Document]) -> list[dict]:
+    """QASPER's official prediction format: one line per question with the answer and, as evidence, the papers'
+    paragraphs that the top ``recall_k`` evidence chunks touch (the evaluator matches paragraph strings exactly)."""
+    by_id = {d.id: d for d in documents}
+    lines = []
+    for record in records:
+        if "evidence_spans" not in record:
+            raise ConfigError(f"the answer to {record['id']} was saved by an earlier harness, without evidence "
+                              "spans; rerun with resume=false to write QASPER's prediction format")
+        paragraphs: list[str] = []
+        for doc_id, start, end in record["evidence_spans"]:
+            paragraphs += [p for p in paragraphs_at(by_id[doc_id], [(start, end)]) if p not in paragraphs]
+        lines.append({"question_id": record["id"], "predicted_answer": record["prediction"],
+                      "predicted_evidence": paragraphs})
+    return lines
 
 
 def _judge(records: list[dict], questions: dict[str, QAExample], client: Client, config: JudgeConfig) -> dict:
@@ -430,7 +441,7 @@ def run(config: PipelineEvalConfig) -> dict:
                                              report["checkpoints"])
             report["strategies"][name] = row
             if corpus.kind == "qasper":
-                write_jsonl(out / "qasper" / f"{name}.jsonl", qasper_predictions(records))
+                write_jsonl(out / "qasper" / f"{name}.jsonl", qasper_predictions(records, documents))
         tracker.summary({f"{name}/{key}": value for name, row in report["strategies"].items()
                          for key, value in row.items()
                          if isinstance(value, (int, float)) and not isinstance(value, bool)})

@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 from overstory.cli import main
-from overstory.data_pipeline.formats import QAExample
-from overstory.evaluation.pipeline import JudgeConfig, judge_sanity, markdown_table, summarise
+from overstory.core.config import ConfigError
+from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
+from overstory.data_pipeline.formats import Document, QAExample
+from overstory.evaluation.pipeline import JudgeConfig, judge_sanity, markdown_table, qasper_predictions, summarise
 from overstory.serving.client import Client
 from tests.conftest import HOTPOTQA_150, ROOT
 
@@ -99,11 +101,13 @@ def test_qasper_prediction_format_and_a_rerun_answers_only_new_questions(tmp_pat
     assert row["n_questions"] == 2 and row["usage_total"]["generator"]["calls"] == 2
     assert row["costs_add_up"] == {"match": True, "questions_checked": 2, "questions": 2, "runs": 2}
     lines = [json.loads(line) for line in (tmp_path / "qasper" / "naive.jsonl").read_text().splitlines()]
+    paper = load_corpus(CorpusConfig("qasper", "data/qasper/dev.json", limit_docs=1))[0][0]
+    paragraphs = {paper.text[a:b] for a, b in paper.metadata["paragraph_spans"]}
     assert [line["question_id"] for line in lines] == [r["id"] for r in records]
     for line in lines:
         assert set(line) == {"question_id", "predicted_answer", "predicted_evidence"}
         assert isinstance(line["predicted_answer"], str) and line["predicted_evidence"]
-        assert all(isinstance(text, str) and text for text in line["predicted_evidence"])
+        assert all(text in paragraphs for text in line["predicted_evidence"])  # verbatim, as the evaluator matches
     assert main(["eval", "pipeline", "--config", CONFIG, f"out={tmp_path}", "tracking.backend=none", *qasper,
                  "answer.max_tokens=8"]) == 2
     assert "answer.max_tokens differ" in capsys.readouterr().err
@@ -120,6 +124,19 @@ class SaysNo:
         self.prompts.append(payload["messages"][0]["content"])
         return {"choices": [{"index": 0, "message": {"role": "assistant", "content": "No, the"},
                              "finish_reason": "length"}], "usage": {"prompt_tokens": 9, "completion_tokens": 3}}, 0
+
+
+def test_qasper_evidence_is_the_papers_paragraphs_the_chunks_touch() -> None:
+    """A sentence inside the second paragraph and a window over both give both paragraphs, each once, verbatim; an
+    answer saved without spans (an earlier harness) is refused rather than written without evidence."""
+    text = "Intro\n\nWe train a model. It works.\n\nResults are good."
+    paper = Document("qasper/p", "P", text, {"paragraph_spans": [[7, 34], [36, 53]]})
+    record = {"id": "q1", "prediction": "a model", "evidence_spans": [["qasper/p", 40, 53], ["qasper/p", 10, 45]]}
+    assert qasper_predictions([record], [paper]) == [{"question_id": "q1", "predicted_answer": "a model",
+                                                       "predicted_evidence": ["Results are good.",
+                                                                              "We train a model. It works."]}]
+    with pytest.raises(ConfigError, match="q0 was saved by an earlier harness"):
+        qasper_predictions([{"id": "q0", "prediction": "x", "evidence_texts": ["We train"]}], [paper])
 
 
 def test_a_judge_that_refuses_the_reference_itself_is_flagged() -> None:
