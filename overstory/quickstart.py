@@ -102,20 +102,22 @@ class PlannerStageConfig:
 
     corpus: str = "squad"
     # many questions tried once each (the template teacher turns every correct one into a trace) rather than
-    # few questions with retries: SFT needs a few dozen traces to learn the plan format
-    questions: int = 60
+    # few questions with retries; the stage shows the recipe end to end in a few minutes (the planner pipeline in the
+    # README trains on hundreds of labels)
+    questions: int = 30
     max_attempts: int = 1
     label_k: int = 3  # chunks retrieved per labelling attempt (the job's default is 5): shorter prompts on CPU
-    metadata_tokens: int = 80  # short prompts keep SFT steps, rollouts and plans cheap on CPU
-    sft_epochs: float = 4  # measured: the template format is learned by epoch 3-4 (token accuracy ~1.0)
-    sft_batch_size: int = 4
+    metadata_tokens: int = 48  # short prompts keep SFT steps, rollouts and plans cheap on CPU
+    sft_epochs: float = 6  # a handful of traces: more passes, small batches (the format is learned by epoch 3-4)
+    sft_batch_size: int = 2
     sft_lr: float = 2e-3  # a LoRA adapter on a few dozen traces: a high rate learns the format in few steps
     stitch_steps: int = 1
-    stitch_generations: int = 4
+    stitch_generations: int = 2
     # held-out questions per variant in the comparison (0 = all), and at most as many without a label: a few dozen
     # labels hold out a handful of questions, so the unlabelled ones are planned and answered too (`unlabelled`)
-    eval_questions: int = 8
-    qa: bool = True  # SmartChunk QA for the predicted ranges in the comparison, on the job's stack
+    eval_questions: int = 6
+    # SmartChunk QA for the predicted ranges in the comparison (the strategies stage answers with SmartChunk already)
+    qa: bool = False
 
 
 @dataclass(frozen=True)
@@ -125,13 +127,13 @@ class LatticeStageConfig:
     corpus: str = "hotpotqa"
     # the corpus's first N paragraphs, organised bottom-up (one generator summary per new node: about N / M calls,
     # where the top-down build first writes keyword summaries of every paragraph)
-    leaves: int = 60
+    leaves: int = 40
     m_max: int = 10
-    trace_questions: int = 6  # the served teacher (the job's scorer role) walks the tree for this many questions
+    trace_questions: int = 4  # the served teacher (the job's scorer role) walks the tree for this many questions
     iterations: int = 2  # search iterations per question (the paper: 20)
     max_tokens: int = 192  # per slate reply: the reasoning, then the scores
     max_candidate_chars: int = 200  # each candidate's text in the slate prompt (and in the student's pairs)
-    student_steps: int = 20  # cross-encoder steps from the built-in MiniLM (pointwise, on teacher score / 100)
+    student_steps: int = 10  # cross-encoder steps from the built-in MiniLM (pointwise, on teacher score / 100)
     heldout_fraction: float = 0.25  # of the traced questions, by query: the student never sees them; the eval runs them
 
 
@@ -158,7 +160,7 @@ class QuickstartConfig:
     hierarchy: HierarchyConfig = field(default_factory=HierarchyConfig)
     # the corpus whose questions the RAG baseline answers with the generator
     rag_corpus: str = "hotpotqa"
-    rag_questions: int = 20  # 0: all of the corpus's answerable questions (40 for the HotpotQA sample)
+    rag_questions: int = 10  # 0: all of the corpus's answerable questions (40 for the HotpotQA sample)
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     compressor: CompressorStageConfig = field(default_factory=CompressorStageConfig)
