@@ -51,7 +51,7 @@ from overstory.serving.client import Client, ClientError
 MASTERS_FILE, CHUNKS_FILE, VECTORS_FILE = "masters.jsonl", "chunks.jsonl", "vectors.npz"
 PARAGRAPH_TAGS = ("gist", "subjects", "domain")
 TAG_MAX_WORDS = 4
-TAG_MAX_CHARS = 40  # a tag's cap in the reply schemas: 4 words at about 10 characters each
+TAG_MAX_WORD_CHARS = 20  # a tag word's cap in the reply schemas (longer is a run-on, not a word)
 QUERY_CHARS_PER_WORD = 10  # a sub-query's cap in the rewrite schema: rewrite_max_words at this many characters
 PATH_SEPARATOR = " > "
 # embedded at every build and kept in vectors.npz: when the embedder serving now gives it another vector, the cached

@@ -20,7 +20,7 @@ from overstory.data_pipeline.formats import Chunk, Document, FailureRecord
 from overstory.retrieval.orion import (
     PARAGRAPH_TAGS,
     PROMPT_LABELS,
-    TAG_MAX_CHARS,
+    TAG_MAX_WORD_CHARS,
     TAG_MAX_WORDS,
     ChunkingConfig,
     ChunkTags,
@@ -161,16 +161,20 @@ def fallback_paragraph_tags(text: str, title: str) -> list[str]:
     return [gist, " ".join(content_words(text)[:2]) or gist, clean_tag(title) or "general"]
 
 
-# A tag may not begin with whitespace or ASCII punctuation (so a letter or digit of any script, in practice): the
-# master prompt's reply form shows "..." where the tags go, and SmolLM2-135M wrote that back for every document
-# (0 of 9 usable on SQuAD and NarrativeQA; 6 of 9 with the pattern)
-TAG_PATTERN = r"^[^\s!-/:-@\[-`{-~].*$"
-_TAG_SCHEMA = {"type": "string", "minLength": 1, "maxLength": TAG_MAX_CHARS, "pattern": TAG_PATTERN}
+# A tag in the reply schemas: 1 to TAG_MAX_WORDS words of at most TAG_MAX_WORD_CHARS characters, one space apart, the
+# first not beginning with ASCII punctuation (so with a letter or digit of any script, in practice): the master
+# prompt's reply form shows "..." where the tags go, and SmolLM2-135M wrote that back for every document (0 of 9
+# usable on SQuAD and NarrativeQA; 6 of 9 with the first-character rule). The length bound lives in the pattern because
+# xgrammar drops minLength/maxLength from a string that has a pattern (with a warning): with maxLength beside the
+# pattern, the model copied whole passages into a "gist" until max_tokens cut the reply.
+_WORD = rf"\S{{1,{TAG_MAX_WORD_CHARS}}}"
+TAG_PATTERN = rf"^[^\s!-/:-@\[-`{{-~]\S{{0,{TAG_MAX_WORD_CHARS - 1}}}( {_WORD}){{0,{TAG_MAX_WORDS - 1}}}$"
+_TAG_SCHEMA = {"type": "string", "pattern": TAG_PATTERN}
 PARAGRAPH_TAGS_FORMAT = json_format("paragraph_tags", {key: _TAG_SCHEMA for key in PARAGRAPH_TAGS})
 
 
 def master_tags_format(max_tags: int) -> dict[str, Any]:
-    """The master-tag reply schema: 1 to ``max_tags`` tags of at most ``TAG_MAX_CHARS`` characters (one schema for
+    """The master-tag reply schema: 1 to ``max_tags`` tags of ``TAG_PATTERN`` (one schema for
     every document, so the server compiles its grammar once)."""
     return json_format("master_tags", {"tags": {"type": "array", "items": _TAG_SCHEMA, "minItems": 1,
                                                  "maxItems": max_tags}})

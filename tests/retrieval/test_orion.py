@@ -37,6 +37,7 @@ from overstory.retrieval.orion import (
 from overstory.retrieval.orion_tagger import (
     PARAGRAPH_TAGS_FORMAT,
     RETRY_PROMPT,
+    TAG_PATTERN,
     Tagger,
     chunk_document,
     fallback_master_tags,
@@ -217,7 +218,8 @@ def test_an_unusable_reply_is_shown_back_and_asked_again():
     assert tagged.record == DocumentTags("t/paris", "Paris", ["Paris", "France", "City of Light in"], "llm")
     assert tagged.failure is None and tagged.calls == 2
     schema = backend.chats[0]["response_format"]["json_schema"]["schema"]["properties"]["tags"]
-    assert schema["maxItems"] == 5 and schema["items"]["maxLength"] == 40 and backend.chats[0]["temperature"] == 0
+    assert schema["maxItems"] == 5 and schema["items"]["pattern"] == TAG_PATTERN
+    assert backend.chats[0]["temperature"] == 0
     retry = backend.chats[1]["messages"]
     assert [m["role"] for m in retry] == ["user", "assistant", "user"]
     assert retry[1]["content"] == "Paris, France" and retry[2]["content"] == RETRY_PROMPT
@@ -251,9 +253,11 @@ def test_paragraph_tags_are_three_of_at_most_four_words():
     assert tagged.record.source == "fallback" and tagged.failure.raw == labels  # neither is three facets
 
 
-def test_the_tag_grammar_refuses_the_placeholder_the_prompt_shows():
+def test_the_tag_grammar_refuses_the_placeholder_the_prompt_shows_and_long_tags():
     """SmolLM2 wrote the reply form's "..." back as every master tag; the grammar its tokens are masked by refuses a
-    tag that begins with whitespace or ASCII punctuation, and takes one in any script."""
+    tag that begins with whitespace or ASCII punctuation, and takes one in any script. It also holds a tag to 4 words
+    of at most 20 characters: the bound is in the pattern, since xgrammar ignores maxLength beside one (SmolLM2 then
+    copied whole passages into the gist)."""
     compilers = GrammarCompilerCache(load_tokenizer(SMOLLM2), 49152)
 
     def accepts(response_format: dict, reply: str) -> bool:
@@ -265,6 +269,10 @@ def test_the_tag_grammar_refuses_the_placeholder_the_prompt_shows():
     assert accepts(masters, '{"tags": ["Nile", "Égypte", "2003 film", "Cairo, Egypt"]}')
     assert not accepts(PARAGRAPH_TAGS_FORMAT, '{"gist": "...", "subjects": "Nile", "domain": "geography"}')
     assert accepts(PARAGRAPH_TAGS_FORMAT, '{"gist": "longest river", "subjects": "Nile", "domain": "geography"}')
+    assert accepts(PARAGRAPH_TAGS_FORMAT, '{"gist": "Nile floods each summer", "subjects": "Nile", "domain": "x"}')
+    assert not accepts(PARAGRAPH_TAGS_FORMAT, '{"gist": "the Nile floods each summer", "subjects": "Nile", '
+                                              '"domain": "geography"}')
+    assert not accepts(masters, '{"tags": ["up-down-up-down-up-down-up"]}')  # one run-on "word" of 27 characters
 
 
 # ---------------------------------------------------------------------------------------------------- retrieval
