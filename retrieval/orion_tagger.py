@@ -96,34 +96,58 @@ def clean_tag(value: object) -> str:
     return " ".join(value.split()[:TAG_MAX_WORDS]).strip(string.punctuation + " ")
 
 
-def parse_master_tags(text: str, max_tags: int) -> list[str]:
-    """The usable master tags of a reply: cleaned, distinct, not a label copied from the prompt, at most
-    ``max_tags``; [] when there are none.
+def grounded(tag: str, source: str) -> bool:
+    """Whether ``tag`` names something in ``source``: one of its content words (``content_words``) occurs there as a
+    word.
 
-    >>> parse_master_tags('{"tags": ["Marie Curie", "", "marie curie", 7, "Title", "Nobel Prize"]}', 5)
-    ['Marie Curie', 'Nobel Prize']
-    >>> parse_master_tags('{"tags": []}', 5), parse_master_tags("Marie Curie, physics", 5)
+    >>> grounded("Nobel Prize", "She won the Nobel prize."), grounded("up", "up and down"), grounded("BIM", "BIMF")
+    (True, False, False)
+    """
+    words = set(re.findall(r"\w+", source.lower()))
+    return any(word in words for word in content_words(tag))
+
+
+def parse_master_tags(text: str, max_tags: int, source: str) -> list[str]:
+    """The usable master tags of a reply: cleaned, distinct, each with a content word and not a label copied from
+    the prompt, at most ``max_tags``; [] when there are none, or when none is ``grounded`` in the document's
+    ``source`` text. A 135M model often answers with counting words, prompt echoes or inventions ("up", "1", "up to
+    5 shorttags"); a topic that is not in the text ("Geography") is kept beside tags that are.
+
+    >>> parse_master_tags('{"tags": ["Marie Curie", "", "marie curie", 7, "Title", "up", "Physics"]}', 5,
+    ...                   "Marie Curie won the Nobel Prize.")
+    ['Marie Curie', 'Physics']
+    >>> parse_master_tags('{"tags": ["up to 5 shorttags", "1"]}', 5, "Marie Curie won the Nobel Prize.")
+    []
+    >>> parse_master_tags('{"tags": []}', 5, "x"), parse_master_tags("Marie Curie, physics", 5, "Marie Curie")
     ([], [])
     """
     reply = reply_object(text, "tags")
     values = reply["tags"] if reply is not None and isinstance(reply["tags"], list) else []
-    return [tag for tag in distinct(map(clean_tag, values)) if tag.lower() not in PROMPT_LABELS][:max_tags]
+    tags = [tag for tag in distinct(map(clean_tag, values)) if tag.lower() not in PROMPT_LABELS and content_words(tag)]
+    return tags[:max_tags] if any(grounded(tag, source) for tag in tags) else []
 
 
-def parse_paragraph_tags(text: str) -> list[str]:
-    """gist, subjects and domain of a reply, cleaned; [] unless all three are usable: none empty or a label copied
-    from the prompt, and not one text three times (a copy, not three facets).
+def parse_paragraph_tags(text: str, source: str) -> list[str]:
+    """gist, subjects and domain of a reply, cleaned; [] unless all three are usable: each with a content word and
+    not a label copied from the prompt, not one text three times (a copy, not three facets), and the gist or the
+    subjects ``grounded`` in the passage's ``source`` text.
 
-    >>> parse_paragraph_tags('Sure! {"gist": "Curie finds polonium", "subjects": "Marie Curie", "domain": "Chemistry"}')
+    >>> source = "Marie Curie discovered polonium in 1898."
+    >>> parse_paragraph_tags('Sure! {"gist": "Curie finds polonium", "subjects": "Marie Curie", "domain": "Chemistry"}',
+    ...                      source)
     ['Curie finds polonium', 'Marie Curie', 'Chemistry']
-    >>> parse_paragraph_tags('{"gist": " ", "subjects": "Marie Curie", "domain": "Chemistry"}')
+    >>> parse_paragraph_tags('{"gist": " ", "subjects": "Marie Curie", "domain": "Chemistry"}', source)
     []
-    >>> parse_paragraph_tags('{"gist": "Marie Curie was", "subjects": "Marie Curie was", "domain": "Marie Curie was"}')
+    >>> parse_paragraph_tags('{"gist": "Marie Curie was", "subjects": "Marie Curie was", "domain": "Marie Curie was"}',
+    ...                      source)
+    []
+    >>> parse_paragraph_tags('{"gist": "The subject", "subjects": "up and down", "domain": "Chemistry"}', source)
     []
     """
     reply = reply_object(text, PARAGRAPH_TAGS[0])
     tags = [clean_tag(reply.get(key)) for key in PARAGRAPH_TAGS] if reply is not None else []
-    usable = tags and all(tag and tag.lower() not in PROMPT_LABELS for tag in tags)
+    usable = tags and all(content_words(tag) and tag.lower() not in PROMPT_LABELS for tag in tags)
+    usable = usable and any(grounded(tag, source) for tag in tags[:2])
     return tags if usable and len({tag.lower() for tag in tags}) > 1 else []
 
 
@@ -196,8 +220,8 @@ Passage: {text}
 
 Reply with one JSON object: {{"gist": "...", "subjects": "...", "domain": "..."}}."""
 
-RETRY_PROMPT = ("That reply could not be used: every tag must be 1-4 words of your own about the text, none empty, "
-                "none repeated. Reply again with the JSON object only.")
+RETRY_PROMPT = ("That reply could not be used: every tag must be 1-4 words naming what the text is about, in its "
+                "words, none empty, none repeated. Reply again with the JSON object only.")
 
 
 @dataclass(frozen=True)
@@ -219,7 +243,8 @@ class Tagger:
         n = self.config.max_master_tags
         prompt = MASTER_PROMPT.format(n=n, title=document.title or "(none)",
                                       text=" ".join(document.text.split())[: self.config.master_chars])
-        tags, raw, calls = self._ask(prompt, master_tags_format(n), lambda text: parse_master_tags(text, n))
+        source = f"{document.title}\n{document.text}"
+        tags, raw, calls = self._ask(prompt, master_tags_format(n), lambda text: parse_master_tags(text, n, source))
         if tags:
             return Tagged(DocumentTags(document.id, document.title, tags, "llm"), None, calls)
         fallback = fallback_master_tags(document.title, document.text[: self.config.master_chars], n)
@@ -229,7 +254,8 @@ class Tagger:
     def paragraph(self, chunk: Chunk) -> Tagged:
         prompt = PARAGRAPH_PROMPT.format(title=chunk.title or "(none)",
                                          text=" ".join(chunk.text.split())[: self.config.max_passage_chars])
-        tags, raw, calls = self._ask(prompt, PARAGRAPH_TAGS_FORMAT, parse_paragraph_tags)
+        source = f"{chunk.title}\n{chunk.text}"
+        tags, raw, calls = self._ask(prompt, PARAGRAPH_TAGS_FORMAT, lambda text: parse_paragraph_tags(text, source))
         source = "llm" if tags else "fallback"
         record = ChunkTags(chunk.id, chunk.doc_id, chunk.title, chunk.text, chunk.start, chunk.end,
                            tags or fallback_paragraph_tags(chunk.text, chunk.title), source)

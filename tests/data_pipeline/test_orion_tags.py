@@ -53,7 +53,8 @@ class KilledRun(KeyboardInterrupt):
 class StandIn:
     """Stands in for the served generator and embedder (the ``Backend`` of serving/client.py): the test kills a run
     after a given number of tagging replies and counts what a rerun asks for, which needs replies on demand, not a
-    model's. Master tags are the title's words; paragraph tags are read off the passage; an embedding is the text's
+    model's. Master tags are the title's words; paragraph tags are read off the passage (its first words,
+    its first capitalised name); an embedding is the text's
     length and vowel count (distinct enough to tell rows apart). Chat prompts and embedded texts are kept."""
 
     def __init__(self, kill_after: int | None = None):
@@ -76,7 +77,8 @@ class StandIn:
             reply = {"tags": [title, "Geography"]}
         else:
             words = prompt.split("Passage: ")[1].split()
-            reply = {"gist": " ".join(words[:3]), "subjects": words[0], "domain": "geography"}
+            subject = next(w.strip(".") for w in words if len(w) > 3 and w[0].isupper() and w != "The")
+            reply = {"gist": " ".join(words[:3]), "subjects": subject, "domain": "geography"}
         return {"choices": [{"index": 0, "message": {"role": "assistant", "content": json.dumps(reply)},
                              "finish_reason": "stop"}],
                 "usage": {"prompt_tokens": 20, "completion_tokens": 10, "total_tokens": 30}}, 0
@@ -122,7 +124,7 @@ def test_a_killed_run_resumes_asking_only_for_what_is_missing(tmp_path):
     assert tagging["prompt_tokens"] == 4 * 20 and tagging["completion_tokens"] == 4 * 10
     masters, records = load_tags(tmp_path)
     assert [r.id for r in records] == [c.id for c in chunks] and set(masters) == {d.id for d in DOCUMENTS}
-    assert records[2].tags == ["The Nile is", "The", "geography"] and records[2].source == "llm"
+    assert records[2].tags == ["The Nile is", "Nile", "geography"] and records[2].source == "llm"
     assert report["index"] == {"chunks": 6, "embedded": 12, "seconds": report["index"]["seconds"]}
     assert json.loads((tmp_path / "build.json").read_text())["tagging"]["llm_calls"] == 4
 
@@ -154,8 +156,8 @@ def test_an_edit_reembeds_one_documents_paths_alone(tagged):
     assert edited == DocumentTags("t/nile", "Nile", ["Nile", "Africa", "Geography"], "human")
     backend = StandIn()
     report = apply_edit(folder, edited, Client(backend))
-    assert backend.embedded == [PROBE, "Nile, Africa, Geography > The Nile is > The > geography",
-                                "Nile, Africa, Geography > It flows through > It > geography"]
+    assert backend.embedded == [PROBE, "Nile, Africa, Geography > The Nile is > Nile > geography",
+                                "Nile, Africa, Geography > It flows through > Egypt > geography"]
     assert report == {"document": "t/nile", "before": ["Nile", "Geography"], "after": ["Nile", "Africa", "Geography"],
                       "embedded": 2, "chunks": 2}
     masters, records = load_tags(folder)
@@ -164,8 +166,8 @@ def test_an_edit_reembeds_one_documents_paths_alone(tagged):
     after = load_vectors(folder)
     kept = [s for s in before if not s.startswith("Nile, Geography >")]
     assert all(np.array_equal(before[s], after[s]) for s in kept)
-    assert set(after) == set(kept) | {"Nile, Africa, Geography > The Nile is > The > geography",
-                                      "Nile, Africa, Geography > It flows through > It > geography"}
+    assert set(after) == set(kept) | {"Nile, Africa, Geography > The Nile is > Nile > geography",
+                                      "Nile, Africa, Geography > It flows through > Egypt > geography"}
     rebuilt = StandIn()
     apply_edit(folder, edited_master(masters, OrionTagEditConfig(str(folder), "t/nile", remove=["africa"])),
                Client(rebuilt))

@@ -213,9 +213,13 @@ def test_configs_name_the_bad_key(make, key):
 
 
 def test_an_unusable_reply_is_shown_back_and_asked_again():
-    backend = StandIn(["Paris, France", '{"tags": ["Paris", "  France ", "paris", "City of Light in the north"]}'])
+    reply = '{"tags": ["Paris", "  France ", "paris", "up", "Eiffel Tower in the north", "City of Light"]}'
+    backend = StandIn(["Paris, France", reply])
     tagged = Tagger(Client(backend), TaggingConfig()).master(DOCUMENTS[0])
-    assert tagged.record == DocumentTags("t/paris", "Paris", ["Paris", "France", "City of Light in"], "llm")
+    # cleaned, distinct, at most 4 words, "up" (no content word) dropped; "City of Light", not in the text, is kept
+    # beside tags that are
+    tags = ["Paris", "France", "Eiffel Tower in the", "City of Light"]
+    assert tagged.record == DocumentTags("t/paris", "Paris", tags, "llm")
     assert tagged.failure is None and tagged.calls == 2
     schema = backend.chats[0]["response_format"]["json_schema"]["schema"]["properties"]["tags"]
     assert schema["maxItems"] == 5 and schema["items"]["pattern"] == TAG_PATTERN
@@ -225,13 +229,13 @@ def test_an_unusable_reply_is_shown_back_and_asked_again():
     assert retry[1]["content"] == "Paris, France" and retry[2]["content"] == RETRY_PROMPT
 
 
-def test_empty_tags_fall_back_with_the_raw_reply_kept():
-    backend = StandIn(['{"tags": []}', '{"tags": ["", " "]}'])
+def test_empty_or_ungrounded_tags_fall_back_with_the_raw_reply_kept():
+    backend = StandIn(['{"tags": []}', '{"tags": ["", " ", "up", "1", "Reply with JSON"]}'])
     tagged = Tagger(Client(backend), TaggingConfig()).master(DOCUMENTS[0])
     assert tagged.record.source == "fallback" and tagged.calls == 2
     assert tagged.record.tags == ["Paris", "capital", "france", "eiffel", "tower"]
     assert tagged.record.tags == fallback_master_tags("Paris", DOCUMENTS[0].text, 5)
-    assert (tagged.failure.id, tagged.failure.raw, tagged.failure.attempts) == ("t/paris", '{"tags": ["", " "]}', 2)
+    assert (tagged.failure.id, tagged.failure.attempts) == ("t/paris", 2) and "Reply with JSON" in tagged.failure.raw
 
 
 def test_paragraph_tags_are_three_of_at_most_four_words():
