@@ -46,6 +46,12 @@ class LatticeStrategy:
         if missing:
             raise ConfigError(f"lattice.tree: {len(missing)} of its leaves (e.g. {missing[0]}) are not chunks of this "
                               "corpus; build the tree over the same corpus and hierarchy settings")
+        # each iteration expands one level below the nodes it takes, so fewer iterations than the shallowest leaf's
+        # depth never score a leaf: every question would be answered from no evidence at all
+        reach = min(tree.depth(leaf.id) for leaf in tree.leaves())
+        if config.search.iterations < reach:
+            raise ConfigError(f"lattice.search.iterations={config.search.iterations} cannot reach a leaf of this tree "
+                              f"(its shallowest leaf is at depth {reach}); set lattice.search.iterations={reach} or more")
 
     def _scorer(self, client: Client):
         if self.config.scorer == "cross_encoder":

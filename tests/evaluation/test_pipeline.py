@@ -31,7 +31,7 @@ def test_every_strategy_on_the_same_questions_and_costs_add_up(lattice_tree: Pat
     """naive, SmartChunk (the served planner) and LATTICE (the distilled cross-encoder served as the scorer)."""
     report = _run(tmp_path, "--strategies", "naive,smartchunk,lattice", "data=", *HOTPOTQA_150,
                   "limit_questions=2", f"lattice.tree={lattice_tree}", "lattice.scorer=cross_encoder",
-                  "lattice.search.iterations=2", "serve.roles.scorer.kind=cross-encoder",
+                  "lattice.search.iterations=4", "serve.roles.scorer.kind=cross-encoder",
                   f"serve.roles.scorer.model={ce_student / 'final'}", "judge.enabled=true", "judge.role=generator")
     assert report["n_questions"] == 2 and list(report["strategies"]) == ["naive", "smartchunk", "lattice"]
     assert report["checkpoints"]["scorer"]["model"] == str(ce_student / "final")
@@ -53,6 +53,8 @@ def test_every_strategy_on_the_same_questions_and_costs_add_up(lattice_tree: Pat
     smartchunk, lattice = report["strategies"]["smartchunk"], report["strategies"]["lattice"]
     assert smartchunk["usage_total"]["planner"]["calls"] == 2 and smartchunk["llm_calls"] == 2
     assert lattice["usage_total"]["scorer"]["calls"] >= 2  # one batched /score call per slate
+    lattice_records = (tmp_path / "predictions" / "lattice.jsonl").read_text().splitlines()
+    assert all(json.loads(line)["evidence"] for line in lattice_records)  # the search reached leaves
     assert (tmp_path / "quality_vs_cost.png").stat().st_size > 0 and (tmp_path / "quality_vs_seconds.png").exists()
     assert "| lattice |" in (tmp_path / "table.md").read_text()
 

@@ -1,0 +1,32 @@
+"""LATTICE as a harness strategy: a search that cannot reach a leaf is refused before any question is asked."""
+
+from __future__ import annotations
+
+import pytest
+
+from overstory.core.config import ConfigError
+from overstory.data_pipeline.formats import Chunk
+from overstory.retrieval.lattice.search import SearchConfig
+from overstory.retrieval.lattice.strategy import LatticeStrategy, LatticeStrategyConfig
+from overstory.retrieval.lattice.tree import Node, Tree
+from overstory.retrieval.naive import AnswerConfig
+
+
+def two_level_tree() -> tuple[Tree, list[Chunk]]:
+    """root -> a -> (l1, l2), root -> b -> l3: every leaf at depth 2."""
+    nodes = {"root": Node("root", children=["a", "b"]), "a": Node("a", name="Physics", children=["l1", "l2"]),
+             "b": Node("b", name="Music", children=["l3"])}
+    nodes.update({leaf: Node(leaf, leaf=True, text=f"passage {leaf}", doc_id="d") for leaf in ("l1", "l2", "l3")})
+    chunks = [Chunk(leaf, "d", "paragraph", f"passage {leaf}", None, [], 10 * i, 10 * i + 9, 2)
+              for i, leaf in enumerate(("l1", "l2", "l3"))]
+    return Tree("root", nodes), chunks
+
+
+def test_fewer_iterations_than_the_leaves_depth_are_refused_naming_the_key():
+    """Each iteration expands one level: one iteration scores a and b, never a leaf, so every question would be
+    answered from no evidence (what a depth-3 SQuAD tree with iterations=2 did to 30 questions)."""
+    tree, chunks = two_level_tree()
+    with pytest.raises(ConfigError, match=r"lattice\.search\.iterations=1 cannot reach a leaf .* depth 2\)"):
+        LatticeStrategy(tree, chunks, LatticeStrategyConfig(search=SearchConfig(iterations=1)), AnswerConfig())
+    strategy = LatticeStrategy(tree, chunks, LatticeStrategyConfig(search=SearchConfig(iterations=2)), AnswerConfig())
+    assert set(strategy.leaves) == {"l1", "l2", "l3"}
