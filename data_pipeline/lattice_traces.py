@@ -29,7 +29,7 @@ from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
 from overstory.data_pipeline.formats import Chunk, Document, JsonlAppender, QAExample
 from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies, chunks_at_levels
 from overstory.retrieval.lattice.scorers import LLMSlateScorer, OracleSlateScorer, SlateScorer
-from overstory.retrieval.lattice.search import SearchConfig, SearchResult, search
+from overstory.retrieval.lattice.search import SearchConfig, SearchResult, check_reach, search
 from overstory.retrieval.lattice.tree import Tree
 from overstory.serving.client import Client
 from overstory.serving.config import ServeConfig
@@ -113,6 +113,7 @@ def query_record(result: SearchResult, query: str, gold: set[str], k: int = 10) 
 
 def run(config: LatticeTracesConfig) -> dict:
     tree = Tree.load(config.tree)
+    check_reach(tree, config.search.iterations, "search.iterations")
     documents, questions = load_corpus(config.corpus)
     leaves = tree_leaf_chunks(tree, documents, config.hierarchy, config.leaf_level)
     gold = gold_leaves(questions, leaves)

@@ -54,7 +54,7 @@ from overstory.retrieval.lattice.scorers import (
     Slate,
     SlateScorer,
 )
-from overstory.retrieval.lattice.search import SearchConfig, search
+from overstory.retrieval.lattice.search import SearchConfig, check_reach, search
 from overstory.retrieval.lattice.tree import Tree
 from overstory.retrieval.metrics import bootstrap_interval
 from overstory.serving.client import Client
@@ -214,6 +214,7 @@ def _heldout_slates(path: str, model: str) -> list[dict]:
 
 def _questions(config: LatticeEvalConfig):
     tree = Tree.load(config.tree)
+    check_reach(tree, config.search.iterations, "search.iterations")
     documents, questions = load_corpus(config.corpus)
     leaves = tree_leaf_chunks(tree, documents, config.hierarchy, config.leaf_level)
     gold = gold_leaves(questions, leaves)

@@ -193,6 +193,16 @@ class _QueryState:
         return self.result
 
 
+def check_reach(tree: Tree, iterations: int, key: str) -> None:
+    """Refuse a search that cannot score a leaf, naming the config ``key``: each iteration expands one level below the
+    nodes it takes, so with fewer iterations than the shallowest leaf's depth every query ends with no leaf at all
+    (and its answer, trace or ranking is made from nothing)."""
+    reach = min(tree.depth(leaf.id) for leaf in tree.leaves())
+    if iterations < reach:
+        raise ConfigError(f"{key}={iterations} cannot reach a leaf of this tree (its shallowest leaf is at depth "
+                          f"{reach}); set {key}={reach} or more")
+
+
 def search(tree: Tree, queries: Sequence[tuple[str, str]], scorer: SlateScorer,
            config: SearchConfig = SearchConfig(),
            on_iteration: Callable[[str, list[SlateRecord]], None] | None = None,

@@ -14,7 +14,7 @@ from typing import Literal
 from overstory.core.config import ConfigError
 from overstory.data_pipeline.formats import Chunk
 from overstory.retrieval.lattice.scorers import CrossEncoderSlateScorer, LLMSlateScorer
-from overstory.retrieval.lattice.search import SearchConfig, search
+from overstory.retrieval.lattice.search import SearchConfig, check_reach, search
 from overstory.retrieval.lattice.tree import Tree
 from overstory.retrieval.naive import AnswerConfig, generate_answer
 from overstory.retrieval.strategy import StrategyAnswer
@@ -46,12 +46,7 @@ class LatticeStrategy:
         if missing:
             raise ConfigError(f"lattice.tree: {len(missing)} of its leaves (e.g. {missing[0]}) are not chunks of this "
                               "corpus; build the tree over the same corpus and hierarchy settings")
-        # each iteration expands one level below the nodes it takes, so fewer iterations than the shallowest leaf's
-        # depth never score a leaf: every question would be answered from no evidence at all
-        reach = min(tree.depth(leaf.id) for leaf in tree.leaves())
-        if config.search.iterations < reach:
-            raise ConfigError(f"lattice.search.iterations={config.search.iterations} cannot reach a leaf of this tree "
-                              f"(its shallowest leaf is at depth {reach}); set lattice.search.iterations={reach} or more")
+        check_reach(tree, config.search.iterations, "lattice.search.iterations")
 
     def _scorer(self, client: Client):
         if self.config.scorer == "cross_encoder":

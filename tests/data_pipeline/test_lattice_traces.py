@@ -62,7 +62,7 @@ def test_request_timeout_reaches_the_client(lattice_tree: Path, tmp_path: Path) 
         out = tmp_path / "traces.jsonl"
         assert main(["data", "lattice-traces", "--config", str(ROOT / "configs/data/lattice_traces.yaml"),
                      f"tree={lattice_tree}", f"out={out}", *CORPUS, "scorer=llm", f"server_url={url}", "limit=1",
-                     "search.iterations=1", "request_timeout_s=0.2", "max_attempts=1", "tracking.backend=none"]) == 0
+                     "search.iterations=4", "request_timeout_s=0.2", "max_attempts=1", "tracking.backend=none"]) == 0
     (query,) = read_jsonl(tmp_path / "traces.queries.jsonl")
     assert query["failed_slates"] >= 1
     slates = list(read_jsonl(out))
