@@ -170,6 +170,12 @@ def _quickstart_figures(name: str, stage: dict) -> str:
                 f"({tree['summaries']['llm_calls']} LLM calls); {stage['traces']['questions']} traced questions; "
                 f"nDCG@10 on {stage['n_questions']} held-out: " + ", ".join(
                     f"{system} {_fmt(row['ndcg@10'])}" for system, row in stage["systems"].items()))
+    if name == "strategies":
+        return "contains-match / generator tokens per question: " + "; ".join(
+            f"{corpus} ({row['n_questions']} questions) " + ", ".join(
+                f"{strategy} {_fmt(figures['contains_match'], 2)} / {_fmt(figures['generator_tokens'], 0)}"
+                for strategy, figures in row["strategies"].items())
+            for corpus, row in stage["corpora"].items())
     return ""
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from overstory.evaluation.report_tables import render_readme
+from overstory.evaluation.report_tables import quickstart_table, render_readme
 
 
 def test_render_replaces_only_marked_tables_whose_file_exists(tmp_path: Path) -> None:
@@ -36,3 +36,12 @@ def test_compressor_table_shows_recall_with_its_interval_where_the_report_has_on
         "older_report": {**row, "recall@5": 0.4}}})
     assert "| recall@5 [95% CI] |" in table
     assert "| mean_pool | 0.900 | 0.500 [0.250, 0.750] |" in table and "| older_report | 0.900 | 0.400 |" in table
+
+
+def test_the_quickstart_table_names_each_strategys_quality_and_cost() -> None:
+    stage = {"stage_seconds": 300.2, "strategies": ["naive", "arag"], "corpora": {
+        "squad": {"n_questions": 2, "strategies": {"naive": {"contains_match": 0.5, "generator_tokens": 610.4},
+                                                   "arag": {"contains_match": 0.0, "generator_tokens": 2210.0}}}}}
+    table = quickstart_table({"stages": {"strategies": stage}, "total_seconds": 301})
+    assert ("| strategies | 300 | contains-match / generator tokens per question: squad (2 questions) naive 0.50 / "
+            "610, arag 0.00 / 2210 |") in table
