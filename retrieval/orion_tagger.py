@@ -243,8 +243,8 @@ class Tagger:
         n = self.config.max_master_tags
         prompt = MASTER_PROMPT.format(n=n, title=document.title or "(none)",
                                       text=" ".join(document.text.split())[: self.config.master_chars])
-        source = f"{document.title}\n{document.text}"
-        tags, raw, calls = self._ask(prompt, master_tags_format(n), lambda text: parse_master_tags(text, n, source))
+        whole = f"{document.title}\n{document.text}"  # what the tags must be grounded in
+        tags, raw, calls = self._ask(prompt, master_tags_format(n), lambda text: parse_master_tags(text, n, whole))
         if tags:
             return Tagged(DocumentTags(document.id, document.title, tags, "llm"), None, calls)
         fallback = fallback_master_tags(document.title, document.text[: self.config.master_chars], n)
@@ -254,8 +254,8 @@ class Tagger:
     def paragraph(self, chunk: Chunk) -> Tagged:
         prompt = PARAGRAPH_PROMPT.format(title=chunk.title or "(none)",
                                          text=" ".join(chunk.text.split())[: self.config.max_passage_chars])
-        source = f"{chunk.title}\n{chunk.text}"
-        tags, raw, calls = self._ask(prompt, PARAGRAPH_TAGS_FORMAT, lambda text: parse_paragraph_tags(text, source))
+        passage = f"{chunk.title}\n{chunk.text}"  # what the gist or the subjects must be grounded in
+        tags, raw, calls = self._ask(prompt, PARAGRAPH_TAGS_FORMAT, lambda text: parse_paragraph_tags(text, passage))
         source = "llm" if tags else "fallback"
         record = ChunkTags(chunk.id, chunk.doc_id, chunk.title, chunk.text, chunk.start, chunk.end,
                            tags or fallback_paragraph_tags(chunk.text, chunk.title), source)
