@@ -7,13 +7,20 @@ from pathlib import Path
 
 import pytest
 import torch
+from accelerate import Accelerator
+from safetensors.torch import load_file
+from torch.utils.data import DataLoader
 
 from overstory.cli import main
-from overstory.core.config import ConfigError, load_config
+from overstory.core.config import ConfigError, build, load_config
+from overstory.data_pipeline.corpora import load_corpus
 from overstory.data_pipeline.formats import SummaryRecord, read_jsonl
 from overstory.data_pipeline.splits import split_by_document
 from overstory.models.compressor import load_compressor
-from overstory.training.compressor import CompressorJobConfig, TrainingDiverged, run
+from overstory.models.registry import load_sentence_encoder
+from overstory.training.compressor import (CompressorJobConfig, RecordBatches, TrainingDiverged, evaluate,
+                                           positives_for, run, summary_chunks)
+from overstory.training.compressor_contrastive import PositiveSampler
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -65,6 +72,22 @@ def test_non_finite_loss_stops_and_keeps_checkpoints(summaries: Path, tmp_path: 
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
+def _contrastive_on_the_training_split(summaries: Path, out: Path) -> tuple[float, float]:
+    """The contrastive loss of the last checkpoint and of the mean-pool start on the whole training split as one
+    batch, each chunk with its first covered question (the validation sampler's rule): the objective the run fits,
+    measured the same way before and after."""
+    config = build(CompressorJobConfig, json.loads((out / "best" / "overstory.json").read_text())["config"], "")
+    train_records, _ = split_by_document(list(read_jsonl(summaries, SummaryRecord)), config.train.val_fraction)
+    positives = positives_for(train_records, summary_chunks(str(summaries)), load_corpus(config.questions)[1],
+                              load_sentence_encoder(train_records[0].encoder))
+    loader = DataLoader(list(range(len(train_records))), batch_size=len(train_records),
+                        collate_fn=RecordBatches(train_records, PositiveSampler(positives, deterministic=True)))
+    model = load_compressor(out / "best", embedding_dim=384)
+    model.load_state_dict(load_file(str(out / "last" / "model.safetensors")))
+    metrics = evaluate(model, loader, Accelerator(cpu=True), config.train)
+    return metrics["val_contrastive"], metrics["mean_pool_contrastive"]
+
+
 def test_contrastive_objective_lowers_its_loss_and_changes_parameters(summaries: Path, tmp_path: Path) -> None:
     """The retrieval objective on real HotpotQA questions: chunks covering a question's supporting facts are pulled
     towards it; its training loss falls and the compressor leaves its mean-pool start."""
@@ -74,7 +97,10 @@ def test_contrastive_objective_lowers_its_loss_and_changes_parameters(summaries:
     metrics = json.loads((out / "metrics.json").read_text())
     history = metrics["history"]
     assert metrics["objective"] == "contrastive" and "train_summary" not in history[1]
-    assert history[-1]["train_contrastive"] < history[1]["train_contrastive"]
+    fitted, start = _contrastive_on_the_training_split(summaries, out)
+    # measured: 0.165 at the mean-pool start, 0.041 and 0.053 after training (two summary runs). The per-epoch
+    # train_contrastive is not compared: its batches differ from epoch to epoch and hold one to three questions.
+    assert fitted < start / 2
     assert all(row["val_objective"] == row["val_contrastive"] for row in history)
     assert history[0]["val_contrastive"] == pytest.approx(history[0]["mean_pool_contrastive"], rel=1e-4)
     assert history[-1]["val_contrastive"] != history[0]["val_contrastive"]  # the parameters moved
