@@ -182,7 +182,7 @@ def _quickstart_figures(name: str, stage: dict) -> str:
 def quickstart_table(report: dict) -> str:
     """The quickstart's report.json: seconds and headline figures per stage, then the total.
 
-    >>> print(quickstart_table({"stages": {"serving": {"roles": ["generator"], "stage_seconds": 20.4},
+    >>> print(quickstart_table({"stages": {"serving": {"roles": ["generator"], "seconds": 20.4},
     ...                                    "later": {"x": 1}}, "total_seconds": 31.0}))
     | stage | seconds | figures |
     | --- | --- | --- |
@@ -190,7 +190,7 @@ def quickstart_table(report: dict) -> str:
     | later | - |  |
     | total | 31 |  |
     """
-    rows = [[name, _fmt(stage.get("stage_seconds"), 0), _quickstart_figures(name, stage)]
+    rows = [[name, _fmt(stage.get("seconds"), 0), _quickstart_figures(name, stage)]
             for name, stage in report["stages"].items() if isinstance(stage, dict)]
     rows.append(["total", _fmt(report.get("total_seconds"), 0), ""])
     return _table(["stage", "seconds", "figures"], rows)

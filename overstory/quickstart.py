@@ -3,8 +3,8 @@
     overstory quickstart --out runs/quickstart
 
 Stages write into one ``report.json`` under ``stages``; later issues add their own stages to the
-same command and report. Every stage records its wall-clock ``stage_seconds`` (also collected under the
-report's ``stage_seconds``, with ``total_seconds``). One embedded stack serves the whole job, on a free
+same command and report. Every stage records its wall-clock ``seconds`` (also collected under the report's
+``stage_seconds``, with ``total_seconds``). One embedded stack serves the whole job, on a free
 port by default (``serve.port=0``: it is private to the job; the URL is printed and kept in the
 ``serving`` stage). The defaults are sized for a 2-core CPU: the whole job takes a few minutes. This stage set:
 
@@ -181,12 +181,12 @@ class QuickstartConfig:
 
 def _update_report(path: Path, stages: dict, **top: object) -> dict:
     """Merge ``stages`` into report.json, keeping stages that other runs (later issues) wrote; a stage's
-    ``stage_seconds`` is also collected under the report's ``stage_seconds``; ``top`` sets top-level keys."""
+    ``seconds`` are also collected under the report's ``stage_seconds``; ``top`` sets top-level keys."""
     report = json.loads(path.read_text()) if path.exists() else {}
     report.setdefault("stages", {}).update(stages)
     for name, stage in stages.items():
-        if isinstance(stage, dict) and "stage_seconds" in stage:
-            report.setdefault("stage_seconds", {})[name] = stage["stage_seconds"]
+        if isinstance(stage, dict) and "seconds" in stage:
+            report.setdefault("stage_seconds", {})[name] = stage["seconds"]
     report.update(top)
     report["updated"] = time.strftime("%Y-%m-%dT%H:%M:%S")
     tmp = path.with_suffix(".tmp")
@@ -207,8 +207,8 @@ class _Stage:
         return round(time.perf_counter() - self.started, 1)
 
     def done(self, stage: dict) -> dict:
-        stage["stage_seconds"] = self.seconds
-        console.print(f"[bold green]{self.name}[/] done in {stage['stage_seconds']:.1f}s")
+        stage["seconds"] = self.seconds
+        console.print(f"[bold green]{self.name}[/] done in {stage['seconds']:.1f}s")
         return {self.name: stage}
 
 
@@ -263,6 +263,8 @@ def run(config: QuickstartConfig) -> dict:
                 index = indexes[config.rag_corpus][config.retrieval.index]
                 metrics, records = evaluate_rag(questions, index, client, config.retrieval, config.generation,
                                                 progress)
+            # the stage's `seconds` is its wall time, as in every stage: the evaluation's own is the answering
+            metrics["answer_seconds"] = metrics.pop("seconds")
             rag_stage = {"dataset": config.rag_corpus, **metrics, "usage": client.stats.summary()}
             write_jsonl(out / "rag_predictions.jsonl", records)
             _update_report(report_path, timer.done(rag_stage))

@@ -43,7 +43,7 @@ def test_quickstart_end_to_end(tmp_path: Path, port_8000_taken) -> None:
     stages = report["stages"]
     assert stages["later_issue"] == {"x": 1}
     for name in STAGES:  # every stage timed, in the stage and in the report's table
-        assert stages[name]["stage_seconds"] > 0 and report["stage_seconds"][name] == stages[name]["stage_seconds"]
+        assert stages[name]["seconds"] > 0 and report["stage_seconds"][name] == stages[name]["seconds"]
     assert report["total_seconds"] >= sum(report["stage_seconds"][name] for name in STAGES) - 1
     serving = stages["serving"]
     assert serving["port"] != 8000 and serving["url"].endswith(f":{serving['port']}")
@@ -53,7 +53,7 @@ def test_quickstart_end_to_end(tmp_path: Path, port_8000_taken) -> None:
     for key in ("recall@5", "exact_match", "token_f1"):
         assert 0.0 <= rag[key] <= 1.0
     assert rag["recall@5"] > 0.5  # hybrid retrieval reaches most gold paragraphs (measured 0.86 on all 40)
-    assert rag["seconds"] > 0
+    assert 0 < rag["answer_seconds"] <= rag["seconds"]  # answering, within the stage's wall time
     assert rag["usage"]["generator"]["requests"] == 10
     assert rag["usage"]["generator"]["completion_tokens"] > 0
 

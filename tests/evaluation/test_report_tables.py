@@ -12,8 +12,8 @@ def test_render_replaces_only_marked_tables_whose_file_exists(tmp_path: Path) ->
     (tmp_path / "q").mkdir()
     (tmp_path / "q" / "report.json").write_text(json.dumps({"stages": {
         "retrieval": {"squad": {"n_questions": 9, "levels": ["paragraph"], "bm25_recall@5": 0.5},
-                      "stage_seconds": 12.4},
-        "planner": {"skipped": "no correct answer", "stage_seconds": 301.0}}, "total_seconds": 320.0}))
+                      "seconds": 12.4},
+        "planner": {"skipped": "no correct answer", "seconds": 301.0}}, "total_seconds": 320.0}))
     readme = ("intro\n<!-- table: quickstart q/report.json -->\nold table\n<!-- /table -->\nmiddle\n"
               "<!-- table: planner missing/metrics.json -->\nkept table\n<!-- /table -->\nend\n")
     rendered, notes = render_readme(readme, tmp_path)
@@ -39,7 +39,7 @@ def test_compressor_table_shows_recall_with_its_interval_where_the_report_has_on
 
 
 def test_the_quickstart_table_names_each_strategys_quality_and_cost() -> None:
-    stage = {"stage_seconds": 300.2, "strategies": ["naive", "arag"], "corpora": {
+    stage = {"seconds": 300.2, "strategies": ["naive", "arag"], "corpora": {
         "squad": {"n_questions": 2, "strategies": {"naive": {"contains_match": 0.5, "generator_tokens": 610.4},
                                                    "arag": {"contains_match": 0.0, "generator_tokens": 2210.0}}}}}
     table = quickstart_table({"stages": {"strategies": stage}, "total_seconds": 301})
