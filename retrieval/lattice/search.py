@@ -26,6 +26,7 @@ Where this follows the paper and where the released code (github.com/nilesh2797/
 
 from __future__ import annotations
 
+import logging
 import time
 import zlib
 from collections import Counter
@@ -38,6 +39,8 @@ from overstory.core.config import ConfigError
 from overstory.retrieval.lattice.calibration import Observation, fit_latent_scores
 from overstory.retrieval.lattice.scorers import Slate, SlateScore, SlateScorer
 from overstory.retrieval.lattice.tree import Tree
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -193,14 +196,21 @@ class _QueryState:
         return self.result
 
 
-def check_reach(tree: Tree, iterations: int, key: str) -> None:
+def check_reach(tree: Tree, iterations: int, key: str) -> float:
     """Refuse a search that cannot score a leaf, naming the config ``key``: each iteration expands one level below the
     nodes it takes, so with fewer iterations than the shallowest leaf's depth every query ends with no leaf at all
-    (and its answer, trace or ranking is made from nothing)."""
-    reach = min(tree.depth(leaf.id) for leaf in tree.leaves())
-    if iterations < reach:
+    (and its answer, trace or ranking is made from nothing). Returns the share of leaves within reach, and warns when
+    some lie deeper than ``iterations`` (a bottom-up tree's leaves sit at several depths: those never rank)."""
+    depths = [tree.depth(leaf.id) for leaf in tree.leaves()]
+    if iterations < min(depths):
         raise ConfigError(f"{key}={iterations} cannot reach a leaf of this tree (its shallowest leaf is at depth "
-                          f"{reach}); set {key}={reach} or more")
+                          f"{min(depths)}); set {key}={min(depths)} or more")
+    reach = sum(depth <= iterations for depth in depths) / len(depths)
+    if reach < 1:
+        logger.warning("%s=%d reaches %.0f%% of this tree's leaves (depths %d to %d): the others can never be "
+                       "retrieved; set %s=%d to reach them all", key, iterations, 100 * reach, min(depths),
+                       max(depths), key, max(depths))
+    return reach
 
 
 def search(tree: Tree, queries: Sequence[tuple[str, str]], scorer: SlateScorer,

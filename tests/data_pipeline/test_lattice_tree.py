@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _run(out: Path, *extra: str) -> int:
     return main(["data", "lattice-tree", "--config", str(ROOT / "configs/data/lattice_tree.yaml"), f"out={out}",
                  f"corpus.path={ROOT / 'data/hotpotqa'}", "limit_leaves=8", "keywords.batch_size=4",
-                 "keywords.max_tokens=512", "keywords.max_attempts=2", "clustering.m_max=4",
+                 "keywords.max_tokens=512", "keywords.max_attempts=1", "clustering.m_max=4",
                  "clustering.max_tokens=512", "tracking.backend=none", *extra])
 
 

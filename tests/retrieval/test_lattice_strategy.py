@@ -6,7 +6,7 @@ import pytest
 
 from overstory.core.config import ConfigError
 from overstory.data_pipeline.formats import Chunk
-from overstory.retrieval.lattice.search import SearchConfig
+from overstory.retrieval.lattice.search import SearchConfig, check_reach
 from overstory.retrieval.lattice.strategy import LatticeStrategy, LatticeStrategyConfig
 from overstory.retrieval.lattice.tree import Node, Tree
 from overstory.retrieval.naive import AnswerConfig
@@ -30,3 +30,18 @@ def test_fewer_iterations_than_the_leaves_depth_are_refused_naming_the_key():
         LatticeStrategy(tree, chunks, LatticeStrategyConfig(search=SearchConfig(iterations=1)), AnswerConfig())
     strategy = LatticeStrategy(tree, chunks, LatticeStrategyConfig(search=SearchConfig(iterations=2)), AnswerConfig())
     assert set(strategy.leaves) == {"l1", "l2", "l3"}
+
+
+def test_leaves_deeper_than_the_iterations_are_counted_and_warned_about(caplog):
+    """A bottom-up tree puts leaves at several depths: with l3 one level deeper (b -> c -> l3), two iterations reach
+    l1 and l2 only, and the warning names the share and the setting that reaches all."""
+    tree, _ = two_level_tree()
+    tree.nodes["b"].children = ["c"]
+    tree.nodes["c"] = Node("c", name="Jazz", children=["l3"])
+    tree.refresh_parents()
+    with caplog.at_level("WARNING", logger="overstory.retrieval.lattice.search"):
+        assert check_reach(tree, 2, "lattice.search.iterations") == pytest.approx(2 / 3)
+    assert "lattice.search.iterations=2 reaches 67% of this tree's leaves (depths 2 to 3)" in caplog.text
+    assert "set lattice.search.iterations=3" in caplog.text
+    caplog.clear()
+    assert check_reach(tree, 3, "lattice.search.iterations") == 1.0 and not caplog.text
