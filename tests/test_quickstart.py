@@ -53,7 +53,8 @@ def test_quickstart_end_to_end(tmp_path: Path, port_8000_taken) -> None:
     for key in ("recall@5", "exact_match", "token_f1"):
         assert 0.0 <= rag[key] <= 1.0
     assert rag["recall@5"] > 0.5  # hybrid retrieval reaches most gold paragraphs (measured 0.86 on all 40)
-    assert 0 < rag["answer_seconds"] <= rag["seconds"]  # answering, within the stage's wall time
+    # answering, within the stage's wall time (which is rounded to 0.1 s: 18.93 s of answering in an 18.9 s stage)
+    assert 0 < rag["answer_seconds"] < rag["seconds"] + 0.1
     assert rag["usage"]["generator"]["requests"] == 10
     assert rag["usage"]["generator"]["completion_tokens"] > 0
 
