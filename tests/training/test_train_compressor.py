@@ -18,8 +18,15 @@ from overstory.data_pipeline.formats import SummaryRecord, read_jsonl
 from overstory.data_pipeline.splits import split_by_document
 from overstory.models.compressor import load_compressor
 from overstory.models.registry import load_sentence_encoder
-from overstory.training.compressor import (CompressorJobConfig, RecordBatches, TrainingDiverged, evaluate,
-                                           positives_for, run, summary_chunks)
+from overstory.training.compressor import (
+    CompressorJobConfig,
+    RecordBatches,
+    TrainingDiverged,
+    evaluate,
+    positives_for,
+    run,
+    summary_chunks,
+)
 from overstory.training.compressor_contrastive import PositiveSampler
 
 ROOT = Path(__file__).resolve().parents[2]
