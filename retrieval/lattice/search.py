@@ -202,14 +202,15 @@ def check_reach(tree: Tree, iterations: int, key: str) -> float:
     (and its answer, trace or ranking is made from nothing). Returns the share of leaves within reach, and warns when
     some lie deeper than ``iterations`` (a bottom-up tree's leaves sit at several depths: those never rank)."""
     depths = [tree.depth(leaf.id) for leaf in tree.leaves()]
-    if iterations < min(depths):
+    shallowest, deepest = min(depths), max(depths)
+    if iterations < shallowest:
         raise ConfigError(f"{key}={iterations} cannot reach a leaf of this tree (its shallowest leaf is at depth "
-                          f"{min(depths)}); set {key}={min(depths)} or more")
+                          f"{shallowest}); set {key}={shallowest} or more")
     reach = sum(depth <= iterations for depth in depths) / len(depths)
     if reach < 1:
         logger.warning("%s=%d reaches %.0f%% of this tree's leaves (depths %d to %d): the others can never be "
-                       "retrieved; set %s=%d to reach them all", key, iterations, 100 * reach, min(depths),
-                       max(depths), key, max(depths))
+                       "retrieved; set %s=%d to reach them all", key, iterations, 100 * reach, shallowest, deepest,
+                       key, deepest)
     return reach
 
 
