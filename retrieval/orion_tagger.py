@@ -107,11 +107,41 @@ def grounded(tag: str, source: str) -> bool:
     return any(word in words for word in content_words(tag))
 
 
+def echoes_instructions(tag: str, source: str) -> bool:
+    """Whether ``tag`` is a run of the tagging instructions' words (spaces ignored: "Reply with one JSONObject",
+    "Topics") that the document's ``source`` text does not use: an echo of the prompt, not a tag. A tag grounded in
+    the text ("Places" of a travel guide that speaks of places) is not an echo.
+
+    >>> echoes_instructions("Reply with one JSONObject", "Marie Curie"), echoes_instructions("Reply", "Marie Curie")
+    (True, True)
+    >>> echoes_instructions("Marie Curie", "Marie Curie"), echoes_instructions("Places", "famous places to visit")
+    (False, False)
+    """
+    return _letters(tag) in INSTRUCTION_RUNS and not grounded(tag, source)
+
+
+def _letters(text: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", text.lower())
+
+
+def word_runs(template: str, span: int) -> frozenset[str]:
+    """Every run of up to ``span`` consecutive words of ``template`` (its ``{placeholders}`` left out), letters
+    only: what ``echoes_instructions`` matches a tag against.
+
+    >>> sorted(word_runs("Reply with {n}", 2))
+    ['reply', 'replywith', 'with']
+    """
+    words = [_letters(word) for word in re.findall(r"\w+", re.sub(r"\{[a-z]+\}", " ", template))]
+    return frozenset("".join(words[i:j]) for i in range(len(words))
+                     for j in range(i + 1, min(i + span, len(words)) + 1))
+
+
 def parse_master_tags(text: str, max_tags: int, source: str) -> list[str]:
-    """The usable master tags of a reply: cleaned, distinct, each with a content word and not a label copied from
-    the prompt, at most ``max_tags``; [] when there are none, or when none is ``grounded`` in the document's
-    ``source`` text. A 135M model often answers with counting words, prompt echoes or inventions ("up", "1", "up to
-    5 shorttags"); a topic that is not in the text ("Geography") is kept beside tags that are.
+    """The usable master tags of a reply: cleaned, distinct, each with a content word, neither a label copied from
+    the prompt nor an echo of its instructions (``echoes_instructions``), at most ``max_tags``; [] when there are
+    none, or when none is ``grounded`` in the document's ``source`` text. A 135M model often answers with counting
+    words, prompt echoes or inventions ("up", "1", "up to 5 shorttags", "Reply with one JSONObject"); a topic that is
+    not in the text ("Geography") is kept beside tags that are.
 
     >>> parse_master_tags('{"tags": ["Marie Curie", "", "marie curie", 7, "Title", "up", "Physics"]}', 5,
     ...                   "Marie Curie won the Nobel Prize.")
@@ -120,10 +150,13 @@ def parse_master_tags(text: str, max_tags: int, source: str) -> list[str]:
     []
     >>> parse_master_tags('{"tags": []}', 5, "x"), parse_master_tags("Marie Curie, physics", 5, "Marie Curie")
     ([], [])
+    >>> parse_master_tags('{"tags": ["Marie Curie", "Reply with one JSONObject"]}', 5, "Marie Curie won.")
+    ['Marie Curie']
     """
     reply = reply_object(text, "tags")
     values = reply["tags"] if reply is not None and isinstance(reply["tags"], list) else []
-    tags = [tag for tag in distinct(map(clean_tag, values)) if tag.lower() not in PROMPT_LABELS and content_words(tag)]
+    tags = [tag for tag in distinct(map(clean_tag, values))
+            if tag.lower() not in PROMPT_LABELS and content_words(tag) and not echoes_instructions(tag, source)]
     return tags[:max_tags] if any(grounded(tag, source) for tag in tags) else []
 
 
@@ -222,6 +255,9 @@ Reply with one JSON object: {{"gist": "...", "subjects": "...", "domain": "..."}
 
 RETRY_PROMPT = ("That reply could not be used: every tag must be 1-4 words naming what the text is about, in its "
                 "words, none empty, none repeated. Reply again with the JSON object only.")
+# the master-tag instructions as runs of a tag's 4 words and 2 more, since a small model runs some together
+# ("JSONObject"); a master tag that is one of them and not in the document is an echo (``echoes_instructions``)
+INSTRUCTION_RUNS = word_runs(MASTER_PROMPT + " " + RETRY_PROMPT, TAG_MAX_WORDS + 2)
 
 
 @dataclass(frozen=True)
