@@ -116,7 +116,7 @@ def engine_clients(config: ServeBenchConfig) -> Iterator[dict[str, Engine]]:
     api_key = resolve_api_key(config.serve.api_key)
     with ExitStack() as stack:
         if {"in_process", "embedded"} & set(config.engines):
-            engine = EmbeddedEngine(config.serve)
+            engine = stack.enter_context(EmbeddedEngine(config.serve))
             if "in_process" in config.engines:
                 engines["in_process"] = Engine(Client.in_process(engine))
             if "embedded" in config.engines:

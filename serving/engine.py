@@ -161,7 +161,8 @@ _MODEL_KINDS = {"chat": _ChatModel, "embedding": _EmbeddingModel, "compression":
 
 
 class EmbeddedEngine:
-    """Loads every role of a ``ServeConfig`` and answers chat, completion and embedding calls."""
+    """Loads every role of a ``ServeConfig`` and answers chat, completion and embedding calls. Whoever makes one
+    closes it (``close``, or ``with EmbeddedEngine(config) as engine``) to free its models."""
 
     def __init__(self, config: ServeConfig):
         self.config = config
@@ -170,22 +171,43 @@ class EmbeddedEngine:
         loaded: dict[tuple[str, str, str], object] = {}
         self._models: dict[str, object] = {}
         self._context: dict[str, int] = {}  # per role: roles sharing a model may cap its context differently
-        for role_name, role in config.roles.items():
-            # a role with a LoRA adapter loads base + adapter from the adapter folder (PEFT via transformers)
-            source = role.adapter or role.model
-            key = (source, role.kind, role.dtype)
-            if key not in loaded:
-                loaded[key] = _MODEL_KINDS[role.kind](source, role)
-            model = self._models[role_name] = loaded[key]
-            if isinstance(model, _ChatModel):
-                if role.max_model_len > model.context:
-                    raise ConfigError(f"roles.{role_name}.max_model_len: {role.max_model_len} exceeds the "
-                                      f"model's context of {model.context} tokens")
-                self._context[role_name] = role.max_model_len or model.context
+        try:
+            for role_name, role in config.roles.items():
+                # a role with a LoRA adapter loads base + adapter from the adapter folder (PEFT via transformers)
+                source = role.adapter or role.model
+                key = (source, role.kind, role.dtype)
+                if key not in loaded:
+                    loaded[key] = _MODEL_KINDS[role.kind](source, role)
+                model = self._models[role_name] = loaded[key]
+                if isinstance(model, _ChatModel):
+                    if role.max_model_len > model.context:
+                        raise ConfigError(f"roles.{role_name}.max_model_len: {role.max_model_len} exceeds the "
+                                          f"model's context of {model.context} tokens")
+                    self._context[role_name] = role.max_model_len or model.context
+        except BaseException:
+            self.close()  # the models loaded before the error
+            raise
 
     @property
     def roles(self) -> list[str]:
         return list(self._models)
+
+    def close(self) -> None:
+        """End the models' worker threads (a chat model's batcher, an encoder's model thread), which would otherwise
+        hold the models in memory for the life of the process: a job or a test suite that starts stacks one after
+        another would keep every model it ever served. The engine serves nothing afterwards."""
+        for model in {id(model): model for model in self._models.values()}.values():
+            if isinstance(model, _ChatModel):
+                model.batcher.stop()
+            else:  # an embedding, compression or cross-encoder model: one model thread each
+                model.thread.close()
+        self._models.clear()
+
+    def __enter__(self) -> EmbeddedEngine:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def watch_queues(self, callback: Callable[[str, int, int], None]) -> None:
         """Call ``callback(model, running rows, waiting rows)`` whenever a chat model's batch queue changes;

@@ -110,7 +110,10 @@ def serve_in_background(source: ServeConfig | EmbeddedEngine | FastAPI, port: in
         config = source.config if isinstance(source, EmbeddedEngine) else source
         default_host, default_port = config.host, config.port
     host = host or default_host
-    with _claim_port(host, default_port if port is None else port) as sock:  # before loading any model
+    # the port is claimed before any model loads; models loaded here (from a config) are released here on exit
+    with _claim_port(host, default_port if port is None else port) as sock, ExitStack() as owned:
+        if isinstance(source, ServeConfig):
+            source = owned.enter_context(EmbeddedEngine(source))
         app = source if isinstance(source, FastAPI) else create_app(source)
         if configure_app is not None:
             configure_app(app)
@@ -186,6 +189,8 @@ def vllm_stack(config: ServeConfig) -> Iterator[VllmStack]:
     upstreams: dict[str, str] = {}
     try:
         with ExitStack() as stack:
+            if isinstance(front, EmbeddedEngine):
+                stack.callback(front.close)  # last, after its server has stopped (an ExitStack unwinds in reverse)
             for server, command in zip(servers, commands):
                 url = f"http://{config.host}:{server.port}"
                 log = log_dir / f"vllm-{server.port}.log"

@@ -34,6 +34,10 @@ class ModelThread:
     def run(self, fn: Callable[[], T]) -> T:
         return self._pool.submit(fn).result()
 
+    def close(self) -> None:
+        """Finish what was submitted and end the thread."""
+        self._pool.shutdown(wait=True)
+
 
 _M_ARENA_MAX = -8  # glibc's mallopt parameter number (malloc.h)
 

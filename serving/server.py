@@ -26,7 +26,6 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import StreamingResponse
 
-from overstory.serving.config import ServeConfig
 from overstory.serving.cross_encoder import RerankRequest, ScoreRequest, handle_rerank, handle_score
 from overstory.serving.engine import EmbeddedEngine, GenerationResult, TokenLogprob
 from overstory.serving.errors import BadRequest, RequestTooLarge, UnknownModel
@@ -367,9 +366,8 @@ def _recorder(metrics: ServerMetrics, model: str) -> Callable[[GenerationResult]
     return record
 
 
-def create_app(source: EmbeddedEngine | ServeConfig) -> FastAPI:
-    """The OpenAI-compatible app over a loaded engine, or over a config whose models it loads now."""
-    engine = source if isinstance(source, EmbeddedEngine) else EmbeddedEngine(source)
+def create_app(engine: EmbeddedEngine) -> FastAPI:
+    """The OpenAI-compatible app over a loaded engine (whoever loaded the engine closes it)."""
     app = FastAPI(title="overstory embedded server", version="0.1.0")
     # the key check goes in first so that the metrics middleware, outside it, counts refused requests too
     install_api_key(app, resolve_api_key(engine.config.api_key))

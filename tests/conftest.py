@@ -23,6 +23,23 @@ os.environ.setdefault("VLLM_CACHE_ROOT", str(ROOT / ".cache" / "vllm"))
 SQUAD = ROOT / "data/squad/dev-v2.0-articles.json"
 
 
+@pytest.fixture
+def engines():
+    """``engines(serve_config)`` loads an ``EmbeddedEngine`` that is closed after the test: an engine left open keeps
+    its models (and its batcher thread) for the rest of the session."""
+    from overstory.serving.engine import EmbeddedEngine
+
+    made: list[EmbeddedEngine] = []
+
+    def make(config):
+        made.append(EmbeddedEngine(config))
+        return made[-1]
+
+    yield make
+    for engine in made:
+        engine.close()
+
+
 @pytest.fixture(scope="session")
 def squad_chunks() -> list:
     """The hierarchy of the three shipped SQuAD articles (default settings), built once."""

@@ -25,7 +25,6 @@ from overstory.retrieval.arag import (
 from overstory.retrieval.metrics import recall_at_k
 from overstory.serving.client import Client, ClientError
 from overstory.serving.config import RoleConfig, ServeConfig
-from overstory.serving.engine import EmbeddedEngine
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -304,9 +303,9 @@ def test_failed_requests_and_missing_answers_are_recorded(strategy):
     assert (answer.failure, answer.failure_detail) == ("no_answer", call_text)
 
 
-def test_the_built_in_models_answer_hotpotqa_questions():
+def test_the_built_in_models_answer_hotpotqa_questions(engines):
     documents, questions = load_corpus("hotpotqa", ROOT / "data" / "hotpotqa", limit_docs=100)
-    engine = EmbeddedEngine(ServeConfig(port=0, roles={
+    engine = engines(ServeConfig(port=0, roles={
         "generator": RoleConfig(model=SMOLLM2), "embedder": RoleConfig(model=MINILM, kind="embedding")}))
     client = Client.in_process(engine)
     strategy = ARagStrategy.build(build_hierarchies(documents, HierarchyConfig()), client,

@@ -37,7 +37,6 @@ from overstory.retrieval.metrics import recall_at_k
 from overstory.retrieval.naive import AnswerConfig
 from overstory.serving.client import Client, ClientError
 from overstory.serving.config import RoleConfig, ServeConfig
-from overstory.serving.engine import EmbeddedEngine
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -519,11 +518,11 @@ def test_failed_requests_are_recorded_not_raised(strategy):
 # ------------------------------------------------------------------------------------------- real models
 
 
-def test_the_built_in_models_build_a_forest_and_answer_a_hotpotqa_question():
+def test_the_built_in_models_build_a_forest_and_answer_a_hotpotqa_question(engines):
     documents, questions = load_corpus("hotpotqa", ROOT / "data" / "hotpotqa", limit_docs=100)
     question = questions[0]
     gold = [d for d in documents if d.id in question.gold_doc_ids]
-    engine = EmbeddedEngine(ServeConfig(port=0, roles={
+    engine = engines(ServeConfig(port=0, roles={
         "generator": RoleConfig(model=SMOLLM2), "embedder": RoleConfig(model=MINILM, kind="embedding")}))
     client = Client.in_process(engine)
     hierarchy = hierarchy_of(*gold)

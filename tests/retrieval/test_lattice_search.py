@@ -23,7 +23,6 @@ from overstory.retrieval.lattice.top_down import TopDownBuilder
 from overstory.retrieval.lattice.tree import Node
 from overstory.serving.client import Client
 from overstory.serving.config import RoleConfig, ServeConfig
-from overstory.serving.engine import EmbeddedEngine
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -109,9 +108,9 @@ def test_slates_carry_calibration_nodes_and_refitted_latent_scores(hotpot_tree):
 
 
 @pytest.mark.slow
-def test_search_with_the_real_built_in_scorer(hotpot_tree):
+def test_search_with_the_real_built_in_scorer(hotpot_tree, engines):
     tree, questions, gold, _ = hotpot_tree
-    engine = EmbeddedEngine(ServeConfig(port=0, roles={"scorer": RoleConfig(model=SMOLLM2)}))
+    engine = engines(ServeConfig(port=0, roles={"scorer": RoleConfig(model=SMOLLM2)}))
     scorer = LLMSlateScorer(Client.in_process(engine), max_tokens=160, max_candidate_chars=160,
                             max_reasoning_chars=160)
     results = search(tree, [(q.id, q.question) for q in questions[:1]], scorer, SearchConfig(iterations=2, beam=1))

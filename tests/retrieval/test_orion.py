@@ -46,7 +46,6 @@ from overstory.retrieval.orion_tagger import (
 )
 from overstory.serving.client import Client, ClientError
 from overstory.serving.config import RoleConfig, ServeConfig
-from overstory.serving.engine import EmbeddedEngine
 from overstory.serving.structured import GrammarCompilerCache, grammar_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -441,11 +440,11 @@ def test_a_tag_folder_without_master_tags_is_refused(tmp_path):
 # ---------------------------------------------------------------------------------------------------- end to end
 
 
-def test_the_built_in_models_tag_hotpotqa_documents_and_answer(tmp_path):
+def test_the_built_in_models_tag_hotpotqa_documents_and_answer(tmp_path, engines):
     documents, questions = load_corpus("hotpotqa", ROOT / "data" / "hotpotqa")
     question = questions[1]  # two short gold paragraphs (magazines), and a short third one: a chunk each
     picked = [d for d in documents if d.id in [*question.gold_doc_ids, "hotpotqa/the-english-art-of-cookery"]]
-    engine = EmbeddedEngine(ServeConfig(port=0, roles={
+    engine = engines(ServeConfig(port=0, roles={
         "generator": RoleConfig(model=SMOLLM2), "embedder": RoleConfig(model=MINILM, kind="embedding")}))
     client = Client.in_process(engine)
     report = tag_and_index(picked, client, tmp_path, ChunkingConfig(),

@@ -27,12 +27,11 @@ def setup(tmp_path_factory):
     chunks = build_hierarchies(documents, HierarchyConfig())
     folder = save_checkpoint(SetCompressor(SetCompressorConfig(encoder=MINILM)),
                              tmp_path_factory.mktemp("ckpt") / "compressor", {})
-    engine = EmbeddedEngine(ServeConfig(port=0, roles={
-        "generator": RoleConfig(model=SMOLLM2), "embedder": RoleConfig(model=MINILM, kind="embedding"),
-        "compressor": RoleConfig(model=str(folder), kind="compression")}))
-    client = Client.in_process(engine)
-    answerable = [q for q in questions if q.evidence][:60]
-    return chunks, answerable, client
+    with EmbeddedEngine(ServeConfig(port=0, roles={
+            "generator": RoleConfig(model=SMOLLM2), "embedder": RoleConfig(model=MINILM, kind="embedding"),
+            "compressor": RoleConfig(model=str(folder), kind="compression")})) as engine:
+        answerable = [q for q in questions if q.evidence][:60]
+        yield chunks, answerable, Client.in_process(engine)
 
 
 def test_ranges_restrict_levels(setup) -> None:

@@ -19,8 +19,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
-def engine() -> EmbeddedEngine:
-    return EmbeddedEngine(ServeConfig.local(port=0))
+def engine() -> Iterator[EmbeddedEngine]:
+    with EmbeddedEngine(ServeConfig.local(port=0)) as engine:
+        yield engine
 
 
 @pytest.fixture(scope="session")

@@ -16,9 +16,9 @@ from overstory.serving.errors import BadRequest, RequestTooLarge
 PROMPTS = ["The capital of France is", "One, two, three,", "Water boils at"]
 
 
-def test_roles_share_one_model_but_not_its_context_limit() -> None:
-    engine = EmbeddedEngine(ServeConfig(port=0, roles={"generator": RoleConfig(model=SMOLLM2),
-                                                       "planner": RoleConfig(model=SMOLLM2, max_model_len=24)}))
+def test_roles_share_one_model_but_not_its_context_limit(engines) -> None:
+    engine = engines(ServeConfig(port=0, roles={"generator": RoleConfig(model=SMOLLM2),
+                                                "planner": RoleConfig(model=SMOLLM2, max_model_len=24)}))
     assert engine.tokenizer("generator") is engine.tokenizer("planner")  # one copy in memory
     prompt = " ".join(["word"] * 10)
     assert engine.complete("generator", prompt, max_tokens=16, temperature=0).prompt_tokens == 10

@@ -7,6 +7,7 @@ import json
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -32,6 +33,21 @@ def test_port_in_use_fails_before_loading_models() -> None:
         with pytest.raises(PortInUse, match="stop the other server"), serve_in_background(ServeConfig.local(port=port)):
             pass
         assert time.perf_counter() - started < 2  # no model was loaded
+
+
+def _worker_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith(("batcher-", "model-"))}
+
+
+def test_a_stack_started_from_a_config_releases_its_models_on_exit() -> None:
+    """The models' worker threads (a chat model's batcher, an encoder's model thread) end with the stack: alive,
+    they held every model a job or a test session had ever served (the suite grew past 15 GiB resident)."""
+    before = _worker_threads()
+    with serve_in_background(ServeConfig.local(port=0)) as url:
+        assert httpx.post(f"{url}/v1/embeddings", json={"model": "embedder", "input": ["a"]}).status_code == 200
+        started = _worker_threads() - before
+        assert {t.name.split("-")[0] for t in started} == {"batcher", "model"}  # SmolLM2's batcher, MiniLM's thread
+    assert not any(t.is_alive() for t in started)
 
 
 def test_bad_serve_configs_name_the_key() -> None:
