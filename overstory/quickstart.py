@@ -89,7 +89,8 @@ class CompressorStageConfig:
     corpus: str = "squad"
     levels: list[str] = field(default_factory=lambda: ["section"])
     max_summary_tokens: int = 32
-    max_input_chars: int = 3000  # a section's first ~750 tokens: cheap prompts on CPU (the job's default is 12000)
+    # a section's first ~375 tokens: prompt processing is most of a summary's cost on CPU (the job's default is 12000)
+    max_input_chars: int = 1500
     epochs: int = 15
     lr: float = 1e-3
     # recall@k over the held-out article's sections: it has about 5, so k=5 would find every answer for every method
@@ -115,7 +116,7 @@ class PlannerStageConfig:
     stitch_generations: int = 2
     # held-out questions per variant in the comparison (0 = all), and at most as many without a label: a few dozen
     # labels hold out a handful of questions, so the unlabelled ones are planned and answered too (`unlabelled`)
-    eval_questions: int = 6
+    eval_questions: int = 4
     # SmartChunk QA for the predicted ranges in the comparison (the strategies stage answers with SmartChunk already)
     qa: bool = False
 
@@ -145,8 +146,8 @@ class StrategiesStageConfig:
     corpora: list[str] = field(default_factory=lambda: ["hotpotqa", "squad"])
     questions: int = 2  # per corpus: the stage shows the harness end to end; `eval pipeline` measures
     limit_docs: int = 100  # the corpus's first N documents (HotpotQA: 6 questions have all their paragraphs in them)
-    # A-RAG's agent at CPU size: a few turns within SmolLM2's window, the first turn constrained to a tool call
-    arag: ARagConfig = field(default_factory=lambda: ARagConfig(max_turns=3, max_context_tokens=6000, max_tokens=96,
+    # A-RAG's agent at CPU size: a tool call (the first turn is constrained to one), then the answer
+    arag: ARagConfig = field(default_factory=lambda: ARagConfig(max_turns=2, max_context_tokens=6000, max_tokens=96,
                                                                 first_tool_choice="required"))
 
 
