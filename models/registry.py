@@ -115,6 +115,16 @@ def load_tokenizer(name: str):
         raise _offline_hint(name, exc) from exc
 
 
+def resolve_device(device: str) -> str:
+    """A torch device name for a config's ``device``: "auto" is the first GPU when torch sees one, else the CPU;
+    a GPU asked for on a machine without one is an error that says so (rather than torch's own)."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"device={device} but torch sees no GPU (torch {torch.__version__}); use device=cpu or auto")
+    return device
+
+
 def load_causal_lm(name: str, dtype: torch.dtype = torch.float32, device: str = "cpu"):
     """(model, tokenizer) for a causal LM, in eval mode."""
     from transformers import AutoModelForCausalLM

@@ -113,6 +113,10 @@ JOBS: dict[tuple[str, str], tuple[str, str, str, str]] = {
         "overstory.serving.bench", "ServeBenchConfig", "run",
         "requests/s and latency percentiles per serving engine (in-process, embedded, vLLM), load phase",
     ),
+    ("bench", "generate"): (
+        "overstory.serving.bench_generate", "GenerateBenchConfig", "run",
+        "batched generation tokens/s of one chat model per setting (dtype, device, batch limits) and concurrency",
+    ),
     ("bench", "train"): (
         "overstory.training.bench", "TrainBenchConfig", "run",
         "training samples/s and peak memory per recipe, one process against DDP and DeepSpeed launchers",

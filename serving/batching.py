@@ -145,18 +145,19 @@ class RowControl(StoppingCriteria):
         self._sent = [0] * len(rows)
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs) -> torch.BoolTensor:
-        done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
         last = input_ids[:, -1].tolist()
         now = time.monotonic()
         for job, _ in self.rows:
             if job.first_token_at is None:
                 job.first_token_at = now
+        done = []
         for i, (job, r) in enumerate(self.rows):
             row = job.rows[r]
             if row.finish_reason is None:
                 self._step(i, job, r, row, last[i])
-            done[i] = row.finish_reason is not None
-        return done
+            done.append(row.finish_reason is not None)
+        # one tensor made at once: a write per row into a GPU tensor would be one small copy per row and step
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
     def _step(self, i: int, job: Job, r: int, row: RowOutput, token: int) -> None:
         row.tokens.append(token)
@@ -355,16 +356,18 @@ class Batcher:
         ``[prefix][padding][suffix]``: positions come from the attention mask, so the padding in the middle
         changes nothing (greedy outputs are the same, tested). vLLM's prefix cache does this across requests;
         here it is within a batch, which is where the rows of one ``generate`` call save their prefill."""
+        device = self.model.device
         shared = _common_prefix_length(prompts) if len(prompts) > 1 else 0
         if shared < SHARED_PREFIX_MIN_TOKENS:
-            return self.tokenizer.pad({"input_ids": prompts}, padding=True, padding_side="left", return_tensors="pt")
-        prefix = torch.tensor([prompts[0][:shared]])
+            return self.tokenizer.pad({"input_ids": prompts}, padding=True, padding_side="left",
+                                      return_tensors="pt").to(device)
+        prefix = torch.tensor([prompts[0][:shared]], device=device)
         cache = self.model(prefix, use_cache=True).past_key_values
         cache.batch_repeat_interleave(len(prompts))
         suffixes = self.tokenizer.pad({"input_ids": [p[shared:] for p in prompts]}, padding=True,
-                                      padding_side="left", return_tensors="pt")
+                                      padding_side="left", return_tensors="pt").to(device)
         return {"input_ids": torch.cat([prefix.expand(len(prompts), -1), suffixes["input_ids"]], dim=1),
-                "attention_mask": torch.cat([torch.ones(len(prompts), shared, dtype=torch.long),
+                "attention_mask": torch.cat([torch.ones(len(prompts), shared, dtype=torch.long, device=device),
                                              suffixes["attention_mask"]], dim=1),
                 "past_key_values": cache}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -9,6 +10,7 @@ from overstory.core.config import ConfigError
 from overstory.core.tracking import TrackingConfig
 from overstory.models.registry import MINILM, SMOLLM2
 
+DEVICE_PATTERN = re.compile(r"cpu|auto|cuda(:\d+)?")
 ROLES = ("generator", "planner", "scorer", "embedder", "compressor")
 CHAT_ROLES = ("generator", "planner", "scorer")  # the scorer may also be a cross-encoder (kind: cross-encoder)
 
@@ -33,6 +35,9 @@ class RoleConfig:
     # engine vllm: extra flags for this role's vLLM server (roles sharing a port must agree)
     vllm_args: list[str] = field(default_factory=list)
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    # embedded engine, chat and embedding roles: where the model runs ("cpu", "cuda", "cuda:N", or "auto": the
+    # first GPU when torch sees one); compression and cross-encoder roles run on the CPU
+    device: str = "cpu"
     max_model_len: int = 0  # 0: the model's own context length
     # a LoRA adapter (planner_sft output) on `model`: a LoRA module on vLLM, base + adapter on the embedded engine
     adapter: str = ""
@@ -43,6 +48,13 @@ class RoleConfig:
     gpu_memory_utilization: float = 0.9
 
     def __post_init__(self) -> None:
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if not DEVICE_PATTERN.fullmatch(self.device):
+            raise ConfigError(f"device must be cpu, cuda, cuda:N or auto, got {self.device!r}")
+        if self.device != "cpu" and self.kind not in ("chat", "embedding"):
+            raise ConfigError(f"device={self.device} is for chat and embedding roles; a {self.kind} role runs on the "
+                              f"CPU (leave device=cpu)")
         if self.tensor_parallel_size < 1 or not 0 < self.gpu_memory_utilization <= 1:
             raise ConfigError("tensor_parallel_size must be >= 1 and gpu_memory_utilization in (0, 1]")
         if self.max_new_tokens < 1:

@@ -19,7 +19,7 @@ import torch
 
 from overstory.core.config import ConfigError
 from overstory.models.compressor import load_compressor, pad_children
-from overstory.models.registry import load_causal_lm, load_sentence_encoder, resolve
+from overstory.models.registry import load_causal_lm, load_sentence_encoder, resolve, resolve_device
 from overstory.models.text_compressor import checkpoint_kind, join_children, load_text_compressor
 from overstory.serving.batching import Batcher, Job, RowOutput, Sampling
 from overstory.serving.config import RoleConfig, ServeConfig
@@ -104,7 +104,7 @@ class EmbeddingResult:
 
 def _token_logprobs(tokenizer, logits: torch.Tensor, tokens: torch.Tensor, top: int) -> list[TokenLogprob]:
     """Log-probabilities of ``tokens`` under raw per-step ``logits`` (steps x vocab), with ``top`` alternatives."""
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    logprobs = torch.log_softmax(logits.float().cpu(), dim=-1)  # one copy off the GPU, not one per token
     best = logprobs.topk(top, dim=-1) if top else None
     result = []
     for step, token in enumerate(tokens[: len(logprobs)].tolist()):
@@ -118,7 +118,7 @@ class _ChatModel:
     """A causal LM with its batcher and its cache of compiled grammars."""
 
     def __init__(self, name: str, role: RoleConfig):
-        self.model, self.tokenizer = load_causal_lm(name, dtype=DTYPES[role.dtype])
+        self.model, self.tokenizer = load_causal_lm(name, dtype=DTYPES[role.dtype], device=resolve_device(role.device))
         self.context = int(getattr(self.model.config, "max_position_embeddings", 2048))
         self.grammars = GrammarCompilerCache(self.tokenizer, self.model.config.vocab_size)
         self.batcher = Batcher(self.model, self.tokenizer, max_batch_size=role.max_batch_size,
@@ -129,7 +129,7 @@ class _ChatModel:
 
 class _EmbeddingModel:
     def __init__(self, name: str, role: RoleConfig):
-        self.encoder = load_sentence_encoder(name)
+        self.encoder = load_sentence_encoder(name, device=resolve_device(role.device))
         self.thread = ModelThread(name)
 
 
@@ -168,14 +168,14 @@ class EmbeddedEngine:
         self.config = config
         if config.malloc_arena_max:  # before the models load and the server's threads start
             limit_malloc_arenas(config.malloc_arena_max)
-        loaded: dict[tuple[str, str, str], object] = {}
+        loaded: dict[tuple[str, str, str, str], object] = {}
         self._models: dict[str, object] = {}
         self._context: dict[str, int] = {}  # per role: roles sharing a model may cap its context differently
         try:
             for role_name, role in config.roles.items():
                 # a role with a LoRA adapter loads base + adapter from the adapter folder (PEFT via transformers)
                 source = role.adapter or role.model
-                key = (source, role.kind, role.dtype)
+                key = (source, role.kind, role.dtype, role.device)
                 if key not in loaded:
                     loaded[key] = _MODEL_KINDS[role.kind](source, role)
                 model = self._models[role_name] = loaded[key]

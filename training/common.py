@@ -47,6 +47,16 @@ def newest_checkpoint(output_dir: str | Path) -> str | None:
     return last
 
 
+def size_metrics(model) -> dict[str, int]:
+    """Parameters of a model, all and trainable (a LoRA adapter's only, under peft), for throughput figures such
+    as MFU. Under DeepSpeed ZeRO-3 a rank holds a shard: ``ds_numel`` is the parameter's full size."""
+    def numel(p) -> int:
+        return int(getattr(p, "ds_numel", p.numel()))
+
+    return {"params": sum(numel(p) for p in model.parameters()),
+            "trainable_params": sum(numel(p) for p in model.parameters() if p.requires_grad)}
+
+
 def save_final(trainer, tokenizer, out: str | Path, manifest: dict[str, Any], metrics: dict[str, Any],
                history: list[dict] | None = None, merge_lora: bool = False) -> Path:
     """Write ``out/final`` (the model or its PEFT adapter, the tokenizer and the ``overstory.json`` manifest) and

@@ -37,7 +37,14 @@ from overstory.core.config import ConfigError, to_dict
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.models.registry import MINILM, SMOLLM2, init_cross_encoder, load_causal_lm
 from overstory.training.callbacks import StopOnNonFiniteLoss, TrackingCallback
-from overstory.training.common import LoraSettings, lora_config, newest_checkpoint, save_final, write_manifest
+from overstory.training.common import (
+    LoraSettings,
+    lora_config,
+    newest_checkpoint,
+    save_final,
+    size_metrics,
+    write_manifest,
+)
 from overstory.training.distill_data import (
     Targets,
     TracedSlate,
@@ -129,7 +136,8 @@ def _train_llm(config: DistillScorerConfig, train: list[TracedSlate], heldout: l
     result = trainer.train(resume_from_checkpoint=newest_checkpoint(args.output_dir))
     metrics = {"student": "llm", "train_loss": result.training_loss, "steps": trainer.state.global_step,
                "n_train_slates": len(train_rows), "n_heldout_slates": len(val_rows),
-               "seconds": round(time.perf_counter() - started, 1)}
+               "seconds": round(time.perf_counter() - started, 1),
+               "tokens_seen": trainer.state.num_input_tokens_seen, **size_metrics(trainer.model)}
     if val_rows:
         metrics["eval_loss"] = trainer.evaluate()["eval_loss"]
     save_final(trainer, tokenizer, config.out,

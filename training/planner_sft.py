@@ -27,7 +27,7 @@ from overstory.data_pipeline.formats import PlannerTrace, read_jsonl
 from overstory.data_pipeline.splits import split_by_document
 from overstory.models.registry import SMOLLM2, load_causal_lm
 from overstory.training.callbacks import StopOnNonFiniteLoss, TrackingCallback
-from overstory.training.common import LoraSettings, lora_config, newest_checkpoint, save_final
+from overstory.training.common import LoraSettings, lora_config, newest_checkpoint, save_final, size_metrics
 from overstory.training.planner_common import trace_rows
 from overstory.training.sft import SftTrainSettings, sft_args
 
@@ -78,7 +78,9 @@ def run(config: PlannerSftConfig) -> dict:
     # --- save --------------------------------------------------------------------------------------
     metrics = {"train_loss": result.training_loss, "steps": trainer.state.global_step,
                "n_train": len(train_traces), "n_val": len(val_traces),
-               "seconds": round(time.perf_counter() - started, 1)}
+               "seconds": round(time.perf_counter() - started, 1),
+               "tokens_seen": trainer.state.num_input_tokens_seen,  # non-padding, all processes, since step 0
+               **size_metrics(trainer.model)}
     if val_traces:
         metrics["eval_loss"] = trainer.evaluate()["eval_loss"]
     save_final(trainer, tokenizer, out, {

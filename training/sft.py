@@ -64,4 +64,5 @@ def sft_args(config: SftRun, evaluate: bool, **overrides):
         eval_steps=None if every_epoch else config.train.save_steps,
         save_total_limit=2, seed=config.train.seed, data_seed=config.train.seed, bf16=config.train.bf16,
         activation_checkpointing=config.train.gradient_checkpointing, deepspeed=config.train.deepspeed or None,
-        report_to="none", completion_only_loss=True, ddp_backend=process_group_backend()), **overrides})
+        report_to="none", completion_only_loss=True, ddp_backend=process_group_backend(),
+        include_num_input_tokens_seen="non_padding"), **overrides})  # tokens/s and MFU in `bench train`

@@ -35,3 +35,15 @@ def test_missing_launcher_config_is_named(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="launchers.big: accelerate config nowhere.yaml not found"):
         load_config(TrainBenchConfig, overrides=["recipes={a: {job: compressor, config: x.yaml}}",
                                                  "launchers={big: nowhere.yaml}"])
+
+
+def test_a_failing_run_is_recorded_and_the_bench_says_so(tmp_path: Path) -> None:
+    """A recipe that fails (here: traces that do not exist) leaves its error in bench.json, and the command
+    fails after writing it instead of losing the runs that worked."""
+    recipes = (f"recipes={{sft: {{job: planner_sft, config: {ROOT / 'configs/train/planner_sft.yaml'}, "
+               f"overrides: [traces={tmp_path / 'nowhere.jsonl'}]}}}}")
+    with pytest.raises(RuntimeError, match=r"1 run\(s\) failed: sft with one"):
+        main(["bench", "train", "--config", str(ROOT / "configs/bench/train.yaml"), recipes, "launchers={one: ''}",
+              f"out={tmp_path}", "tracking.backend=none"])
+    row = json.loads((tmp_path / "bench.json").read_text())["results"]["sft"]["one"]
+    assert "nowhere.jsonl" in row["error"] and "samples_per_s" not in row

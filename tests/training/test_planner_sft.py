@@ -32,6 +32,10 @@ def test_sft_trains_a_lora_adapter_saves_and_resumes(planner_traces: Path, tmp_p
     manifest = json.loads((final / "overstory.json").read_text())
     assert manifest["adapter"] and manifest["teachers"] == ["template"] and manifest["metrics"]["steps"] == 2
     assert manifest["metrics"]["n_train"] > 0 and manifest["metrics"]["n_val"] > 0  # split by document
+    # what `bench train` turns into tokens/s and MFU: non-padding tokens of 2 steps of 2 traces, and the adapter's
+    # share of the parameters
+    metrics = manifest["metrics"]
+    assert 4 * 50 < metrics["tokens_seen"] <= 4 * 384 and 0 < metrics["trainable_params"] < metrics["params"] / 10
     adapter = load_file(final / "adapter_model.safetensors")
     lora_b = [v for k, v in adapter.items() if "lora_B" in k]
     assert lora_b and any(v.abs().sum() > 0 for v in lora_b)  # LoRA B starts at zero: training moved it

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The bf16 paths on one GPU, in one go: batched generation on the embedded engine (float32 against bf16, 1 to 128
+# concurrent requests) for the built-in model and SmolLM2-1.7B's size, and the planner recipes' training steps
+# (SFT with LoRA in float32 and bf16, full SFT at 1.7B in bf16 with MFU, GRPO/DAPO steps in bf16).
+#   bash scripts/gpu_checks.sh            (from the repository root, on a GPU machine, after `make env`)
+# Each stage writes its log and results under OUT and the script goes on when one fails (the summary at the end
+# lists every stage's exit code and seconds). Settings through the environment:
+#   MODEL, MODEL_LARGE   the models to run (the built-in SmolLM2-135M; SmolLM2-1.7B from the hub). A machine that
+#                        reaches no hub can give folders made by scripts/random_init_model.py: same shapes, random
+#                        weights, so the same speed (and meaningless outputs).
+#   TRACES, LABELS       planner traces for SFT, pseudo- or gold labels (with their hierarchy beside them) for GRPO
+#   PEAK_TFLOPS          the GPU's dense bf16 peak for MFU (989: H100 and H200 SXM)
+#   QUICK=1              a few requests and steps: checks that every stage runs (e.g. on a CPU with DEVICE=cpu)
+#   STAGES               which stages run (default: env generate-135m generate-1.7b train)
+set -uo pipefail
+OUT=${OUT:-runs/gpu_checks}
+MODEL=${MODEL:-builtin:smollm2-135m-instruct}
+MODEL_LARGE=${MODEL_LARGE:-HuggingFaceTB/SmolLM2-1.7B-Instruct}
+TRACES=${TRACES:-runs/data/traces/squad.jsonl}
+LABELS=${LABELS:-runs/data/pseudo_labels/squad.jsonl}
+PEAK_TFLOPS=${PEAK_TFLOPS:-989}
+DEVICE=${DEVICE:-cuda}
+QUICK=${QUICK:-0}
+STAGES=" ${STAGES:-env generate-135m generate-1.7b train} "
+mkdir -p "$OUT"
+SUMMARY="$OUT/summary.txt"
+: > "$SUMMARY"
+
+stage() {  # stage NAME COMMAND...: run, log to OUT/NAME.log, record exit code and seconds (if NAME is in STAGES)
+  local name=$1 started rc
+  shift
+  [[ $STAGES == *" $name "* ]] || return 0
+  started=$(date +%s)
+  echo "== $name: $*"
+  "$@" > "$OUT/$name.log" 2>&1
+  rc=$?
+  echo "$name rc=$rc $(( $(date +%s) - started )) s" | tee -a "$SUMMARY"
+  tail -n 14 "$OUT/$name.log"
+}
+
+if [[ $QUICK == 1 ]]; then
+  GEN="concurrency=[1,4] requests_per_level=4 max_tokens=8"
+  GEN_LARGE="concurrency=[1,4] requests_per_level=4 max_tokens=8"
+  SFT_STEPS=2 FULL_STEPS=2 GRPO_STEPS=1 SFT_BATCH=2 FULL_BATCH=2 GRPO_BATCH=4 GRPO_GENERATIONS=4 MAX_LENGTH=512
+else
+  GEN="concurrency=[1,8,32,128] requests_per_level=8 max_tokens=128"
+  GEN_LARGE="concurrency=[1,32,128] requests_per_level=8 max_tokens=64"
+  SFT_STEPS=30 FULL_STEPS=10 GRPO_STEPS=3 SFT_BATCH=16 FULL_BATCH=8 GRPO_BATCH=16 GRPO_GENERATIONS=8 MAX_LENGTH=1024
+fi
+BF16=$([[ $DEVICE == cpu ]] && echo false || echo true)
+
+stage env python - <<'PY'
+import torch, transformers, trl, peft
+print("torch", torch.__version__, "cuda", torch.version.cuda, "gpu", torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
+print("transformers", transformers.__version__, "trl", trl.__version__, "peft", peft.__version__)
+PY
+# shellcheck disable=SC2086
+stage generate-135m overstory bench generate --config configs/bench/generate-gpu.yaml model="$MODEL" \
+  role.device="$DEVICE" $GEN tracking.backend=none out="$OUT/generate-135m"
+# shellcheck disable=SC2086
+stage generate-1.7b overstory bench generate --config configs/bench/generate-gpu.yaml model="$MODEL_LARGE" \
+  role.device="$DEVICE" $GEN_LARGE tracking.backend=none out="$OUT/generate-1.7b"
+
+RECIPES="recipes={
+  sft-lora-135m-fp32: {job: planner_sft, config: configs/train/planner_sft.yaml, overrides: [model=$MODEL, traces=$TRACES, train.max_steps=$SFT_STEPS, train.batch_size=$SFT_BATCH, train.max_length=$MAX_LENGTH, train.val_fraction=0, train.logging_steps=10, train.bf16=false]},
+  sft-lora-135m-bf16: {job: planner_sft, config: configs/train/planner_sft.yaml, overrides: [model=$MODEL, traces=$TRACES, train.max_steps=$SFT_STEPS, train.batch_size=$SFT_BATCH, train.max_length=$MAX_LENGTH, train.val_fraction=0, train.logging_steps=10, train.bf16=$BF16]},
+  sft-full-1.7b-bf16: {job: planner_sft, config: configs/train/planner_sft.yaml, overrides: [model=$MODEL_LARGE, traces=$TRACES, lora.enabled=false, train.lr=1.0e-5, train.max_steps=$FULL_STEPS, train.batch_size=$FULL_BATCH, train.max_length=$MAX_LENGTH, train.val_fraction=0, train.logging_steps=5, train.bf16=$BF16]},
+  grpo-lora-135m-bf16: {job: planner_grpo, config: configs/train/planner_grpo.yaml, overrides: [model=$MODEL, data.labels=$LABELS, train.max_steps=$GRPO_STEPS, train.batch_size=$GRPO_BATCH, train.num_generations=$GRPO_GENERATIONS, train.bf16=$BF16, train.save_steps=100]}}"
+stage train overstory bench train --config configs/bench/train-gpu.yaml "$RECIPES" peak_tflops="$PEAK_TFLOPS" \
+  tracking.backend=none out="$OUT/train"
+echo "== summary"
+cat "$SUMMARY"

@@ -1,0 +1,47 @@
+"""Where a role's model runs: the ``device`` setting, checked when the config is read and resolved at load."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from overstory.core.config import ConfigError
+from overstory.models.registry import SMOLLM2, resolve_device
+from overstory.serving.config import RoleConfig, ServeConfig
+from overstory.serving.engine import EmbeddedEngine
+
+
+@pytest.mark.parametrize("device", ["cpu", "auto", "cuda", "cuda:1"])
+def test_device_names_that_are_accepted(device: str) -> None:
+    assert RoleConfig(model=SMOLLM2, device=device).device == device
+
+
+@pytest.mark.parametrize("device", ["gpu", "cuda:", "CUDA", "mps"])
+def test_other_device_names_are_refused(device: str) -> None:
+    with pytest.raises(ConfigError, match="device must be cpu, cuda, cuda:N or auto"):
+        RoleConfig(model=SMOLLM2, device=device)
+
+
+@pytest.mark.parametrize("kind", ["compression", "cross-encoder"])
+def test_roles_that_run_on_the_cpu_refuse_a_gpu(kind: str) -> None:
+    with pytest.raises(ConfigError, match=f"device=cuda is for chat and embedding roles; a {kind} role"):
+        RoleConfig(model="runs/x", kind=kind, device="cuda")
+
+
+def test_auto_is_the_gpu_when_there_is_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("auto") == "cuda" and resolve_device("cuda:1") == "cuda:1"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == "cpu" and resolve_device("cpu") == "cpu"
+    with pytest.raises(RuntimeError, match="device=cuda but torch sees no GPU"):
+        resolve_device("cuda")
+
+
+def test_an_auto_role_loads_and_answers_on_the_device_torch_sees(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The machine the suite runs on has no GPU (CI), so auto loads the model on the CPU and it answers."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    config = ServeConfig(port=0, roles={"generator": RoleConfig(model=SMOLLM2, device="auto")})
+    with EmbeddedEngine(config) as engine:
+        assert engine.batcher("generator").model.device.type == "cpu"
+        result = engine.chat("generator", [{"role": "user", "content": "Count: one, two,"}], max_tokens=3)
+        assert result.completion_tokens == 3 and result.choices[0].text
