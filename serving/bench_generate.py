@@ -8,18 +8,21 @@ Each variant is the embedded engine's chat role with some settings changed (``dt
 requests (real SQuAD questions, new ones at each level) at each concurrency level through the in-process client,
 so the engine's batcher groups concurrent requests into one ``generate`` call as it does when serving. Reported
 per (variant, level): completion tokens/s, requests/s, p50/p95 latency, and the mean rows per ``generate`` call
-the batcher actually formed; ratios against the first variant at the same level. Writes ``bench.json`` and
-``bench.png`` (tokens/s against concurrency) to ``out``. ``bench serve`` compares engines (HTTP against
-in-process, vLLM) for one setting; this compares settings of the embedded engine.
+the batcher actually formed; ratios against the first variant at the same level; with ``plain_generate``, also
+transformers ``generate`` alone on the same model and prompts, the baseline for the engine's own overhead.
+Writes ``bench.json`` and ``bench.png`` (tokens/s against concurrency) to ``out``. ``bench serve`` compares
+engines (HTTP against in-process, vLLM) for one setting; this compares settings of the embedded engine.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import torch
 from rich.console import Console
 from rich.table import Table
 
@@ -48,6 +51,9 @@ class GenerateBenchConfig:
     max_tokens: int = 64
     questions: str = "data/squad/dev-v2.0-articles.json"
     out: str = "runs/bench/generate"
+    # also time plain transformers `generate` on each variant's loaded model, the level's prompts in one left-padded
+    # batch (no batcher, no prefix sharing, no per-row stopping): what the engine's path around `generate` costs
+    plain_generate: bool = False
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
@@ -95,7 +101,35 @@ def run_variant(config: GenerateBenchConfig, variant: str, questions: list[str])
             calls.clear()  # this level's generate calls only (it keeps the last 256)
             result = measure(client, ROLE, prompts, level, config.max_tokens)
             measured[level] = {**result, "rows_per_generate": mean_batch_rows(list(calls))}
+            if config.plain_generate:
+                measured[level]["plain_generate_tokens_per_s"] = plain_generate_rate(
+                    engine.batcher(ROLE), prompts[:level], config.max_tokens)
     return measured
+
+
+def plain_generate_rate(batcher, prompts: list[list[dict]], max_tokens: int) -> float:
+    """Completion tokens/s of one greedy transformers ``generate`` call over ``prompts`` (chat-templated, left
+    padded) on the batcher's model, the batcher idle; tokens after a row's end of sequence are not counted."""
+    model, tokenizer = batcher.model, batcher.tokenizer
+    texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
+    inputs = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left").to(model.device)
+    with torch.inference_mode():
+        model.generate(**inputs, max_new_tokens=2, do_sample=False, pad_token_id=tokenizer.pad_token_id)  # warm-up
+        _synchronize(model.device)
+        started = time.perf_counter()
+        output = model.generate(**inputs, max_new_tokens=max_tokens, do_sample=False,
+                                pad_token_id=tokenizer.pad_token_id)
+        _synchronize(model.device)
+    wall = time.perf_counter() - started
+    new = output[:, inputs["input_ids"].shape[1]:].tolist()
+    eos = tokenizer.eos_token_id
+    tokens = sum(row.index(eos) + 1 if eos in row else len(row) for row in new)
+    return round(tokens / wall, 1)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def run(config: GenerateBenchConfig) -> dict:
@@ -125,14 +159,17 @@ def run(config: GenerateBenchConfig) -> dict:
 def _print(rows: list[dict], config: GenerateBenchConfig, baseline: str) -> None:
     table = Table(title=f"batched generation, {config.model}, up to {config.max_tokens} tokens per request; "
                         f"ratios against {baseline}")
-    for column in ("conc.", "variant", "tokens/s", "req/s", "p50 s", "p95 s", "rows/generate", "tokens/s ratio"):
+    plain = config.plain_generate
+    for column in ("conc.", "variant", "tokens/s", "req/s", "p50 s", "p95 s", "rows/generate", "tokens/s ratio",
+                   *(["plain generate tokens/s"] if plain else [])):
         table.add_column(column, justify="right")
     for row in rows:
         for name, m in row["variants"].items():
             ratio = "-" if m["tokens_per_s_ratio"] is None else f"{m['tokens_per_s_ratio']:.3f}"
             table.add_row(str(row["concurrency"]), name, f"{m['completion_tokens_per_s']:.1f}",
                           f"{m['requests_per_s']:.2f}", f"{m['p50_s']:.2f}", f"{m['p95_s']:.2f}",
-                          f"{m['rows_per_generate']:.1f}", ratio)
+                          f"{m['rows_per_generate']:.1f}", ratio,
+                          *([f"{m['plain_generate_tokens_per_s']:.1f}"] if plain else []))
     Console(width=120).print(table)
 
 

@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_bench_generate_float32_against_bfloat16(tmp_path: Path) -> None:
     assert main(["bench", "generate", "--config", str(ROOT / "configs/bench/generate.yaml"), f"out={tmp_path}",
-                 "concurrency=[1, 3]", "requests_per_level=3", "max_tokens=4", "tracking.backend=none",
+                 "concurrency=[1, 3]", "requests_per_level=3", "max_tokens=4", "plain_generate=true",
+                 "tracking.backend=none",
                  f"questions={ROOT / 'data/hotpotqa/questions.json'}"]) == 0
     result = json.loads((tmp_path / "bench.json").read_text())
     assert result["baseline"] == "float32" and [r["concurrency"] for r in result["results"]] == [1, 3]
@@ -26,6 +27,7 @@ def test_bench_generate_float32_against_bfloat16(tmp_path: Path) -> None:
         base = row["variants"]["float32"]["completion_tokens_per_s"]
         for m in row["variants"].values():
             assert m["requests"] == 3 and m["completion_tokens_per_s"] > 0 and m["p95_s"] >= m["p50_s"] > 0
+            assert m["plain_generate_tokens_per_s"] > 0  # transformers generate alone, same model and prompts
             assert m["tokens_per_s_ratio"] == pytest.approx(m["completion_tokens_per_s"] / base, rel=1e-2)
             # one request at a time is one row per generate call; three at once share calls
             assert (m["rows_per_generate"] == 1.0) if row["concurrency"] == 1 else (1.0 <= m["rows_per_generate"] <= 3)
