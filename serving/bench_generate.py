@@ -9,7 +9,8 @@ requests (real SQuAD questions, new ones at each level) at each concurrency leve
 so the engine's batcher groups concurrent requests into one ``generate`` call as it does when serving. Reported
 per (variant, level): completion tokens/s, requests/s, p50/p95 latency, and the mean rows per ``generate`` call
 the batcher actually formed; ratios against the first variant at the same level; with ``plain_generate``, also
-transformers ``generate`` alone on the same model and prompts, the baseline for the engine's own overhead.
+transformers ``generate`` alone on the same model and prompts, from the main thread and from a worker thread, the
+baseline for the engine's own overhead.
 Writes ``bench.json`` and ``bench.png`` (tokens/s against concurrency) to ``out``. ``bench serve`` compares
 engines (HTTP against in-process, vLLM) for one setting; this compares settings of the embedded engine.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -102,8 +104,14 @@ def run_variant(config: GenerateBenchConfig, variant: str, questions: list[str])
             result = measure(client, ROLE, prompts, level, config.max_tokens)
             measured[level] = {**result, "rows_per_generate": mean_batch_rows(list(calls))}
             if config.plain_generate:
+                batcher, prompts_at_level = engine.batcher(ROLE), prompts[:level]
                 measured[level]["plain_generate_tokens_per_s"] = plain_generate_rate(
-                    engine.batcher(ROLE), prompts[:level], config.max_tokens)
+                    batcher, prompts_at_level, config.max_tokens)
+                # the same call from a thread of its own, as the batcher's worker runs generate: tells a cost of
+                # the engine's path from one of running off the main thread
+                with ThreadPoolExecutor(max_workers=1) as worker:
+                    measured[level]["plain_generate_thread_tokens_per_s"] = worker.submit(
+                        plain_generate_rate, batcher, prompts_at_level, config.max_tokens).result()
     return measured
 
 
@@ -161,7 +169,7 @@ def _print(rows: list[dict], config: GenerateBenchConfig, baseline: str) -> None
                         f"ratios against {baseline}")
     plain = config.plain_generate
     for column in ("conc.", "variant", "tokens/s", "req/s", "p50 s", "p95 s", "rows/generate", "tokens/s ratio",
-                   *(["plain generate tokens/s"] if plain else [])):
+                   *(["plain generate tokens/s (main / worker thread)"] if plain else [])):
         table.add_column(column, justify="right")
     for row in rows:
         for name, m in row["variants"].items():
@@ -169,7 +177,8 @@ def _print(rows: list[dict], config: GenerateBenchConfig, baseline: str) -> None
             table.add_row(str(row["concurrency"]), name, f"{m['completion_tokens_per_s']:.1f}",
                           f"{m['requests_per_s']:.2f}", f"{m['p50_s']:.2f}", f"{m['p95_s']:.2f}",
                           f"{m['rows_per_generate']:.1f}", ratio,
-                          *([f"{m['plain_generate_tokens_per_s']:.1f}"] if plain else []))
+                          *([f"{m['plain_generate_tokens_per_s']:.1f} / {m['plain_generate_thread_tokens_per_s']:.1f}"]
+                            if plain else []))
     Console(width=120).print(table)
 
 
