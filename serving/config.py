@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 from overstory.core.config import ConfigError
 from overstory.core.tracking import TrackingConfig
 from overstory.models.registry import MINILM, SMOLLM2
 
+Dtype = Literal["float32", "bfloat16", "float16"]
 DEVICE_PATTERN = re.compile(r"cpu|auto|cuda(:\d+)?")
 ROLES = ("generator", "planner", "scorer", "embedder", "compressor")
 CHAT_ROLES = ("generator", "planner", "scorer")  # the scorer may also be a cross-encoder (kind: cross-encoder)
@@ -34,7 +35,7 @@ class RoleConfig:
     max_documents: int = 1000
     # engine vllm: extra flags for this role's vLLM server (roles sharing a port must agree)
     vllm_args: list[str] = field(default_factory=list)
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: Dtype = "float32"
     # embedded engine, chat and embedding roles: where the model runs ("cpu", "cuda", "cuda:N", or "auto": the
     # first GPU when torch sees one); compression and cross-encoder roles run on the CPU
     device: str = "cpu"
@@ -48,8 +49,8 @@ class RoleConfig:
     gpu_memory_utilization: float = 0.9
 
     def __post_init__(self) -> None:
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.dtype not in (names := get_args(Dtype)):  # the loader checks Literals; a RoleConfig built in code too
+            raise ConfigError(f"dtype must be {', '.join(names[:-1])} or {names[-1]}, got {self.dtype!r}")
         if not DEVICE_PATTERN.fullmatch(self.device):
             raise ConfigError(f"device must be cpu, cuda, cuda:N or auto, got {self.device!r}")
         if self.device != "cpu" and self.kind not in ("chat", "embedding"):

@@ -84,6 +84,8 @@ def flops_per_token(params: int, trainable: int) -> int:
     """Model FLOPs to train on one token: 2 per parameter forward, 2 backward through the activations, and 2 more
     for each trainable parameter's gradient: 6N for full fine-tuning, about 4N under LoRA. The attention scores'
     FLOPs are left out, as in the usual 6N convention, so MFU here is a slight underestimate at long sequences.
+    (The Trainer's own ``total_flos`` counts 6N for every non-embedding parameter, trainable or not: under LoRA
+    that overstates the work by half, which is why it is not used here.)
 
     >>> flops_per_token(100, 100), flops_per_token(100, 1)
     (600, 402)
