@@ -16,28 +16,23 @@ and one blank record should not stop a corpus.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import re
 import unicodedata
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from overstory.core.config import ConfigError
-from overstory.data_pipeline.formats import Document, QAExample, Span
+from overstory.core.records import Document, QAExample, Span
+from overstory.data_pipeline.corpus_files import SPLITS, CorpusError, Loaded, read_json, read_json_lines, require
+from overstory.data_pipeline.narrativeqa import load_narrativeqa
+from overstory.data_pipeline.qasper import load_qasper
 
 log = logging.getLogger(__name__)
 
 CorpusKind = Literal["hotpotqa", "squad", "text", "jsonl", "qasper", "narrativeqa"]
-Loaded = tuple[list[Document], list[QAExample]]
-# the splits of the kinds that have them, as their official files name them
-SPLITS: dict[str, tuple[str, ...]] = {"qasper": ("train", "dev", "test"), "narrativeqa": ("train", "valid", "test")}
-
-
-class CorpusError(ValueError):
-    """A corpus file is missing or malformed; the message names the file and the problem."""
 
 
 @dataclass(frozen=True)
@@ -124,25 +119,6 @@ def _id_maker(prefix: str) -> Callable[[str], str]:
     return make
 
 
-def _read_json(path: Path) -> Any:
-    if not path.is_file():
-        raise CorpusError(f"corpus file not found: {path}")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise CorpusError(f"{path} is not valid JSON: {exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise CorpusError(f"{path} is not UTF-8 text: {exc}") from exc
-
-
-def _require(record: Any, keys: tuple[str, ...], where: str) -> None:
-    if not isinstance(record, dict):
-        raise CorpusError(f"{where}: expected an object, got {type(record).__name__}")
-    missing = [k for k in keys if k not in record]
-    if missing:
-        raise CorpusError(f"{where}: missing field(s) {', '.join(missing)}")
-
-
 def _keep(doc: Document, where: str) -> bool:
     if doc.text.strip():
         return True
@@ -163,8 +139,8 @@ def load_hotpotqa(folder: Path) -> Loaded:
     if not folder.is_dir():
         raise CorpusError(f"HotpotQA folder not found: {folder}")
     questions_path, corpus_path = folder / "questions.json", folder / "corpus.json"
-    questions_raw = _read_json(questions_path)
-    corpus = _read_json(corpus_path) if corpus_path.exists() else {}
+    questions_raw = read_json(questions_path)
+    corpus = read_json(corpus_path) if corpus_path.exists() else {}
     if not isinstance(questions_raw, list):
         raise CorpusError(f"{questions_path}: expected a list of questions, got {type(questions_raw).__name__}")
     if not isinstance(corpus, dict):
@@ -174,7 +150,7 @@ def load_hotpotqa(folder: Path) -> Loaded:
             raise CorpusError(f"{corpus_path}: {title!r} must map to a list of sentence strings")
     for i, q in enumerate(questions_raw):
         where = f"{questions_path}: question {i}"
-        _require(q, ("_id", "question", "answer", "supporting_facts", "context"), where)
+        require(q, ("_id", "question", "answer", "supporting_facts", "context"), where)
         for item in q["context"]:
             if not (isinstance(item, list) and len(item) == 2 and _is_sentences(item[1])):
                 raise CorpusError(f"{where}: context entries must be [title, [sentences]], got {item!r:.80}")
@@ -216,30 +192,30 @@ def load_squad(path: Path) -> Loaded:
     ``metadata["paragraph_spans"]``. A question's answers are its distinct answer texts (none when
     ``is_impossible``) and its evidence the first answer's span, shifted to the article;
     ``metadata`` holds ``is_impossible``, ``paragraph`` (index in the article) and ``doc_id``."""
-    raw = _read_json(path)
-    _require(raw, ("data",), str(path))
+    raw = read_json(path)
+    require(raw, ("data",), str(path))
     if not isinstance(raw["data"], list):
         raise CorpusError(f"{path}: 'data' must be a list of articles")
     doc_id = _id_maker("squad")
     documents, questions = [], []
     for a, article in enumerate(raw["data"]):
-        _require(article, ("title", "paragraphs"), f"{path}: data[{a}]")
+        require(article, ("title", "paragraphs"), f"{path}: data[{a}]")
         article_id = doc_id(article["title"])
         parts, spans, offset = [], [], 0
         for p, paragraph in enumerate(article["paragraphs"]):
             where = f"{path}: data[{a}].paragraphs[{p}]"
-            _require(paragraph, ("context", "qas"), where)
+            require(paragraph, ("context", "qas"), where)
             context = paragraph["context"]
             if p:
                 offset += 2  # the "\n\n" between paragraphs
             spans.append([offset, offset + len(context)])
             parts.append(context)
             for qa in paragraph["qas"]:
-                _require(qa, ("id", "question"), f"{where}.qas")
+                require(qa, ("id", "question"), f"{where}.qas")
                 impossible = bool(qa.get("is_impossible", False))
                 answers = [] if impossible else qa.get("answers", [])
                 for ans in answers:
-                    _require(ans, ("text", "answer_start"), f"{where}: question {qa['id']}: answer")
+                    require(ans, ("text", "answer_start"), f"{where}: question {qa['id']}: answer")
                     start = ans["answer_start"]
                     if context[start: start + len(ans["text"])] != ans["text"]:
                         raise CorpusError(f"{where}: question {qa['id']}: answer_start {start} does not point "
@@ -302,25 +278,11 @@ def load_text_folder(folder: Path) -> Loaded:
     return documents, []
 
 
-def read_json_lines(path: Path) -> Iterator[tuple[int, Any]]:
-    """``(line number, record)`` for each non-blank line of a JSONL file; a missing file or a malformed line
-    raises ``CorpusError`` naming the file and the line."""
-    if not path.is_file():
-        raise CorpusError(f"corpus file not found: {path}")
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            yield n, json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise CorpusError(f"{path}:{n}: malformed JSON: {exc}") from exc
-
-
 def load_jsonl(path: Path) -> Loaded:
     """One document per line: ``{"id", "text", "title"?, "metadata"?}``."""
     documents, seen = [], set()
     for n, record in read_json_lines(path):
-        _require(record, ("id", "text"), f"{path}:{n}")
+        require(record, ("id", "text"), f"{path}:{n}")
         if not isinstance(record["text"], str) or not isinstance(record.get("metadata", {}), dict):
             raise CorpusError(f"{path}:{n}: 'text' must be a string and 'metadata' an object")
         doc = Document(str(record["id"]), str(record.get("title", "")), record["text"], record.get("metadata", {}))
@@ -332,19 +294,7 @@ def load_jsonl(path: Path) -> Loaded:
     return documents, []
 
 
-def _load_qasper(path: Path, split: str = "") -> Loaded:
-    from overstory.data_pipeline.qasper import load_qasper  # imported here: qasper.py builds on this module
-
-    return load_qasper(path, split)
-
-
-def _load_narrativeqa(path: Path, split: str = "", paragraph_words: int = 0) -> Loaded:
-    from overstory.data_pipeline.narrativeqa import load_narrativeqa  # builds on this module, as qasper.py
-
-    return load_narrativeqa(path, split, paragraph_words)
-
-
 LOADERS: dict[str, Callable[..., Loaded]] = {
     "hotpotqa": load_hotpotqa, "squad": load_squad, "text": load_text_folder, "jsonl": load_jsonl,
-    "qasper": _load_qasper, "narrativeqa": _load_narrativeqa,
+    "qasper": load_qasper, "narrativeqa": load_narrativeqa,
 }

@@ -27,9 +27,9 @@ from pathlib import Path
 from rich.progress import Progress
 
 from overstory.core.config import ConfigError, record_settings, to_dict
+from overstory.core.records import JsonlAppender, read_jsonl
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
-from overstory.data_pipeline.formats import JsonlAppender, read_jsonl
 from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies
 from overstory.retrieval.fable import Forest, ForestConfig
 from overstory.retrieval.fable_builder import ForestBuilder

@@ -36,9 +36,7 @@ from pathlib import Path
 
 from overstory.core.config import ConfigError
 from overstory.core.plots import plt, save_figure
-from overstory.core.tracking import TrackingConfig, start_run
-from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
-from overstory.data_pipeline.formats import (
+from overstory.core.records import (
     LEVEL_RANK,
     LEVELS,
     Chunk,
@@ -48,6 +46,8 @@ from overstory.data_pipeline.formats import (
     Span,
     write_jsonl,
 )
+from overstory.core.tracking import TrackingConfig, start_run
+from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
 from overstory.data_pipeline.hierarchy import (
     HierarchyConfig,
     build_hierarchies,

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from overstory.core.config import ConfigError
-from overstory.data_pipeline.formats import LEVELS, Chunk, Document, check_level, read_jsonl, write_jsonl
+from overstory.core.records import LEVELS, Chunk, Document, check_level, read_jsonl, write_jsonl
 from overstory.models.registry import SMOLLM2, load_tokenizer
 
 LEVEL_CODES = {"sentence": "s", "paragraph": "p", "subsection": "ss", "section": "sec", "document": "doc"}

@@ -20,9 +20,9 @@ from rich.progress import track
 from rich.table import Table
 
 from overstory.core.config import ConfigError, record_settings, to_dict
+from overstory.core.records import LEVEL_RANK, LEVELS, Chunk, JsonlAppender, read_jsonl, write_jsonl
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
-from overstory.data_pipeline.formats import LEVEL_RANK, LEVELS, Chunk, JsonlAppender, read_jsonl, write_jsonl
 from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchy, cached_tokenizer, load_hierarchies
 
 

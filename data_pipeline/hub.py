@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from overstory.data_pipeline.corpora import CorpusError
+from overstory.data_pipeline.corpus_files import CorpusError
 
 HUB_PREFIX = "hub:"
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from overstory.core.plots import plt, save_figure
-from overstory.data_pipeline.formats import LEVEL_RANK, LEVELS, PseudoLabel
+from overstory.core.records import LEVEL_RANK, LEVELS, PseudoLabel
 from overstory.retrieval.metrics import bootstrap_interval
 
 

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from overstory.core.config import ConfigError
+from overstory.core.records import Chunk, PseudoLabel, read_jsonl, write_jsonl
 from overstory.core.tracking import TrackingConfig, start_run
-from overstory.data_pipeline.formats import Chunk, PseudoLabel, read_jsonl, write_jsonl
 from overstory.data_pipeline.hierarchy import load_hierarchies, save_hierarchies, stored_hierarchy_path
 from overstory.data_pipeline.splits import held_out_by_threshold
 

@@ -24,9 +24,9 @@ from typing import Literal
 from rich.progress import Progress
 
 from overstory.core.config import ConfigError
+from overstory.core.records import Chunk, Document, JsonlAppender, QAExample
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
-from overstory.data_pipeline.formats import Chunk, Document, JsonlAppender, QAExample
 from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies, chunks_at_levels
 from overstory.retrieval.lattice.scorers import LLMSlateScorer, OracleSlateScorer, SlateScorer
 from overstory.retrieval.lattice.search import SearchConfig, SearchResult, check_reach, search

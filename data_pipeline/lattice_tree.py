@@ -26,9 +26,9 @@ from typing import Literal
 from rich.progress import Progress
 
 from overstory.core.config import ConfigError
+from overstory.core.records import Chunk, JsonlAppender, check_level, read_jsonl
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
-from overstory.data_pipeline.formats import Chunk, JsonlAppender, check_level, read_jsonl
 from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies, chunks_at_levels
 from overstory.retrieval.lattice.bottom_up import BottomUpBuilder
 from overstory.retrieval.lattice.keywords import KeywordSummariser

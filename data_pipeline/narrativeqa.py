@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from overstory.data_pipeline.corpora import SPLITS, CorpusError, Loaded
-from overstory.data_pipeline.formats import Document, QAExample
+from overstory.core.records import Document, QAExample
+from overstory.data_pipeline.corpus_files import SPLITS, CorpusError, Loaded
 from overstory.data_pipeline.hierarchy import split_sentences
 from overstory.data_pipeline.hub import hub_name, hub_rows
 

@@ -30,9 +30,9 @@ from pathlib import Path
 from rich.progress import Progress
 
 from overstory.core.config import ConfigError, record_settings
+from overstory.core.records import Chunk, Document, JsonlAppender, write_jsonl
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
-from overstory.data_pipeline.formats import Chunk, Document, JsonlAppender, write_jsonl
 from overstory.models.registry import MINILM
 from overstory.retrieval.orion import (
     CHUNKS_FILE,

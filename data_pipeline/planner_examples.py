@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from overstory.core.config import ConfigError
-from overstory.data_pipeline.formats import LEVELS, Chunk, PseudoLabel, read_jsonl
+from overstory.core.records import LEVELS, Chunk, PseudoLabel, read_jsonl
 from overstory.data_pipeline.hierarchy import cached_tokenizer, load_hierarchies, stored_hierarchy_path
 from overstory.data_pipeline.splits import split_by_document
 from overstory.models.planner import document_metadata, planner_messages

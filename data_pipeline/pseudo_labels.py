@@ -33,9 +33,9 @@ from typing import Literal
 from rich.progress import Progress
 
 from overstory.core.config import ConfigError
+from overstory.core.records import LEVELS, Chunk, Document, JsonlAppender, PseudoLabel, QAExample, read_jsonl
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
-from overstory.data_pipeline.formats import LEVELS, Chunk, Document, JsonlAppender, PseudoLabel, QAExample, read_jsonl
 from overstory.data_pipeline.gold_labels import GOLD_KINDS, exclusion, gold_label
 from overstory.data_pipeline.hierarchy import (
     HierarchyConfig,

@@ -40,9 +40,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from overstory.data_pipeline.corpora import SPLITS, CorpusError, Loaded, _read_json, _require, read_json_lines
+from overstory.core.records import Document, QAExample, Span
+from overstory.data_pipeline.corpus_files import SPLITS, CorpusError, Loaded, read_json, read_json_lines, require
 from overstory.data_pipeline.evidence_match import Match, locate, match_paragraph
-from overstory.data_pipeline.formats import Document, QAExample, Span
 from overstory.data_pipeline.hub import hub_name, hub_rows
 
 log = logging.getLogger(__name__)
@@ -120,7 +120,7 @@ def _papers(path: Path, split: str) -> Iterator[tuple[str, str, dict, str]]:
         if file.suffix == ".jsonl":
             yield from _hub_layout_file(file, split_name)
             continue
-        raw = _read_json(file)
+        raw = read_json(file)
         if not isinstance(raw, dict):
             raise CorpusError(f"{file}: expected an object keyed by arXiv id, got {type(raw).__name__}")
         split_name = split_name or _split_of(file)
@@ -155,25 +155,25 @@ def _hub_layout_file(file: Path, split: str) -> Iterator[tuple[str, str, dict, s
 
 
 def _check_paper(paper: Any, where: str) -> None:
-    _require(paper, ("title", "abstract", "full_text", "qas"), where)
+    require(paper, ("title", "abstract", "full_text", "qas"), where)
     if not isinstance(paper["full_text"], list) or not isinstance(paper["qas"], list):
         raise CorpusError(f"{where}: 'full_text' and 'qas' must be lists")
     for s, section in enumerate(paper["full_text"]):
-        _require(section, ("section_name", "paragraphs"), f"{where}: full_text[{s}]")
+        require(section, ("section_name", "paragraphs"), f"{where}: full_text[{s}]")
         if not isinstance(section["paragraphs"], list) or not all(isinstance(p, str) for p in section["paragraphs"]):
             raise CorpusError(f"{where}: full_text[{s}].paragraphs must be a list of strings")
     for n, qa in enumerate(paper["qas"]):
-        _require(qa, ("question", "question_id", "answers"), f"{where}: qas[{n}]")
+        require(qa, ("question", "question_id", "answers"), f"{where}: qas[{n}]")
         for a, answer in enumerate(qa["answers"]):
-            _require(answer, ("answer",), f"{where}: qas[{n}].answers[{a}]")
-            _require(answer["answer"], ("unanswerable", "extractive_spans", "yes_no", "free_form_answer",
+            require(answer, ("answer",), f"{where}: qas[{n}].answers[{a}]")
+            require(answer["answer"], ("unanswerable", "extractive_spans", "yes_no", "free_form_answer",
                                         "evidence", "highlighted_evidence"), f"{where}: qas[{n}].answers[{a}].answer")
 
 
 def official_paper(row: dict[str, Any], where: str) -> tuple[str, dict[str, Any]]:
     """A hub-layout row (``full_text``, ``qas`` and ``figures_and_tables`` as columns of lists) ->
     ``(id, paper)`` in the official layout (lists of records)."""
-    _require(row, ("id", "title", "abstract", "full_text", "qas"), where)
+    require(row, ("id", "title", "abstract", "full_text", "qas"), where)
     try:
         full_text = [{"section_name": s, "paragraphs": p}
                      for s, p in zip(row["full_text"]["section_name"], row["full_text"]["paragraphs"], strict=True)]

@@ -24,9 +24,7 @@ from pathlib import Path
 from rich.progress import Progress
 
 from overstory.core.config import ConfigError
-from overstory.core.tracking import TrackingConfig, start_run
-from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
-from overstory.data_pipeline.formats import (
+from overstory.core.records import (
     Chunk,
     FailureRecord,
     JsonlAppender,
@@ -34,6 +32,8 @@ from overstory.data_pipeline.formats import (
     check_level,
     drop_records,
 )
+from overstory.core.tracking import TrackingConfig, start_run
+from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
 from overstory.data_pipeline.hierarchy import (
     HierarchyConfig,
     build_hierarchies,

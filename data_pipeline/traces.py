@@ -37,8 +37,8 @@ from rich.progress import Progress
 from rich.table import Table
 
 from overstory.core.config import ConfigError
+from overstory.core.records import LEVELS, FailureRecord, JsonlAppender, PlannerTrace, PseudoLabel
 from overstory.core.tracking import TrackingConfig, start_run
-from overstory.data_pipeline.formats import LEVELS, FailureRecord, JsonlAppender, PlannerTrace, PseudoLabel
 from overstory.data_pipeline.hierarchy import cached_tokenizer
 from overstory.data_pipeline.planner_examples import correct_labels, labelled_hierarchy, planner_metadata
 from overstory.models.planner import (

@@ -35,9 +35,9 @@ import numpy as np
 from rich.progress import Progress
 
 from overstory.core.config import ConfigError, to_dict
+from overstory.core.records import SummaryRecord, read_jsonl
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
-from overstory.data_pipeline.formats import SummaryRecord, read_jsonl
 from overstory.data_pipeline.hierarchy import load_hierarchies, stored_hierarchy_path
 from overstory.data_pipeline.splits import split_by_document
 from overstory.data_pipeline.summaries import SummariesConfig, SummaryFailed, summarise

@@ -40,9 +40,9 @@ from pathlib import Path
 from rich.progress import Progress
 
 from overstory.core.config import ConfigError, to_dict
+from overstory.core.records import Chunk, Document, QAExample, write_jsonl
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
-from overstory.data_pipeline.formats import Chunk, Document, QAExample, write_jsonl
 from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies
 from overstory.data_pipeline.lattice_traces import tree_leaf_chunks
 from overstory.data_pipeline.orion_tags import tag_and_index

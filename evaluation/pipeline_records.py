@@ -25,7 +25,7 @@ from collections.abc import Collection
 from pathlib import Path
 
 from overstory.core.config import record_settings
-from overstory.data_pipeline.formats import JsonlAppender, read_jsonl, write_jsonl
+from overstory.core.records import JsonlAppender, read_jsonl, write_jsonl
 
 
 class StrategyRecords:

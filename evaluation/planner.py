@@ -45,8 +45,8 @@ import torch
 from rich.progress import track
 
 from overstory.core.config import ConfigError, to_dict
+from overstory.core.records import LEVELS, Chunk, PseudoLabel, read_jsonl
 from overstory.core.tracking import TrackingConfig, start_run
-from overstory.data_pipeline.formats import LEVELS, Chunk, PseudoLabel, read_jsonl
 from overstory.data_pipeline.planner_examples import (
     PlannerDataConfig,
     labelled_hierarchy,

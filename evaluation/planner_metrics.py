@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 
-from overstory.data_pipeline.formats import LEVEL_RANK, LEVELS, Chunk
+from overstory.core.records import LEVEL_RANK, LEVELS, Chunk
 from overstory.models.planner import parse_plan, strict_plan_valid
 from overstory.retrieval.metrics import bootstrap_interval, mean, percentile
 

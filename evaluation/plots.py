@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from overstory.core.plots import plt, save_figure
-from overstory.data_pipeline.formats import LEVELS, Chunk
+from overstory.core.records import LEVELS, Chunk
 
 
 def plot_level_stats(chunks_by_corpus: Mapping[str, Sequence[Chunk]], path: str | Path) -> Path:

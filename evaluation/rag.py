@@ -21,9 +21,9 @@ from pathlib import Path
 from rich.progress import Progress
 
 from overstory.core.config import ConfigError, to_dict
+from overstory.core.records import Chunk, QAExample, write_jsonl
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
-from overstory.data_pipeline.formats import Chunk, QAExample, write_jsonl
 from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies, chunks_at_levels
 from overstory.retrieval.answer import answer_messages, clean_answer
 from overstory.retrieval.index import IndexKind, build_index

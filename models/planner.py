@@ -25,7 +25,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from overstory.data_pipeline.formats import LEVELS
+from overstory.core.records import LEVELS
 from overstory.models.json_reply import json_objects, loads_tolerant
 
 SYSTEM_PROMPT = (

@@ -35,9 +35,9 @@ from rich.progress import Progress
 from rich.table import Table
 
 from overstory.core.config import ConfigError
+from overstory.core.records import write_jsonl
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
-from overstory.data_pipeline.formats import write_jsonl
 from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies, chunks_at_levels, save_hierarchies
 from overstory.data_pipeline.hierarchy_job import level_stats
 from overstory.data_pipeline.lattice_traces import LatticeTracesConfig

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from overstory.data_pipeline.formats import Chunk
+from overstory.core.records import Chunk
 
 ANSWER_SYSTEM_PROMPT = (
     "You answer questions from the given context. Reply with the answer only: a few words, "

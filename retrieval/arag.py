@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from overstory.core.config import ConfigError
-from overstory.data_pipeline.formats import Chunk
+from overstory.core.records import Chunk
 from overstory.retrieval.answer import clean_answer
 from overstory.retrieval.index import DenseIndex
 from overstory.retrieval.strategy import StrategyAnswer

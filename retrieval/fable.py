@@ -65,7 +65,7 @@ from typing import Any
 import numpy as np
 
 from overstory.core.config import ConfigError
-from overstory.data_pipeline.formats import Chunk, Document
+from overstory.core.records import Chunk, Document
 from overstory.models.json_reply import as_int, json_objects, loads_tolerant
 from overstory.retrieval.naive import AnswerConfig, generate_answer
 from overstory.retrieval.strategy import StrategyAnswer

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any
 
-from overstory.data_pipeline.formats import Chunk, Document, FailureRecord
+from overstory.core.records import Chunk, Document, FailureRecord
 from overstory.retrieval.arag import pack
 from overstory.retrieval.fable import KINDS, ForestConfig, ForestNode, numbered, parse_summary
 from overstory.retrieval.fable_runs import (

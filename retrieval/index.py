@@ -17,7 +17,7 @@ from typing import Literal
 
 import numpy as np
 
-from overstory.data_pipeline.formats import Chunk, read_jsonl, write_jsonl
+from overstory.core.records import Chunk, read_jsonl, write_jsonl
 
 EmbedFn = Callable[[list[str]], np.ndarray]
 

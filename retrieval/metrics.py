@@ -14,7 +14,7 @@ import numpy as np
 from rouge_score import rouge_scorer
 from scipy.stats import bootstrap
 
-from overstory.data_pipeline.formats import Chunk, Span
+from overstory.core.records import Chunk, Span
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = set(string.punctuation)

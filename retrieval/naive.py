@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from overstory.core.config import ConfigError
-from overstory.data_pipeline.formats import Chunk, check_level
+from overstory.core.records import Chunk, check_level
 from overstory.retrieval.answer import answer_messages, clean_answer
 from overstory.retrieval.index import IndexKind, build_index
 from overstory.retrieval.strategy import StrategyAnswer

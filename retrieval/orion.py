@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from overstory.core.config import ConfigError
-from overstory.data_pipeline.formats import Chunk, read_jsonl
+from overstory.core.records import Chunk, read_jsonl
 from overstory.models.json_reply import json_objects, loads_tolerant
 from overstory.retrieval.answer import ANSWER_EXAMPLE, ANSWER_SYSTEM_PROMPT, clean_answer
 from overstory.retrieval.index import BM25Index, DenseIndex, chunk_text_for_index

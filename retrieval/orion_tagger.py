@@ -16,7 +16,7 @@ from typing import Any
 
 from bm25s.stopwords import STOPWORDS_EN_PLUS
 
-from overstory.data_pipeline.formats import Chunk, Document, FailureRecord
+from overstory.core.records import Chunk, Document, FailureRecord
 from overstory.retrieval.orion import (
     PARAGRAPH_TAGS,
     PROMPT_LABELS,

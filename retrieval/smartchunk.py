@@ -21,7 +21,7 @@ from typing import Literal
 import numpy as np
 
 from overstory.core.config import ConfigError
-from overstory.data_pipeline.formats import LEVEL_RANK, Chunk, Document, check_level, level_range
+from overstory.core.records import LEVEL_RANK, Chunk, Document, check_level, level_range
 from overstory.models.planner import document_metadata, parse_plan, planner_messages
 from overstory.models.registry import SMOLLM2, load_tokenizer
 from overstory.retrieval.answer import answer_messages

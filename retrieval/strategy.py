@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from overstory.data_pipeline.formats import Chunk
+from overstory.core.records import Chunk
 from overstory.serving.client import Client
 
 

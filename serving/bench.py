@@ -37,9 +37,11 @@ from overstory.core.tracking import TrackingConfig, start_run
 from overstory.serving.client import Client
 from overstory.serving.config import ServeConfig
 from overstory.serving.engine import EmbeddedEngine
-from overstory.serving.launch import free_port, serve_in_background, vllm_stack
+from overstory.serving.in_process import in_process_client
+from overstory.serving.launch import serve_in_background, vllm_stack
 from overstory.serving.load_test import mixed_load
 from overstory.serving.operations import resolve_api_key
+from overstory.serving.ports import free_port
 
 ENGINES = ("in_process", "embedded", "vllm")
 
@@ -118,7 +120,7 @@ def engine_clients(config: ServeBenchConfig) -> Iterator[dict[str, Engine]]:
         if {"in_process", "embedded"} & set(config.engines):
             engine = stack.enter_context(EmbeddedEngine(config.serve))
             if "in_process" in config.engines:
-                engines["in_process"] = Engine(Client.in_process(engine))
+                engines["in_process"] = Engine(in_process_client(engine))
             if "embedded" in config.engines:
                 url = stack.enter_context(serve_in_background(engine, port=0))
                 # the server runs in this process: its memory is this process's. MemorySampler adds children, so

@@ -33,9 +33,9 @@ from overstory.core.plots import plt, save_figure
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.models.registry import SMOLLM2
 from overstory.serving.bench import level_prompts, load_questions, measure
-from overstory.serving.client import Client
 from overstory.serving.config import RoleConfig, ServeConfig
 from overstory.serving.engine import EmbeddedEngine
+from overstory.serving.in_process import in_process_client
 
 ROLE = "generator"
 
@@ -95,7 +95,7 @@ def run_variant(config: GenerateBenchConfig, variant: str, questions: list[str])
     serve = ServeConfig(port=0, roles={ROLE: config.role_config(variant)})
     measured = {}
     with EmbeddedEngine(serve) as engine:
-        client = Client.in_process(engine)
+        client = in_process_client(engine)
         client.chat(ROLE, [{"role": "user", "content": questions[0]}], max_tokens=4, temperature=0)  # warm-up
         for index, level in enumerate(config.concurrency):
             prompts = level_prompts(questions, index, max(config.requests_per_level, level))

@@ -2,9 +2,10 @@
 
 ``Client.from_url(url)`` talks to any OpenAI-compatible server (the embedded one, vLLM) with
 timeouts and bounded retries (exponential backoff with jitter on connection errors, timeouts,
-429 and 5xx; other 4xx fail at once with the server's reason). ``Client.in_process(engine)``
-calls an ``EmbeddedEngine`` directly through the same request handlers as the server, for tests and
-single-process jobs (``serving/in_process.py``, imported only then: an HTTP client never loads torch).
+429 and 5xx; other 4xx fail at once with the server's reason). ``in_process_client(engine)`` in
+``serving/in_process.py`` wraps a ``Client`` around an ``EmbeddedEngine`` called through the same request
+handlers as the server, for tests and single-process jobs; it lives there so that an HTTP client never
+imports torch or the engine.
 Both record requests, failures, retries, tokens and latency per role.
 """
 
@@ -17,14 +18,11 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
-
-if TYPE_CHECKING:  # the HTTP client never loads torch or the engine; in_process() imports them when asked
-    from overstory.serving.engine import EmbeddedEngine
 
 
 class ClientError(RuntimeError):
@@ -216,13 +214,6 @@ class Client:
                                         "<log_dir>/stack.json)")
             url = json.loads(path.read_text())
         return cls(HttpBackend(url, **http_options))
-
-    @classmethod
-    def in_process(cls, engine: EmbeddedEngine) -> Client:
-        """A client that calls ``engine`` in this process, through the server's own request handlers."""
-        from overstory.serving.in_process import InProcessBackend
-
-        return cls(InProcessBackend(engine))
 
     def fork(self) -> Client:
         """A client over the same backend (connections shared) with accounting of its own: the evaluation

@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from overstory.serving import server
-from overstory.serving.client import ClientError
+from overstory.serving.client import Client, ClientError
 from overstory.serving.engine import EmbeddedEngine
 
 
@@ -44,3 +44,8 @@ class InProcessBackend:
 
     def close(self) -> None:
         pass
+
+
+def in_process_client(engine: EmbeddedEngine) -> Client:
+    """A client that calls ``engine`` in this process, through the server's own request handlers."""
+    return Client(InProcessBackend(engine))

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import logging
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -35,35 +34,23 @@ from overstory.serving.config import ServeConfig
 from overstory.serving.engine import EmbeddedEngine
 from overstory.serving.front_door import create_front_app, mount_front_door
 from overstory.serving.operations import resolve_api_key, warn_if_exposed
+from overstory.serving.ports import claim_port
 from overstory.serving.server import create_app
+from overstory.serving.vllm import (
+    ServerDied,
+    log_tail,
+    plan_servers,
+    require_vllm,
+    server_env,
+    start_server,
+    stop_server,
+    vllm_command,
+)
 
 logger = logging.getLogger(__name__)
 
 # How long the front door waits for a vLLM server: a whole non-streamed generation, or between two chunks
 FRONT_DOOR_TIMEOUT_S = 600.0
-
-
-class PortInUse(RuntimeError):
-    """The configured host:port cannot be bound (another server runs there, or no permission)."""
-
-
-def _claim_port(host: str, port: int) -> socket.socket:
-    """A socket bound to ``host:port`` (0: a free port), not yet listening."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: ignore TIME_WAIT leftovers
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise PortInUse(f"cannot serve on {host}:{port}: {exc.strerror}; stop the other server or pick another "
-                        f"port (overstory serve --config ... port=8001)") from exc
-    return sock
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nobody listens on right now (for tests that need a dead address)."""
-    with _claim_port(host, 0) as sock:
-        return sock.getsockname()[1]
 
 
 def run(config: ServeConfig) -> None:
@@ -72,7 +59,7 @@ def run(config: ServeConfig) -> None:
     if config.engine == "vllm":
         return run_vllm_stack(config)
     warn_if_exposed(config.host, resolve_api_key(config.api_key), logger)
-    with _claim_port(config.host, config.port) as sock:
+    with claim_port(config.host, config.port) as sock:
         url = f"http://{config.host}:{sock.getsockname()[1]}/v1"
         engine = EmbeddedEngine(config)
         server = uvicorn.Server(uvicorn.Config(create_app(engine), log_level="info"))
@@ -111,7 +98,7 @@ def serve_in_background(source: ServeConfig | EmbeddedEngine | FastAPI, port: in
         default_host, default_port = config.host, config.port
     host = host or default_host
     # the port is claimed before any model loads; models loaded here (from a config) are released here on exit
-    with _claim_port(host, default_port if port is None else port) as sock, ExitStack() as owned:
+    with claim_port(host, default_port if port is None else port) as sock, ExitStack() as owned:
         if isinstance(source, ServeConfig):
             source = owned.enter_context(EmbeddedEngine(source))
         app = source if isinstance(source, FastAPI) else create_app(source)
@@ -163,14 +150,6 @@ def vllm_stack(config: ServeConfig) -> Iterator[VllmStack]:
     server for the other roles, which is also the front door for every role on the config's ``port``;
     yields a :class:`VllmStack` once every server answers /health, and stops them all on exit.
     ``<log_dir>/stack.json`` holds the role -> URL mapping (``Client.from_url(mapping)`` reads it)."""
-    from overstory.serving.vllm import (
-        plan_servers,
-        require_vllm,
-        server_env,
-        start_server,
-        stop_server,
-        vllm_command,
-    )
 
     python = require_vllm(config.vllm_python)
     servers, rest = plan_servers(config, available_gpus=_visible_gpus())
@@ -179,7 +158,7 @@ def vllm_stack(config: ServeConfig) -> Iterator[VllmStack]:
     commands = [vllm_command(server, config.host, config.vllm_args, python=python) for server in servers]
     # a taken port fails now, not after minutes of model loading
     for port in [*([config.port] if config.port else []), *(server.port for server in servers)]:
-        _claim_port(config.host, port).close()
+        claim_port(config.host, port).close()
     # the embedded models load before vLLM's, so that a broken embedded role fails in seconds; the front
     # server itself starts last, when its /health (which asks every vLLM server) can answer
     front = EmbeddedEngine(rest) if rest is not None else create_front_app()
@@ -224,8 +203,6 @@ def stack_in_background(config: ServeConfig) -> Iterator[str | dict[str, str]]:
 def run_vllm_stack(config: ServeConfig, poll_s: float = 5.0) -> None:
     """``overstory serve`` with ``engine: vllm``: :func:`vllm_stack` until Ctrl-C or SIGTERM, or until a vLLM
     server dies (its log tail is shown)."""
-    from overstory.serving.vllm import ServerDied, log_tail
-
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         with vllm_stack(config) as stack:

@@ -36,6 +36,7 @@ from pathlib import Path
 from overstory.core.config import ConfigError
 from overstory.models.registry import base_model_of, resolve
 from overstory.serving.config import CHAT_ROLES, RoleConfig, ServeConfig
+from overstory.serving.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -163,11 +164,7 @@ def plan_servers(config: ServeConfig, available_gpus: int | None = None) -> tupl
 
 
 def _free_port(host: str, taken: set[int]) -> int:
-    """A port nobody listens on now (``serving.launch.free_port``) that no other server of this stack was given."""
-    from overstory.serving.launch import (
-        free_port,  # imported here: launch loads the embedded engine, this module must not
-    )
-
+    """A port nobody listens on now (``serving.ports.free_port``) that no other server of this stack was given."""
     port = free_port(host)
     while port in taken:
         port = free_port(host)

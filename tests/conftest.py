@@ -51,7 +51,7 @@ def squad_chunks() -> list:
 
 def store_labels(path: Path, labels: list, chunks: list) -> Path:
     """Write pseudo-labels and, beside them, the hierarchy they refer to, as the pseudo-labels job does."""
-    from overstory.data_pipeline.formats import write_jsonl
+    from overstory.core.records import write_jsonl
     from overstory.data_pipeline.hierarchy import save_hierarchies, stored_hierarchy_path
 
     write_jsonl(path, labels)
@@ -63,8 +63,8 @@ def store_labels(path: Path, labels: list, chunks: list) -> Path:
 def planner_labels(tmp_path_factory, squad_chunks) -> Path:
     """Pseudo-labels for 24 real SQuAD questions over the three articles. The ranges are chosen here,
     cycling through four, so the planner tests see every level (the labelling job has its own test)."""
+    from overstory.core.records import PseudoLabel
     from overstory.data_pipeline.corpora import load_corpus
-    from overstory.data_pipeline.formats import PseudoLabel
     from overstory.data_pipeline.pseudo_labels import single_document_questions
 
     picked: dict[str, list] = {}

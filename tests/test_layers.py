@@ -2,9 +2,8 @@
 
 From the bottom up, a module may import its own part and any part below it, never one above or beside it:
 
-    core            overstory.core: configs, tracking, plots, memory (the ground)
-    formats         overstory.data_pipeline.formats: the records every layer reads and writes (the design keeps
-                    it in data_pipeline/; it imports nothing of ours but core)
+    core            overstory.core: configs, tracking, plots, memory, and the records every layer reads and
+                    writes (the ground)
     models          what is trained and served
     serving         the engines, the server and the client: the only way the layers above reach a model
     retrieval       the runtime, plus the answer judging and metrics both data jobs and evaluations use
@@ -23,7 +22,7 @@ import pytest
 
 from tests.packages import module_files
 
-LAYERS = [("core",), ("formats",), ("models",), ("serving",), ("retrieval",), ("data_pipeline",),
+LAYERS = [("core",), ("models",), ("serving",), ("retrieval",), ("data_pipeline",),
           ("training", "evaluation"), ("top",)]
 RANK = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}
 # the training modules that are recipes (a job of their own): none of them imports another
@@ -32,8 +31,6 @@ RECIPES = {"compressor", "text_compressor", "planner_sft", "planner_grpo", "stit
 
 def part_of(module: str) -> str | None:
     """The layer part of an ``overstory.*`` module name (None for anything outside overstory)."""
-    if module == "overstory.data_pipeline.formats":
-        return "formats"
     pieces = module.split(".")
     if pieces[0] != "overstory":
         return None
@@ -56,7 +53,7 @@ def imported_modules(path) -> list[tuple[int, str]]:
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.append((node.lineno, node.module))
-            # `from overstory.data_pipeline import formats` names the module in the alias
+            # `from overstory.core import records` names the module in the alias
             found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names
                       if f"{node.module}.{alias.name}" in module_files()]
     return found
@@ -106,3 +103,61 @@ def test_every_folder_with_modules_is_a_declared_package() -> None:
     missing = [str(init.parent.relative_to(ROOT)) for root in roots for init in root.rglob("__init__.py")
                if init.parent not in declared and ".venv" not in init.parts]
     assert not missing, f"add these to [tool.setuptools] packages in pyproject.toml: {missing}"
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the overstory modules it imports (lazy imports included), for every module of the namespace."""
+    graph: dict[str, set[str]] = {}
+    for name, path in MODULES.items():
+        targets = {target for _, target in imported_modules(path)}
+        # `from overstory.x import y` counts as importing module overstory.x.y when y is a module, else overstory.x
+        graph[name] = {t for t in targets if t in MODULES and t != name}
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted: every import circle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return circles
+
+
+def test_no_import_circles_inside_a_part() -> None:
+    """Layers rule out circles between parts; this rules them out inside one (a lazy import still closes one)."""
+    circles = import_circles(import_graph())
+    assert not circles, "import circles (untie them, moving what both sides need below both):\n" + "\n".join(
+        " <-> ".join(circle) for circle in circles)
+
+
+def test_the_circle_finder_reports_a_circle_and_nothing_else() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert import_circles(graph) == [["a", "b", "c"]]
+    assert import_circles({"a": {"b"}, "b": set()}) == []

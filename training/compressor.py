@@ -33,9 +33,9 @@ from torch.utils.data import DataLoader
 from transformers import get_cosine_schedule_with_warmup
 
 from overstory.core.config import ConfigError, to_dict
+from overstory.core.records import Chunk, QAExample, SummaryRecord, read_jsonl
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
-from overstory.data_pipeline.formats import Chunk, QAExample, SummaryRecord, read_jsonl
 from overstory.data_pipeline.hierarchy import load_hierarchies, stored_hierarchy_path
 from overstory.data_pipeline.splits import split_by_document
 from overstory.models.compressor import SetCompressor, SetCompressorConfig, pad_children, save_checkpoint

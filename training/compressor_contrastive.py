@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from overstory.data_pipeline.formats import Chunk, QAExample, SummaryRecord
+from overstory.core.records import Chunk, QAExample, SummaryRecord
 from overstory.retrieval.metrics import covers
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 from overstory.core.config import ConfigError
-from overstory.data_pipeline.formats import Chunk, PlannerTrace
+from overstory.core.records import Chunk, PlannerTrace
 from overstory.retrieval.answer import clean_answer
 from overstory.retrieval.judge import CorrectnessConfig, is_correct
 from overstory.retrieval.smartchunk import DocumentRetrievers

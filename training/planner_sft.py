@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from overstory.core.config import to_dict
+from overstory.core.records import PlannerTrace, read_jsonl
 from overstory.core.tracking import TrackingConfig, start_run
-from overstory.data_pipeline.formats import PlannerTrace, read_jsonl
 from overstory.data_pipeline.splits import split_by_document
 from overstory.models.registry import SMOLLM2, load_causal_lm
 from overstory.training.callbacks import StopOnNonFiniteLoss, TrackingCallback

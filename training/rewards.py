@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from overstory.data_pipeline.formats import LEVELS
+from overstory.core.records import LEVELS
 from overstory.models.planner import Plan, parse_plan, strict_plan_valid
 from overstory.serving.client import ClientError
 

@@ -43,8 +43,8 @@ from typing import Literal
 import torch
 
 from overstory.core.config import ConfigError, to_dict
+from overstory.core.records import PlannerTrace, read_jsonl
 from overstory.core.tracking import TrackingConfig, start_run
-from overstory.data_pipeline.formats import PlannerTrace, read_jsonl
 from overstory.data_pipeline.planner_examples import PlannerDataConfig, planner_rows
 from overstory.models.planner import parse_plan, strict_plan_valid
 from overstory.models.registry import SMOLLM2, load_lm_checkpoint

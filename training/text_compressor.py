@@ -29,8 +29,8 @@ from typing import Literal
 import numpy as np
 
 from overstory.core.config import ConfigError, to_dict
+from overstory.core.records import SummaryRecord, read_jsonl
 from overstory.core.tracking import TrackingConfig, start_run
-from overstory.data_pipeline.formats import SummaryRecord, read_jsonl
 from overstory.data_pipeline.hierarchy import load_hierarchies, stored_hierarchy_path
 from overstory.data_pipeline.splits import split_by_document
 from overstory.models.registry import load_sentence_encoder

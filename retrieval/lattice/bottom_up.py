@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from sklearn.cluster import KMeans
 
-from overstory.data_pipeline.formats import LEVELS, Chunk
+from overstory.core.records import LEVELS, Chunk
 from overstory.models.json_reply import json_objects, loads_tolerant
 from overstory.retrieval.lattice.top_down import BuildStats, unit_rows
 from overstory.retrieval.lattice.tree import Node, Tree

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from overstory.data_pipeline.formats import FailureRecord, JsonlAppender
+from overstory.core.records import FailureRecord, JsonlAppender
 from overstory.models.json_reply import json_objects, loads_tolerant
 from overstory.serving.client import Client, ClientError
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from overstory.core.config import ConfigError
-from overstory.data_pipeline.formats import Chunk
+from overstory.core.records import Chunk
 from overstory.retrieval.lattice.scorers import CrossEncoderSlateScorer, LLMSlateScorer
 from overstory.retrieval.lattice.search import SearchConfig, check_reach, search
 from overstory.retrieval.lattice.tree import Tree

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from overstory.core.config import ConfigError, load_config
+from overstory.core.records import read_jsonl
 from overstory.data_pipeline.fable_forest import FableForestConfig, run
-from overstory.data_pipeline.formats import read_jsonl
 from overstory.retrieval.fable import FableStrategy, Forest, ForestConfig
 from overstory.serving.client import Client
 

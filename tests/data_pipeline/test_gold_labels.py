@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from overstory.core.config import ConfigError, load_config
+from overstory.core.records import LEVEL_RANK, PseudoLabel, read_jsonl
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
-from overstory.data_pipeline.formats import LEVEL_RANK, PseudoLabel, read_jsonl
 from overstory.data_pipeline.gold_labels import (
     GoldLabelsConfig,
     label_corpus,

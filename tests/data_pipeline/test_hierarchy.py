@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from overstory.core.config import ConfigError
+from overstory.core.records import LEVEL_RANK, LEVELS, Document, level_range
 from overstory.data_pipeline.corpora import load_corpus
-from overstory.data_pipeline.formats import LEVEL_RANK, LEVELS, Document, level_range
 from overstory.data_pipeline.hierarchy import (
     HierarchyConfig,
     build_hierarchies,

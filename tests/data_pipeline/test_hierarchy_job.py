@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from overstory.cli import main
-from overstory.data_pipeline.formats import LEVELS
+from overstory.core.records import LEVELS
 from overstory.data_pipeline.hierarchy import load_hierarchies
 from overstory.data_pipeline.hierarchy_job import level_stats
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from overstory.data_pipeline.formats import PseudoLabel
+from overstory.core.records import PseudoLabel
 from overstory.data_pipeline.label_agreement import label_agreement, plot_agreement
 
 

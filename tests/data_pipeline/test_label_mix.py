@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from overstory.cli import main
-from overstory.data_pipeline.formats import PseudoLabel, read_jsonl, write_jsonl
+from overstory.core.records import PseudoLabel, read_jsonl, write_jsonl
 from overstory.data_pipeline.hierarchy import load_hierarchies, save_hierarchies, stored_hierarchy_path
 from overstory.data_pipeline.splits import document_bucket
 

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from overstory.cli import main
-from overstory.data_pipeline.formats import read_jsonl
+from overstory.core.records import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = [f"corpus.path={ROOT / 'data/hotpotqa'}", "corpus.limit_docs=150"]  # 11 questions

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from overstory.cli import main
-from overstory.data_pipeline.formats import read_jsonl
+from overstory.core.records import read_jsonl
 from overstory.retrieval.lattice.keywords import LEVEL_WORDS
 from overstory.retrieval.lattice.top_down import TopDownBuilder
 from overstory.retrieval.lattice.tree import Node, Tree

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from overstory.core.config import ConfigError, load_config
-from overstory.data_pipeline.formats import Document, read_jsonl
+from overstory.core.records import Document, read_jsonl
 from overstory.data_pipeline.orion_tags import (
     FAILURES_FILE,
     OrionTagEditConfig,

@@ -9,8 +9,8 @@ import pytest
 
 from overstory.cli import main
 from overstory.core.config import ConfigError, load_config
+from overstory.core.records import LEVELS, PseudoLabel, read_jsonl
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
-from overstory.data_pipeline.formats import LEVELS, PseudoLabel, read_jsonl
 from overstory.data_pipeline.gold_labels import label_corpus
 from overstory.data_pipeline.hierarchy import load_hierarchies, stored_hierarchy_path
 from overstory.data_pipeline.pseudo_labels import PseudoLabelsConfig

@@ -9,7 +9,7 @@ import pytest
 
 from overstory.cli import main
 from overstory.core.config import ConfigError
-from overstory.data_pipeline.formats import Chunk, SummaryRecord, read_jsonl, write_jsonl
+from overstory.core.records import Chunk, SummaryRecord, read_jsonl, write_jsonl
 from overstory.data_pipeline.hierarchy import load_hierarchies, stored_hierarchy_path
 from overstory.data_pipeline.summaries import (
     SummariesConfig,

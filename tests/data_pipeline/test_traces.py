@@ -10,8 +10,8 @@ import pytest
 
 from overstory.cli import main
 from overstory.core.config import ConfigError, load_config
+from overstory.core.records import LEVELS, PlannerTrace, PseudoLabel, read_jsonl, write_jsonl
 from overstory.data_pipeline.corpora import load_corpus
-from overstory.data_pipeline.formats import LEVELS, PlannerTrace, PseudoLabel, read_jsonl, write_jsonl
 from overstory.data_pipeline.hierarchy import save_hierarchies, stored_hierarchy_path
 from overstory.data_pipeline.pseudo_labels import single_document_questions
 from overstory.data_pipeline.traces import TracesConfig, template_trace

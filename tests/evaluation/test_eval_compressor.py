@@ -9,7 +9,7 @@ import pytest
 
 from overstory.cli import main
 from overstory.core.config import ConfigError, build
-from overstory.data_pipeline.formats import SummaryRecord
+from overstory.core.records import SummaryRecord
 from overstory.evaluation.compressor import EvalCompressorConfig, held_out_records
 from overstory.models.compressor import SetCompressor, SetCompressorConfig, save_checkpoint
 from overstory.models.registry import MINILM, load_sentence_encoder

@@ -11,7 +11,7 @@ import pytest
 
 from overstory.cli import main
 from overstory.core.config import ConfigError, load_config
-from overstory.data_pipeline.formats import LEVEL_RANK, Chunk, PseudoLabel, read_jsonl, write_jsonl
+from overstory.core.records import LEVEL_RANK, Chunk, PseudoLabel, read_jsonl, write_jsonl
 from overstory.data_pipeline.hierarchy import stored_hierarchy_path
 from overstory.data_pipeline.planner_examples import PlannerDataConfig
 from overstory.data_pipeline.splits import split_by_document

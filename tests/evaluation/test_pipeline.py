@@ -11,8 +11,8 @@ import pytest
 
 from overstory.cli import main
 from overstory.core.config import ConfigError
+from overstory.core.records import Document, QAExample
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
-from overstory.data_pipeline.formats import Document, QAExample
 from overstory.evaluation.pipeline import JudgeConfig, judge_sanity, markdown_table, qasper_predictions, summarise
 from overstory.serving.client import Client
 from tests.conftest import HOTPOTQA_150, ROOT

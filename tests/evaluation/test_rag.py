@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from overstory.cli import main
-from overstory.data_pipeline.formats import Chunk
+from overstory.core.records import Chunk
 from overstory.retrieval.answer import answer_messages, clean_answer
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from overstory.core.config import ConfigError
+from overstory.core.records import Document, Span
 from overstory.data_pipeline.corpora import load_corpus
-from overstory.data_pipeline.formats import Document, Span
 from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies
 from overstory.models.registry import MINILM, SMOLLM2
 from overstory.retrieval.arag import (
@@ -25,6 +25,7 @@ from overstory.retrieval.arag import (
 from overstory.retrieval.metrics import recall_at_k
 from overstory.serving.client import Client, ClientError
 from overstory.serving.config import RoleConfig, ServeConfig
+from overstory.serving.in_process import in_process_client
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -307,7 +308,7 @@ def test_the_built_in_models_answer_hotpotqa_questions(engines):
     documents, questions = load_corpus("hotpotqa", ROOT / "data" / "hotpotqa", limit_docs=100)
     engine = engines(ServeConfig(port=0, roles={
         "generator": RoleConfig(model=SMOLLM2), "embedder": RoleConfig(model=MINILM, kind="embedding")}))
-    client = Client.in_process(engine)
+    client = in_process_client(engine)
     strategy = ARagStrategy.build(build_hierarchies(documents, HierarchyConfig()), client,
                                   ARagConfig(max_turns=3, max_tokens=64, first_tool_choice="required"))
     for question in questions[:2]:

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from overstory.core.config import ConfigError
+from overstory.core.records import Document, Span
 from overstory.data_pipeline.corpora import load_corpus
-from overstory.data_pipeline.formats import Document, Span
 from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies
 from overstory.models.registry import MINILM, SMOLLM2
 from overstory.retrieval.fable import (
@@ -37,6 +37,7 @@ from overstory.retrieval.metrics import recall_at_k
 from overstory.retrieval.naive import AnswerConfig
 from overstory.serving.client import Client, ClientError
 from overstory.serving.config import RoleConfig, ServeConfig
+from overstory.serving.in_process import in_process_client
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -524,7 +525,7 @@ def test_the_built_in_models_build_a_forest_and_answer_a_hotpotqa_question(engin
     gold = [d for d in documents if d.id in question.gold_doc_ids]
     engine = engines(ServeConfig(port=0, roles={
         "generator": RoleConfig(model=SMOLLM2), "embedder": RoleConfig(model=MINILM, kind="embedding")}))
-    client = Client.in_process(engine)
+    client = in_process_client(engine)
     hierarchy = hierarchy_of(*gold)
     strategy = FableStrategy.build(gold, hierarchy, client, ForestConfig(segment_max_tokens=48, summary_max_tokens=64),
                                    FableConfig(max_tokens=16), AnswerConfig(max_tokens=16))

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from overstory.core.records import Chunk
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
-from overstory.data_pipeline.formats import Chunk
 from overstory.data_pipeline.hierarchy import chunks_at_levels
 from overstory.models.registry import MINILM, load_sentence_encoder
 from overstory.retrieval.index import BM25Index, DenseIndex, HybridIndex, build_index, load_index

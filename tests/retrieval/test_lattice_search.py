@@ -21,8 +21,8 @@ from overstory.retrieval.lattice.scorers import LLMSlateScorer, OracleSlateScore
 from overstory.retrieval.lattice.search import SearchConfig, search
 from overstory.retrieval.lattice.top_down import TopDownBuilder
 from overstory.retrieval.lattice.tree import Node
-from overstory.serving.client import Client
 from overstory.serving.config import RoleConfig, ServeConfig
+from overstory.serving.in_process import in_process_client
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -111,7 +111,7 @@ def test_slates_carry_calibration_nodes_and_refitted_latent_scores(hotpot_tree):
 def test_search_with_the_real_built_in_scorer(hotpot_tree, engines):
     tree, questions, gold, _ = hotpot_tree
     engine = engines(ServeConfig(port=0, roles={"scorer": RoleConfig(model=SMOLLM2)}))
-    scorer = LLMSlateScorer(Client.in_process(engine), max_tokens=160, max_candidate_chars=160,
+    scorer = LLMSlateScorer(in_process_client(engine), max_tokens=160, max_candidate_chars=160,
                             max_reasoning_chars=160)
     results = search(tree, [(q.id, q.question) for q in questions[:1]], scorer, SearchConfig(iterations=2, beam=1))
     for result in results:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from overstory.core.config import ConfigError
-from overstory.data_pipeline.formats import Chunk
+from overstory.core.records import Chunk
 from overstory.retrieval.lattice.search import SearchConfig, check_reach
 from overstory.retrieval.lattice.strategy import LatticeStrategy, LatticeStrategyConfig
 from overstory.retrieval.lattice.tree import Node, Tree

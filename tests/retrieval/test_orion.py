@@ -13,8 +13,8 @@ import pytest
 import xgrammar as xgr
 
 from overstory.core.config import ConfigError
+from overstory.core.records import Document, Span, read_jsonl, write_jsonl
 from overstory.data_pipeline.corpora import load_corpus
-from overstory.data_pipeline.formats import Document, Span, read_jsonl, write_jsonl
 from overstory.data_pipeline.orion_tags import tag_and_index
 from overstory.models.registry import MINILM, SMOLLM2, load_tokenizer
 from overstory.retrieval.metrics import recall_at_k
@@ -46,6 +46,7 @@ from overstory.retrieval.orion_tagger import (
 )
 from overstory.serving.client import Client, ClientError
 from overstory.serving.config import RoleConfig, ServeConfig
+from overstory.serving.in_process import in_process_client
 from overstory.serving.structured import GrammarCompilerCache, grammar_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -446,7 +447,7 @@ def test_the_built_in_models_tag_hotpotqa_documents_and_answer(tmp_path, engines
     picked = [d for d in documents if d.id in [*question.gold_doc_ids, "hotpotqa/the-english-art-of-cookery"]]
     engine = engines(ServeConfig(port=0, roles={
         "generator": RoleConfig(model=SMOLLM2), "embedder": RoleConfig(model=MINILM, kind="embedding")}))
-    client = Client.in_process(engine)
+    client = in_process_client(engine)
     report = tag_and_index(picked, client, tmp_path, ChunkingConfig(),
                            TaggingConfig(max_master_tags=2, max_tokens=64, max_attempts=1))
     records = list(read_jsonl(tmp_path / CHUNKS_FILE, ChunkTags))

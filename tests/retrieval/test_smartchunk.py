@@ -13,9 +13,9 @@ from overstory.models.compressor import SetCompressor, SetCompressorConfig, save
 from overstory.models.registry import MINILM, SMOLLM2
 from overstory.retrieval.metrics import mean, recall_at_k
 from overstory.retrieval.smartchunk import SmartChunkRetriever
-from overstory.serving.client import Client
 from overstory.serving.config import RoleConfig, ServeConfig
 from overstory.serving.engine import EmbeddedEngine
+from overstory.serving.in_process import in_process_client
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,7 +31,7 @@ def setup(tmp_path_factory):
             "generator": RoleConfig(model=SMOLLM2), "embedder": RoleConfig(model=MINILM, kind="embedding"),
             "compressor": RoleConfig(model=str(folder), kind="compression")})) as engine:
         answerable = [q for q in questions if q.evidence][:60]
-        yield chunks, answerable, Client.in_process(engine)
+        yield chunks, answerable, in_process_client(engine)
 
 
 def test_ranges_restrict_levels(setup) -> None:

@@ -13,7 +13,8 @@ import pytest
 from overstory.core.config import load_config
 from overstory.serving.config import ServeConfig
 from overstory.serving.engine import EmbeddedEngine
-from overstory.serving.launch import VllmStack, free_port, serve_in_background, vllm_stack
+from overstory.serving.launch import VllmStack, serve_in_background, vllm_stack
+from overstory.serving.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -14,7 +14,8 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from overstory.serving.client import Client, ClientError
-from overstory.serving.launch import free_port, serve_in_background
+from overstory.serving.launch import serve_in_background
+from overstory.serving.ports import free_port
 
 CHAT_REPLY = {"choices": [{"message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
               "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}

@@ -25,7 +25,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from overstory.serving.front_door import create_front_app, mount_front_door
-from overstory.serving.launch import free_port, serve_in_background
+from overstory.serving.launch import serve_in_background
+from overstory.serving.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -17,7 +17,8 @@ import pytest
 from overstory.core.config import ConfigError
 from overstory.serving import vllm
 from overstory.serving.config import RoleConfig, ServeConfig
-from overstory.serving.launch import PortInUse, free_port, run, serve_in_background, vllm_stack
+from overstory.serving.launch import run, serve_in_background, vllm_stack
+from overstory.serving.ports import PortInUse, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from overstory.serving.client import Client, ClientError
+from overstory.serving.in_process import in_process_client
 
 QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
 
@@ -103,7 +104,7 @@ def test_errors_are_4xx_with_a_reason(http: httpx.Client, request_kwargs: dict, 
 
 
 def test_in_process_backend_matches_http(engine, server_url: str) -> None:
-    http_client, local = Client.from_url(server_url), Client.in_process(engine)
+    http_client, local = Client.from_url(server_url), in_process_client(engine)
     for client in (http_client, local):
         assert client.health() and "embedder" in client.models()
     params = {"max_tokens": 12, "temperature": 0}

@@ -17,8 +17,8 @@ import torch
 import xgrammar as xgr
 from transformers import DynamicCache, LogitsProcessorList
 
+from overstory.core.records import LEVELS
 from overstory.data_pipeline.corpora import load_corpus
-from overstory.data_pipeline.formats import LEVELS
 from overstory.data_pipeline.pseudo_labels import round_robin_by_document, single_document_questions
 from overstory.models.planner import document_metadata, planner_messages, strict_plan_valid
 from overstory.models.registry import SMOLLM2, load_causal_lm, load_tokenizer

@@ -20,7 +20,8 @@ from overstory.core.config import ConfigError, load_config
 from overstory.models.registry import MINILM, SMOLLM2, resolve
 from overstory.serving import vllm
 from overstory.serving.config import RoleConfig, ServeConfig
-from overstory.serving.launch import free_port, run_vllm_stack
+from overstory.serving.launch import run_vllm_stack
+from overstory.serving.ports import free_port
 from overstory.serving.vllm import (
     ServerDied,
     VllmNotInstalled,

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from overstory.cli import main
-from overstory.data_pipeline.formats import PlannerTrace, read_jsonl
+from overstory.core.records import PlannerTrace, read_jsonl
 from overstory.models.planner import parse_plan
 from overstory.models.registry import load_causal_lm
 

@@ -11,7 +11,7 @@ import pytest
 from safetensors.torch import load_file
 
 from overstory.cli import main
-from overstory.data_pipeline.formats import PlannerTrace, PseudoLabel, read_jsonl, write_jsonl
+from overstory.core.records import PlannerTrace, PseudoLabel, read_jsonl, write_jsonl
 from overstory.data_pipeline.hierarchy import stored_hierarchy_path
 from overstory.data_pipeline.planner_examples import PlannerDataConfig, planner_rows
 from overstory.evaluation.planner import generate_plans

@@ -13,8 +13,8 @@ from torch.utils.data import DataLoader
 
 from overstory.cli import main
 from overstory.core.config import ConfigError, build, load_config
+from overstory.core.records import SummaryRecord, read_jsonl
 from overstory.data_pipeline.corpora import load_corpus
-from overstory.data_pipeline.formats import SummaryRecord, read_jsonl
 from overstory.data_pipeline.splits import split_by_document
 from overstory.models.compressor import load_compressor
 from overstory.models.registry import load_sentence_encoder

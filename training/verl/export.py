@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from overstory.core.config import to_dict
-from overstory.data_pipeline.formats import PlannerTrace, read_jsonl
+from overstory.core.records import PlannerTrace, read_jsonl
 from overstory.data_pipeline.planner_examples import PlannerDataConfig, planner_rows
 from overstory.training.planner_common import RewardSettings
 
