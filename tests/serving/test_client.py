@@ -62,22 +62,40 @@ def flaky():
         yield url, calls
 
 
-def test_retries_until_success(flaky) -> None:
+@pytest.fixture
+def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The seconds of every ``time.sleep`` this test's thread calls (the client's backoff), still slept; the
+    server's threads sleep unrecorded."""
+    slept: list[float] = []
+    real, caller = time.sleep, threading.get_ident()
+
+    def sleep(seconds: float) -> None:
+        if threading.get_ident() == caller:
+            slept.append(seconds)
+        real(seconds)
+
+    monkeypatch.setattr(time, "sleep", sleep)
+    return slept
+
+
+def test_retries_until_success(flaky, sleeps: list[float]) -> None:
     url, calls = flaky
     client = Client.from_url(url, max_retries=3, backoff_s=0.01)
     assert client.chat("flaky-2", MESSAGES).text == "ok"
     assert calls["flaky-2"] == 3
+    # one backoff before each retry, doubling: backoff_s * 2**attempt, times a jitter in [0.5, 1.5)
+    assert len(sleeps) == 2 and 0.005 <= sleeps[0] < 0.015 and 0.01 <= sleeps[1] < 0.03
     stats = client.stats.summary()["flaky-2"]
     assert stats["retries"] == 2 and stats["failures"] == 0 and stats["completion_tokens"] == 1
 
 
-def test_gives_up_after_max_retries(flaky) -> None:
+def test_gives_up_after_max_retries(flaky, sleeps: list[float]) -> None:
     url, calls = flaky
     client = Client.from_url(url, max_retries=2, backoff_s=0.01)
     with pytest.raises(ClientError) as error:
         client.chat("down", MESSAGES)
     assert error.value.status == 503 and "overloaded" in error.value.reason and error.value.retries == 2
-    assert calls["down"] == 3
+    assert calls["down"] == 3 and len(sleeps) == 2  # no backoff after the last attempt
     stats = client.stats.summary()["down"]
     assert stats["failures"] == 1 and stats["retries"] == 2
 
@@ -92,11 +110,11 @@ def test_client_errors_are_not_retried(flaky) -> None:
 def test_timeouts_are_retried_then_fail(flaky) -> None:
     url, calls = flaky
     client = Client.from_url(url, timeout_s=0.2, max_retries=1, backoff_s=0.01)
-    started = time.perf_counter()
     with pytest.raises(ClientError) as error:
         client.chat("slow", MESSAGES)
-    assert error.value.status == 0 and "Timeout" in error.value.reason
-    assert calls["slow"] == 2 and time.perf_counter() - started < 5
+    # the client's timeout ended each attempt ('slow' answers after 1 s): a status of 0, httpx's timeout named
+    assert error.value.status == 0 and "ReadTimeout" in error.value.reason and error.value.retries == 1
+    assert calls["slow"] == 2
 
 
 def test_connection_refused_is_bounded() -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import time
 from collections import Counter
 from typing import Any, Literal
 
@@ -238,13 +237,12 @@ def test_wrong_answers_are_failures_of_their_kind() -> None:
 
 
 def test_the_time_limit_stops_the_load() -> None:
+    # 60 requests of 0.3 s each on 2 connections take 9 s: a limit of 1 s leaves most of them unsent, uncounted
     with serve_in_background(stand_in_model_server(delay_s=0.3)) as url:
-        started = time.monotonic()
         report = mixed_load(url, {"generator": "chat"}, requests=60, concurrency=2, pids=[os.getpid()],
                             max_tokens=8, time_limit_s=1.0, progress=False)
-        elapsed = time.monotonic() - started
     assert report["time_limited"] and 0 < report["sent"] < 60 and report["requests"] == 60
-    assert elapsed < 5 and report["failed_valid"] == 0
+    assert report["failed_valid"] == 0 and sum(k["sent"] for k in report["by_kind"].values()) == report["sent"]
 
 
 def test_the_mix_is_deterministic_and_follows_the_roles() -> None:
