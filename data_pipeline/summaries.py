@@ -7,33 +7,26 @@ prompt ("Summarize the following text in at most n tokens"), the ``embedder`` ro
 summary (the compressor's target e_gt) and the chunk's children (its input), and one
 ``SummaryRecord`` is appended to ``out``. A summary that comes back empty, or not in the source's
 script, is retried; after ``max_attempts`` it goes to ``<out>.failures.jsonl`` with the raw text.
-Finished ids are skipped on restart, so a killed run resumes; failures are retried on restart, and those
-written since leave the failures file (it lists what is still missing). The hierarchy that was summarised is
-kept in ``<out>.hierarchy.jsonl`` for resumes and later jobs.
+Finished ids are skipped on restart, so a killed run resumes; failures (rejected summaries, failed requests) are
+retried on restart, and those written since leave the failures file (it lists what is still missing). The job runs
+on the fan-out skeleton (``data_pipeline/fanout.py``): its settings and the models that served it are kept in
+``<out>.settings.json`` (a rerun with others is refused), each record names the generator and encoder the server
+reports, and the job fails (exit code 1) when more than ``max_failure_share`` of its chunks failed. The hierarchy
+that was summarised is kept in ``<out>.hierarchy.jsonl`` for resumes and later jobs.
 """
 
 from __future__ import annotations
 
-import threading
 import unicodedata
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from collections.abc import Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from pathlib import Path
-
-from rich.progress import Progress
 
 from overstory.core.config import ConfigError
-from overstory.core.records import (
-    Chunk,
-    FailureRecord,
-    JsonlAppender,
-    SummaryRecord,
-    check_level,
-    drop_records,
-)
+from overstory.core.records import Chunk, FailureRecord, SummaryRecord, check_level
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
+from overstory.data_pipeline.fanout import Fanout, failures_path, job_settings
 from overstory.data_pipeline.hierarchy import (
     HierarchyConfig,
     build_hierarchies,
@@ -43,7 +36,7 @@ from overstory.data_pipeline.hierarchy import (
 )
 from overstory.serving.client import Client, ClientError
 from overstory.serving.config import ServeConfig
-from overstory.serving.launch import stack_in_background
+from overstory.serving.launch import client_for, served_models
 
 # SmartChunk, section 4 (compression encoder): summaries of at most n = 128 tokens.
 SUMMARY_PROMPT = "Summarize the following text in at most {n} tokens: {text}"
@@ -64,6 +57,7 @@ class SummariesConfig:
     max_attempts: int = 3
     concurrency: int = 2
     limit: int = 0  # summarise at most this many chunks (0 = all)
+    max_failure_share: float = 0.0  # the job fails (exit 1) when more of its chunks than this failed
     server_url: str = ""
     serve: ServeConfig = field(default_factory=lambda: ServeConfig.local(port=0))
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
@@ -108,8 +102,11 @@ def check_summary(summary: str, source: str) -> str:
     return cleaned
 
 
-def summarise(chunk: Chunk, children: list[Chunk], client: Client, config: SummariesConfig) -> SummaryRecord:
-    """Summarise one chunk (retrying rejected summaries) and embed the summary and the children."""
+def summarise(chunk: Chunk, children: list[Chunk], client: Client, config: SummariesConfig,
+              served: Mapping[str, str] | None = None) -> SummaryRecord:
+    """Summarise one chunk (retrying rejected summaries) and embed the summary and the children; ``served`` (role
+    -> model, from ``served_models``) names the generator and encoder in the record ("" where not given)."""
+    served = served or {}
     prompt = SUMMARY_PROMPT.format(n=config.max_summary_tokens, text=chunk.text[: config.max_input_chars])
     error, raw = "", ""
     for attempt in range(1, config.max_attempts + 1):
@@ -128,8 +125,8 @@ def summarise(chunk: Chunk, children: list[Chunk], client: Client, config: Summa
         return SummaryRecord(
             id=chunk.id, doc_id=chunk.doc_id, level=chunk.level, child_ids=[c.id for c in children],
             child_embeddings=child_vectors.round(6).tolist(), summary=summary,
-            target_embedding=target.round(6).tolist(), generator=config.serve.roles["generator"].model,
-            encoder=config.serve.roles["embedder"].model, prompt_tokens=reply.usage["prompt_tokens"],
+            target_embedding=target.round(6).tolist(), generator=served.get("generator", ""),
+            encoder=served.get("embedder", ""), prompt_tokens=reply.usage["prompt_tokens"],
             completion_tokens=reply.usage["completion_tokens"], attempts=attempt)
     raise SummaryFailed(FailureRecord(chunk.id, "summaries", error, raw, config.max_attempts))
 
@@ -142,52 +139,44 @@ class SummaryFailed(Exception):
         self.record = record
 
 
-def failures_path(out: str | Path) -> Path:
-    out = Path(out)
-    return out.with_name(out.stem + ".failures.jsonl")
-
-
 def run(config: SummariesConfig) -> dict:
-    # The hierarchy is stored beside the summaries: a resumed run and later jobs (training, evaluation)
-    # see exactly the chunk ids that were summarised, whatever the chunking code does meanwhile.
-    kept = stored_hierarchy_path(config.out)
-    if kept.exists():
-        chunks = load_hierarchies(kept)
-    else:
-        chunks = (load_hierarchies(config.hierarchies) if config.hierarchies
-                  else build_hierarchies(load_corpus(config.corpus)[0], config.hierarchy))
-        save_hierarchies(kept, chunks)
+    """Summarise every chunk of the configured levels the output lacks (see the module docstring)."""
+    chunks = summarised_hierarchy(config)
     by_id = {c.id: c for c in chunks}
     targets = [c for c in chunks if c.level in config.levels and c.children]
     if config.limit:
         targets = targets[: config.limit]
-    counts = {"ok": 0, "failed": 0, "skipped": 0}
-    lock = threading.Lock()
     with ExitStack() as stack:
         tracker = stack.enter_context(start_run(config.tracking, "data summaries", config))
-        out = stack.enter_context(JsonlAppender(config.out))
-        failures = stack.enter_context(JsonlAppender(failures_path(config.out)))
-        todo = [c for c in targets if c.id not in out]
-        counts["skipped"] = len(targets) - len(todo)
-        url = config.server_url or (stack.enter_context(stack_in_background(config.serve)) if todo else "")
-        client = Client.from_url(url) if todo else None
-        progress = stack.enter_context(Progress())
-        task = progress.add_task("summarising", total=len(todo))
-        pool = stack.enter_context(ThreadPoolExecutor(max_workers=config.concurrency))
-        futures = [pool.submit(summarise, c, [by_id[k] for k in c.children], client, config) for c in todo]
-        for future in as_completed(futures):
-            with lock:
-                try:
-                    out.write(future.result())
-                    counts["ok"] += 1
-                except SummaryFailed as failed:
-                    failures.write(failed.record)
-                    counts["failed"] += 1
-                progress.advance(task)
-        counts["resolved"] = drop_records(failures_path(config.out), out.done)
-        if client is not None:
-            usage = client.stats.summary()
-            tracker.summary({**counts, "generator_tokens": usage.get("generator", {}).get("completion_tokens", 0)})
+        fanout = stack.enter_context(Fanout("summaries", config.out, job_settings(config, drop={"hierarchies"}),
+                                            concurrency=config.concurrency, failure_types=(SummaryFailed, ClientError),
+                                            max_failure_share=config.max_failure_share))
+        todo = fanout.todo(targets, lambda c: c.id)
+        generator_tokens = 0
+        if todo:
+            client = stack.enter_context(client_for(config.serve, config.server_url))
+            served = served_models(client, ["generator", "embedder"])
+            fanout.record_served(served)
+            fanout.run(todo, lambda c: c.id,
+                       lambda c: summarise(c, [by_id[k] for k in c.children], client, config, served),
+                       lambda _, record: fanout.write(record, "ok"), "summarising")
+            generator_tokens = client.stats.summary().get("generator", {}).get("completion_tokens", 0)
+        counts = {"ok": 0, **fanout.finish()}
+        tracker.summary({**counts, "generator_tokens": generator_tokens})
     print(f"summaries: {counts['ok']} written, {counts['failed']} failed (see {failures_path(config.out)}), "
           f"{counts['skipped']} already done, {counts['resolved']} earlier failures since written -> {config.out}")
+    fanout.raise_if_failed()
     return counts
+
+
+def summarised_hierarchy(config: SummariesConfig) -> list[Chunk]:
+    """The chunks to summarise: those stored beside the output (a resumed run and later jobs, training and
+    evaluation, see exactly the chunk ids that were summarised, whatever the chunking code does meanwhile), else
+    the configured hierarchy file or the corpus's hierarchy, then stored there."""
+    kept = stored_hierarchy_path(config.out)
+    if kept.exists():
+        return load_hierarchies(kept)
+    chunks = (load_hierarchies(config.hierarchies) if config.hierarchies
+              else build_hierarchies(load_corpus(config.corpus)[0], config.hierarchy))
+    save_hierarchies(kept, chunks)
+    return chunks

@@ -19,17 +19,18 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from functools import partial
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import httpx
 import uvicorn
 from fastapi import FastAPI
 
 from overstory.core.tracking import start_run
+from overstory.serving.client import Client
 from overstory.serving.config import ServeConfig
 from overstory.serving.engine import EmbeddedEngine
 from overstory.serving.front_door import create_front_app, mount_front_door
@@ -198,6 +199,33 @@ def stack_in_background(config: ServeConfig) -> Iterator[str | dict[str, str]]:
     else:
         with serve_in_background(config) as url:
             yield url
+
+
+@contextmanager
+def client_for(serve: ServeConfig, server_url: str | Mapping[str, str] = "", **http_options: Any) -> Iterator[Client]:
+    """A client for ``server_url`` when one is given (a URL, a role -> URL mapping or a ``stack.json``), else for
+    the stack of ``serve`` started for as long as the block runs; ``http_options`` go to ``Client.from_url``
+    (``timeout_s``, ``max_retries``). The one place jobs choose between a running server and their own stack."""
+    with ExitStack() as stack:
+        url = server_url or stack.enter_context(stack_in_background(serve))
+        client = Client.from_url(url, **http_options)
+        stack.callback(client.close)
+        yield client
+
+
+def served_models(client: Client, roles: list[str] | None = None) -> dict[str, str]:
+    """Role -> the model that actually serves it, as its server's ``/v1/models`` says (``roles``: only these).
+
+    A base model reads as its ``root`` (vLLM's model path, the embedded engine's model name); a LoRA module as
+    ``<parent> + <root>`` (the base model, then the adapter's folder), so a record names what answered it even
+    when ``server_url`` points at another stack than the job's config describes.
+    """
+    served = {}
+    for response in client.backend.get("/v1/models"):
+        for entry in response.get("data", []):
+            root, parent = entry.get("root") or entry["id"], entry.get("parent")
+            served[entry["id"]] = f"{parent} + {root}" if parent and parent != root else root
+    return {role: model for role, model in served.items() if roles is None or role in roles}
 
 
 def run_vllm_stack(config: ServeConfig, poll_s: float = 5.0) -> None:

@@ -1,0 +1,231 @@
+"""One resumable fan-out skeleton for the data jobs that call served models item by item.
+
+A job names its output (a JSONL whose ids mark the items done), the settings that decide that output, and two
+functions: ``work(item)`` (runs on the runner's workers: the model calls) and ``write(item, result)`` (runs on the
+job's thread: appends and counts, through :meth:`Fanout.write`, :meth:`Fanout.fail` and :meth:`Fanout.count`).
+The skeleton does the rest, the same way for every job:
+
+- settings: what decides the output is recorded beside it (``<stem>.settings.json``), with the models that
+  actually served it (:meth:`Fanout.record_served`); a rerun with other settings or another served model is
+  refused, naming the keys that differ, instead of appending results made another way;
+- todo: ids already in the output (or in another file of final outcomes, such as rejected traces) are skipped, so
+  a killed run resumes; failed items are not, so a rerun retries them;
+- failures: an item whose work raises one of the job's failure types (a ``ClientError`` by default: a timeout, a
+  server error, a refused request) is appended to ``<stem>.failures.jsonl`` with the reason and counted; once a
+  later run writes it, it leaves that file, which therefore lists what is still missing;
+- progress (a rich bar), counters by kind (``skipped``, ``failed`` and the job's own kinds), and the end:
+  :meth:`Fanout.raise_if_failed` raises :class:`TooManyFailures` when more than ``max_failure_share`` of the items
+  this run attempted failed (default 0: any failure), which ``overstory`` turns into exit code 1 with the count.
+
+The runner is a seam: ``RUNNERS`` maps a name to a function that maps ``work`` over the items and yields each
+item's result or exception as it completes. Local threads are the one runner today; Ray Data slots in beside them
+as a second entry (same contract: results back to the job's thread, which alone writes).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from pathlib import Path
+from typing import Any, TypeVar
+
+from rich.progress import Progress
+
+from overstory.core.config import ConfigError, differing_keys, to_dict
+from overstory.core.records import FailureRecord, JsonlAppender, drop_records
+from overstory.serving.client import ClientError
+
+T = TypeVar("T")
+
+# Config keys that change how a job runs, not what it writes: left out of the recorded settings. ``serve`` is left
+# out because what served the output is recorded from the server itself (``served``), whatever the config says.
+OPERATIONAL_KEYS = frozenset({"out", "limit", "concurrency", "server_url", "request_timeout_s",
+                              "max_failure_share", "tracking", "serve"})
+# A corpus may move or grow: a run over more documents of the same corpus adds their results.
+CORPUS_OPERATIONAL_KEYS = frozenset({"path", "limit_docs"})
+
+Runner = Callable[[Callable[[T], Any], Sequence[T], int], Iterator[tuple[T, Any, BaseException | None]]]
+
+
+class TooManyFailures(RuntimeError):
+    """More than the job's ``max_failure_share`` of the items it attempted failed; ``counts`` are the job's
+    counters (the outputs written so far are kept, and a rerun retries the failed items)."""
+
+    def __init__(self, message: str, counts: dict[str, int]):
+        super().__init__(message)
+        self.counts = counts
+
+
+def thread_runner(work: Callable[[T], Any], items: Sequence[T], concurrency: int
+                  ) -> Iterator[tuple[T, Any, BaseException | None]]:
+    """``work`` over ``items`` on ``concurrency`` threads; yields (item, result, None) or (item, None, exception) as
+    each completes. Items not yet started are cancelled when the caller stops early (a hard error)."""
+    pool = ThreadPoolExecutor(max_workers=concurrency)
+    try:
+        pending: dict[Future, T] = {pool.submit(work, item): item for item in items}
+        while pending:
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                item = pending.pop(future)
+                error = future.exception()
+                yield item, None if error is not None else future.result(), error
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+RUNNERS: dict[str, Runner] = {"threads": thread_runner}
+
+
+def job_settings(config: Any, drop: Collection[str] = ()) -> dict[str, Any]:
+    """What decides a data job's output: its config as a dict without the operational keys (and ``drop``), and
+    without the corpus's path and size.
+
+    >>> from dataclasses import dataclass
+    >>> @dataclass
+    ... class Job:
+    ...     out: str
+    ...     k: int = 5
+    ...     concurrency: int = 2
+    >>> job_settings(Job(out="x.jsonl"))
+    {'k': 5}
+    """
+    settings = {k: v for k, v in to_dict(config).items() if k not in OPERATIONAL_KEYS and k not in drop}
+    if isinstance(settings.get("corpus"), dict):
+        settings["corpus"] = {k: v for k, v in settings["corpus"].items() if k not in CORPUS_OPERATIONAL_KEYS}
+    return settings
+
+
+def settings_path(out: str | Path) -> Path:
+    """Where the settings of the output ``out`` (a JSONL) are recorded: ``<stem>.settings.json`` beside it."""
+    out = Path(out)
+    return out.with_name(out.stem + ".settings.json")
+
+
+def failures_path(out: str | Path) -> Path:
+    """Where the failed items of the output ``out`` are listed: ``<stem>.failures.jsonl`` beside it."""
+    out = Path(out)
+    return out.with_name(out.stem + ".failures.jsonl")
+
+
+class SettingsRecord:
+    """The settings recorded beside a resumable output, checked before anything is appended to it."""
+
+    def __init__(self, out: Path, settings: dict[str, Any]):
+        self.out, self.path = out, settings_path(out)
+        self.settings = json.loads(json.dumps(settings))  # the JSON view: tuples compare equal to stored lists
+        self.recorded: dict[str, Any] | None = None
+        if self.out.exists() and self.out.stat().st_size:
+            if not self.path.exists():
+                raise ConfigError(f"{out} holds results without a record of their settings ({self.path} is "
+                                  f"missing); choose another out= or delete it to start again")
+            self.recorded = json.loads(self.path.read_text())
+            self._refuse(differing_keys({k: v for k, v in self.recorded.items() if k != "served"}, self.settings))
+        self._write(self.recorded.get("served", {}) if self.recorded else {})
+
+    def add_served(self, served: dict[str, str]) -> None:
+        """Add the models that serve this run, refusing a run whose models differ from those recorded."""
+        known = self.recorded.get("served", {}) if self.recorded else {}
+        self._refuse([f"served.{k}" for k in differing_keys({k: known.get(k) for k in served if k in known},
+                                                            {k: v for k, v in served.items() if k in known})])
+        self._write({**known, **served})
+
+    def _refuse(self, changed: list[str]) -> None:
+        if changed:
+            raise ConfigError(f"{self.out} was made with other settings ({', '.join(changed)} differ from "
+                              f"{self.path}); choose another out= or delete it to start again")
+
+    def _write(self, served: dict[str, str]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps({**self.settings, **({"served": served} if served else {})}, indent=2) + "\n")
+
+
+class Fanout:
+    """One resumable run over a job's items (see the module docstring): ``todo``, ``record_served``, ``run``,
+    ``finish`` (the counters), ``raise_if_failed``. ``failure_types`` are the exceptions that fail one item; any
+    other exception stops the job."""
+
+    def __init__(self, job: str, out: str | Path, settings: dict[str, Any], *, concurrency: int = 1,
+                 max_failure_share: float = 0.0, failure_types: tuple[type[BaseException], ...] = (ClientError,),
+                 runner: str = "threads"):
+        if not 0.0 <= max_failure_share <= 1.0:
+            raise ConfigError(f"max_failure_share must be between 0 and 1, got {max_failure_share}")
+        self.job, self.concurrency, self.max_failure_share = job, concurrency, max_failure_share
+        self.failure_types, self.runner = failure_types, RUNNERS[runner]
+        self.record = SettingsRecord(Path(out), settings)
+        self.out = JsonlAppender(out)
+        self.failures = JsonlAppender(failures_path(out))
+        self.counts: Counter[str] = Counter()
+        self.attempted = 0
+
+    def todo(self, items: Iterable[T], key: Callable[[T], str], *also_done: Collection[str]) -> list[T]:
+        """The items whose id is neither in the output nor in ``also_done`` (ids of final outcomes kept elsewhere);
+        the rest are counted as ``skipped``. Failed items of earlier runs are in the todo: a rerun retries them."""
+        items = list(items)
+        todo = [item for item in items if key(item) not in self.out and not any(key(item) in d for d in also_done)]
+        self.counts["skipped"] += len(items) - len(todo)
+        return todo
+
+    def record_served(self, served: dict[str, str]) -> None:
+        """Record the models that serve this run (role -> model, from the server); refuses other ones."""
+        self.record.add_served(served)
+
+    def run(self, items: Sequence[T], key: Callable[[T], str], work: Callable[[T], Any],
+            write: Callable[[T, Any], None], description: str) -> None:
+        """``work`` over ``items`` on the runner; each result goes to ``write`` on this thread, each failure of
+        the failure types to the failures file; any other exception stops the run."""
+        with Progress() as progress:
+            task = progress.add_task(description, total=len(items))
+            for item, result, error in self.runner(work, items, self.concurrency):
+                if error is None:
+                    write(item, result)
+                elif isinstance(error, self.failure_types):
+                    self.fail(key(item), error)
+                else:
+                    raise error
+                progress.advance(task)
+
+    def write(self, record: Any, kind: str = "done") -> None:
+        """Append one finished item's record to the output and count it under ``kind``."""
+        self.out.write(record)
+        self.count(kind)
+
+    def count(self, kind: str) -> None:
+        """Count one finished item under ``kind`` (an outcome the job keeps elsewhere, such as a rejected trace)."""
+        self.counts[kind] += 1
+        self.attempted += 1
+
+    def fail(self, item_id: str, error: BaseException | str) -> None:
+        """Record a failed item (retried by a rerun): its id, the reason, and the raw output when the error holds a
+        ``FailureRecord`` (``error.record``)."""
+        self.attempted += 1
+        record = getattr(error, "record", None)
+        if not isinstance(record, FailureRecord):
+            record = FailureRecord(item_id, self.job, str(error), "", 1)
+        self.failures.write(record)
+        self.counts["failed"] += 1
+
+    def finish(self) -> dict[str, int]:
+        """Close the files, drop the failures that have since been written, and return the counters (``failed``,
+        ``skipped`` and ``resolved`` always among them)."""
+        self.out.close()
+        self.failures.close()
+        self.counts["resolved"] = drop_records(self.failures.path, self.out.done)
+        return {"failed": 0, "skipped": 0, **self.counts}
+
+    def raise_if_failed(self) -> None:
+        """TooManyFailures when more than ``max_failure_share`` of the items attempted this run failed."""
+        failed = self.counts["failed"]
+        if failed and failed > self.max_failure_share * self.attempted:
+            raise TooManyFailures(f"{self.job}: {failed} of {self.attempted} items failed (max_failure_share "
+                                  f"{self.max_failure_share:g}; they are listed in {self.failures.path} and a "
+                                  f"rerun retries them)", {"failed": 0, "skipped": 0, **self.counts})
+
+    def __enter__(self) -> Fanout:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Close the files (again, after ``finish``; or without its checks, when an error stopped the run)."""
+        self.out.close()
+        self.failures.close()
