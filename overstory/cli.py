@@ -1,8 +1,8 @@
 """The `overstory` command: data, train, serve, eval, bench and quickstart.
 
 Every job takes ``--config FILE`` plus dotted overrides (``train.lr=1e-5``). The exit code is 0 for a finished
-job, 2 for a config or corpus error, and 1 for a job whose failed items exceed its ``max_failure_share``. A job is a module
-with a frozen config dataclass and a ``run(config)`` function (the table is ``overstory.jobs``);
+job, 2 for a config or corpus error, and 1 for a job whose failed items exceed its ``max_failure_share``.
+A job is a module with a frozen config dataclass and a ``run(config)`` function (the table is ``overstory.jobs``);
 a job's module is imported only when the command line names that job, to run it or to show its
 ``--help`` (its shorthand flags and config keys), so ``overstory --help`` stays fast.
 """
