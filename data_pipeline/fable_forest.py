@@ -31,8 +31,8 @@ from overstory.core.records import JsonlAppender, read_jsonl
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
 from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies
-from overstory.retrieval.fable import Forest, ForestConfig
-from overstory.retrieval.fable_builder import ForestBuilder
+from overstory.retrieval.fable.builder import ForestBuilder, ForestConfig
+from overstory.retrieval.fable.forest import Forest
 from overstory.serving.client import Client
 from overstory.serving.config import ServeConfig
 from overstory.serving.launch import stack_in_background

@@ -34,17 +34,9 @@ from overstory.core.records import Chunk, Document, JsonlAppender, write_jsonl
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
 from overstory.models.registry import MINILM
-from overstory.retrieval.orion import (
-    CHUNKS_FILE,
-    MASTERS_FILE,
-    ChunkingConfig,
-    DocumentTags,
-    OrionConfig,
-    OrionStrategy,
-    TaggingConfig,
-    load_tags,
-)
-from overstory.retrieval.orion_tagger import Tagged, Tagger, chunk_document
+from overstory.retrieval.orion.strategy import OrionConfig, OrionStrategy
+from overstory.retrieval.orion.tagger import ChunkingConfig, Tagged, Tagger, TaggingConfig, chunk_document
+from overstory.retrieval.orion.tags import CHUNKS_FILE, MASTERS_FILE, DocumentTags, load_tags
 from overstory.serving.client import Client
 from overstory.serving.config import RoleConfig, ServeConfig
 from overstory.serving.launch import stack_in_background

@@ -50,8 +50,9 @@ from overstory.data_pipeline.qasper import paragraphs_at
 from overstory.evaluation.pipeline_records import StrategyRecords, combined_cost_check
 from overstory.evaluation.plots import plot_quality_vs_cost
 from overstory.evaluation.rag import select_questions
+from overstory.retrieval.answer import AnswerConfig
 from overstory.retrieval.arag import ARagConfig, ARagStrategy
-from overstory.retrieval.fable import FableConfig, FableStrategy
+from overstory.retrieval.fable.strategy import FableConfig, FableStrategy
 from overstory.retrieval.judge import CorrectnessConfig, is_correct
 from overstory.retrieval.lattice.strategy import LatticeStrategy, LatticeStrategyConfig
 from overstory.retrieval.lattice.tree import Tree
@@ -64,8 +65,9 @@ from overstory.retrieval.metrics import (
     rouge_l,
     token_f1,
 )
-from overstory.retrieval.naive import AnswerConfig, NaiveConfig, NaiveStrategy
-from overstory.retrieval.orion import ChunkingConfig, OrionConfig, OrionStrategy, TaggingConfig
+from overstory.retrieval.naive import NaiveConfig, NaiveStrategy
+from overstory.retrieval.orion.strategy import OrionConfig, OrionStrategy
+from overstory.retrieval.orion.tagger import ChunkingConfig, TaggingConfig
 from overstory.retrieval.smartchunk import SmartChunkConfig, SmartChunkStrategy
 from overstory.retrieval.strategy import Strategy, StrategyAnswer
 from overstory.serving.client import Client

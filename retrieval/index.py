@@ -204,7 +204,6 @@ class HybridIndex:
 def reciprocal_rank_fusion(rankings: Sequence[Sequence[Hit]], rrf_k: int = 60) -> list[Hit]:
     """Fuse rankings by RRF (Cormack et al. 2009); ties keep first-seen order.
 
-    >>> from data_pipeline.formats import Chunk
     >>> a, b, c = (Chunk(i, "d", "paragraph", i, None, [], 0, 1, 1) for i in "abc")
     >>> [h.chunk.id for h in reciprocal_rank_fusion([[Hit(a, 1), Hit(b, .5)], [Hit(b, 9), Hit(c, 1)]])]
     ['b', 'a', 'c']

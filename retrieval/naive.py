@@ -10,23 +10,10 @@ from dataclasses import dataclass, field
 
 from overstory.core.config import ConfigError
 from overstory.core.records import Chunk, check_level
-from overstory.retrieval.answer import answer_messages, clean_answer
+from overstory.retrieval.answer import AnswerConfig, generate_answer
 from overstory.retrieval.index import IndexKind, build_index
 from overstory.retrieval.strategy import StrategyAnswer
 from overstory.serving.client import Client, ClientError
-
-
-@dataclass(frozen=True)
-class AnswerConfig:
-    """How every strategy that answers from a ranked context asks the generator (one shared prompt)."""
-
-    max_tokens: int = 24
-    context_chunks: int = 3  # chunks placed in the prompt
-    max_chunk_chars: int = 1500  # each cut at this many characters
-
-    def __post_init__(self) -> None:
-        if self.max_tokens < 1 or self.context_chunks < 0 or self.max_chunk_chars < 1:
-            raise ConfigError("answer: max_tokens and max_chunk_chars must be >= 1, context_chunks >= 0")
 
 
 @dataclass(frozen=True)
@@ -43,22 +30,6 @@ class NaiveConfig:
                 check_level(level)
             except ValueError as exc:
                 raise ConfigError(f"naive.levels: {exc}") from exc
-
-
-def generate_answer(question: str, context: Sequence[Chunk], client: Client, answer: AnswerConfig,
-                    evidence: Sequence[Chunk] | None = None, **details) -> StrategyAnswer:
-    """Ask the ``generator`` for a short answer from ``context``; a failed request becomes a recorded failure.
-
-    Shared by the strategies that retrieve first and generate once (naive, SmartChunk, LATTICE), so their answers
-    differ only by what they retrieved."""
-    evidence = list(context if evidence is None else evidence)
-    try:
-        reply = client.chat("generator", answer_messages(question, context[: answer.context_chunks],
-                                                         answer.max_chunk_chars),
-                            max_tokens=answer.max_tokens, temperature=0)
-    except ClientError as exc:
-        return StrategyAnswer("", "", evidence, failure="request_failed", failure_detail=str(exc), details=details)
-    return StrategyAnswer(clean_answer(reply.text), reply.text, evidence, details=details)
 
 
 class NaiveStrategy:

@@ -24,9 +24,8 @@ from overstory.core.config import ConfigError
 from overstory.core.records import LEVEL_RANK, Chunk, Document, check_level, level_range
 from overstory.models.planner import document_metadata, parse_plan, planner_messages
 from overstory.models.registry import SMOLLM2, load_tokenizer
-from overstory.retrieval.answer import answer_messages
+from overstory.retrieval.answer import AnswerConfig, answer_messages, generate_answer
 from overstory.retrieval.index import DenseIndex, Hit, chunk_text_for_index
-from overstory.retrieval.naive import AnswerConfig, generate_answer
 from overstory.retrieval.strategy import StrategyAnswer
 from overstory.serving.client import ChatResult, Client, ClientError
 

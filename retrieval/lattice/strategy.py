@@ -13,10 +13,10 @@ from typing import Literal
 
 from overstory.core.config import ConfigError
 from overstory.core.records import Chunk
+from overstory.retrieval.answer import AnswerConfig, generate_answer
 from overstory.retrieval.lattice.scorers import CrossEncoderSlateScorer, LLMSlateScorer
 from overstory.retrieval.lattice.search import SearchConfig, check_reach, search
 from overstory.retrieval.lattice.tree import Tree
-from overstory.retrieval.naive import AnswerConfig, generate_answer
 from overstory.retrieval.strategy import StrategyAnswer
 from overstory.serving.client import Client
 

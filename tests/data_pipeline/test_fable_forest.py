@@ -12,7 +12,9 @@ import pytest
 from overstory.core.config import ConfigError, load_config
 from overstory.core.records import read_jsonl
 from overstory.data_pipeline.fable_forest import FableForestConfig, run
-from overstory.retrieval.fable import FableStrategy, Forest, ForestConfig
+from overstory.retrieval.fable.builder import ForestConfig
+from overstory.retrieval.fable.forest import Forest
+from overstory.retrieval.fable.strategy import FableStrategy
 from overstory.serving.client import Client
 
 ROOT = Path(__file__).resolve().parents[2]

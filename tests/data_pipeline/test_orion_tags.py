@@ -22,18 +22,9 @@ from overstory.data_pipeline.orion_tags import (
     tag_and_index,
     tags_folder,
 )
-from overstory.retrieval.orion import (
-    CHUNKS_FILE,
-    MASTERS_FILE,
-    PROBE,
-    ChunkingConfig,
-    ChunkTags,
-    DocumentTags,
-    TaggingConfig,
-    load_tags,
-    load_vectors,
-)
-from overstory.retrieval.orion_tagger import chunk_document
+from overstory.retrieval.orion.strategy import PROBE, load_vectors
+from overstory.retrieval.orion.tagger import ChunkingConfig, TaggingConfig, chunk_document
+from overstory.retrieval.orion.tags import CHUNKS_FILE, MASTERS_FILE, ChunkTags, DocumentTags, load_tags
 from overstory.serving.client import Client
 
 ROOT = Path(__file__).resolve().parents[2]

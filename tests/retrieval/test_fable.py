@@ -17,24 +17,14 @@ from overstory.core.records import Document, Span
 from overstory.data_pipeline.corpora import load_corpus
 from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies
 from overstory.models.registry import MINILM, SMOLLM2
-from overstory.retrieval.fable import (
-    MODES,
-    FableConfig,
-    FableStrategy,
-    Forest,
-    ForestConfig,
-    ForestNode,
-    budget_prefix,
-    greedy_select,
-    node_fusion,
-    parse_ids,
-    parse_summary,
-    tree_expansion_scores,
-)
-from overstory.retrieval.fable_builder import ForestBuilder
-from overstory.retrieval.fable_runs import parse_starts
+from overstory.retrieval.answer import AnswerConfig
+from overstory.retrieval.fable.builder import ForestBuilder, ForestConfig
+from overstory.retrieval.fable.forest import Forest, ForestNode
+from overstory.retrieval.fable.paths import budget_prefix, greedy_select, node_fusion, tree_expansion_scores
+from overstory.retrieval.fable.replies import parse_ids, parse_summary
+from overstory.retrieval.fable.runs import parse_starts
+from overstory.retrieval.fable.strategy import MODES, FableConfig, FableStrategy
 from overstory.retrieval.metrics import recall_at_k
-from overstory.retrieval.naive import AnswerConfig
 from overstory.serving.client import Client, ClientError
 from overstory.serving.config import RoleConfig, ServeConfig
 from overstory.serving.in_process import in_process_client

@@ -6,10 +6,10 @@ import pytest
 
 from overstory.core.config import ConfigError
 from overstory.core.records import Chunk
+from overstory.retrieval.answer import AnswerConfig
 from overstory.retrieval.lattice.search import SearchConfig, check_reach
 from overstory.retrieval.lattice.strategy import LatticeStrategy, LatticeStrategyConfig
 from overstory.retrieval.lattice.tree import Node, Tree
-from overstory.retrieval.naive import AnswerConfig
 
 
 def two_level_tree() -> tuple[Tree, list[Chunk]]:

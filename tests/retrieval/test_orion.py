@@ -17,32 +17,29 @@ from overstory.core.records import Document, Span, read_jsonl, write_jsonl
 from overstory.data_pipeline.corpora import load_corpus
 from overstory.data_pipeline.orion_tags import tag_and_index
 from overstory.models.registry import MINILM, SMOLLM2, load_tokenizer
+from overstory.retrieval.answer import AnswerConfig
 from overstory.retrieval.metrics import recall_at_k
-from overstory.retrieval.naive import AnswerConfig
-from overstory.retrieval.orion import (
-    CHUNKS_FILE,
-    MASTERS_FILE,
-    PROBE,
-    TAG_MAX_WORDS,
-    ChunkingConfig,
-    ChunkTags,
-    DocumentTags,
-    FusionWeights,
-    OrionConfig,
-    OrionStrategy,
-    TaggingConfig,
-    semantic_path,
-    weighted_rrf,
-)
-from overstory.retrieval.orion_tagger import (
+from overstory.retrieval.orion.query import weighted_rrf
+from overstory.retrieval.orion.strategy import PROBE, FusionWeights, OrionConfig, OrionStrategy
+from overstory.retrieval.orion.tagger import (
     PARAGRAPH_TAGS_FORMAT,
     RETRY_PROMPT,
     TAG_PATTERN,
+    ChunkingConfig,
     Tagger,
+    TaggingConfig,
     chunk_document,
     fallback_master_tags,
     master_tags_format,
     window_spans,
+)
+from overstory.retrieval.orion.tags import (
+    CHUNKS_FILE,
+    MASTERS_FILE,
+    TAG_MAX_WORDS,
+    ChunkTags,
+    DocumentTags,
+    semantic_path,
 )
 from overstory.serving.client import Client, ClientError
 from overstory.serving.config import RoleConfig, ServeConfig

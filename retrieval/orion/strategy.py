@@ -1,37 +1,12 @@
-"""Orion-RAG (arXiv 2601.04764, "Orion-RAG: Path-Aligned Hybrid Retrieval for Graphless Data") as a retrieval strategy.
-
-Index (``retrieval/orion_tagger.py``). Each document is cut into sliding windows of characters (``window_spans``:
-``chunk_chars`` 500 by default; the paper found 2,000 better for generation on Wikipedia text, a setting). The
-``generator`` tags each document with up to ``max_master_tags`` master tags, read from its title and start, and each
-chunk with exactly three paragraph tags of 1-4 words (gist, subjects, domain), through json_schema structured
-outputs (``Tagger``). A reply that stays
-unusable after ``max_attempts`` gets deterministic tags made of the text's own words (``source="fallback"``) and a
-failure record with the raw reply, so no chunk is lost. A chunk's semantic path joins both layers
-(``semantic_path``: "Master tag, master tag > gist > subjects > domain"). Three indexes cover the chunks: dense over
-the paths (``tag``), dense over the texts (``semantic``) and BM25 over the texts (``sparse``).
-
-Query. The generator rewrites the question into at most ``rewrite_max`` sub-queries of at most
-``rewrite_max_words`` words (the question itself always searches too); each sub-query ranks the chunks in the three
-indexes, fused by weighted reciprocal rank fusion (``weighted_rrf``, weights 0.25 / 0.25 / 0.5) into its top
-``top_k``; one generator call per (chunk, sub-query) prunes the chunk to what helps that sub-query (an empty
-reply drops it from the prompt); the generator answers from the pruned evidence grouped per sub-query.
-
-Files. ``overstory data orion-tags`` (data_pipeline/orion_tags.py) writes, in its ``out`` folder, masters.jsonl
-(``DocumentTags``), chunks.jsonl (``ChunkTags``: each chunk's text and document offsets with its tags, so the
-strategy needs nothing else) and vectors.npz (the embeddings of paths and texts: a cache, whatever it lacks is
-embedded at build). ``overstory data orion-tags-edit`` changes one document's master tags and re-indexes that
-document alone (``OrionStrategy.reindex_document``). The tagging itself lives here, below data_pipeline
-(tests/test_layers.py), as LATTICE's keyword summaries do.
-
-Configs: ``OrionConfig`` for the strategy (the evaluation harness builds it); the tagging job's is
-configs/data/orion_tags.yaml.
+"""Orion-RAG's strategy: ``OrionStrategy`` indexes a tagged corpus three ways (dense over the semantic paths,
+dense over the texts, BM25 over the texts; vectors cached in vectors.npz and checked against the embedder now
+serving) and answers a question: rewrite, retrieve and fuse per sub-query, prune, answer (``query``).
 """
 
 from __future__ import annotations
 
-import math
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -40,61 +15,26 @@ from typing import Any
 import numpy as np
 
 from overstory.core.config import ConfigError
-from overstory.core.records import Chunk, read_jsonl
-from overstory.models.json_reply import json_objects, loads_tolerant
-from overstory.retrieval.answer import ANSWER_EXAMPLE, ANSWER_SYSTEM_PROMPT, clean_answer
+from overstory.core.records import Chunk
+from overstory.retrieval.answer import AnswerConfig, clean_answer
 from overstory.retrieval.index import BM25Index, DenseIndex, chunk_text_for_index
-from overstory.retrieval.naive import AnswerConfig
+from overstory.retrieval.orion.query import (
+    PRUNE_FORMAT,
+    REWRITE_PROMPT,
+    grouped_answer_messages,
+    parse_pruned,
+    parse_sub_queries,
+    prune_messages,
+    rewrite_format,
+    weighted_rrf,
+)
+from overstory.retrieval.orion.tags import VECTORS_FILE, ChunkTags, DocumentTags, load_tags, semantic_path
 from overstory.retrieval.strategy import StrategyAnswer
 from overstory.serving.client import Client, ClientError
 
-MASTERS_FILE, CHUNKS_FILE, VECTORS_FILE = "masters.jsonl", "chunks.jsonl", "vectors.npz"
-PARAGRAPH_TAGS = ("gist", "subjects", "domain")
-TAG_MAX_WORDS = 4
-TAG_MAX_WORD_CHARS = 20  # a tag word's cap in the reply schemas (longer is a run-on, not a word)
-QUERY_CHARS_PER_WORD = 10  # a sub-query's cap in the rewrite schema: rewrite_max_words at this many characters
-PATH_SEPARATOR = " > "
 # embedded at every build and kept in vectors.npz: when the embedder serving now gives it another vector, the cached
 # vectors came from another embedder and are dropped
 PROBE = "Orion-RAG embedder check: which embedder wrote these vectors?"
-# what a small model copies from the tagging prompts instead of tagging (its labels and placeholders); never a tag
-PROMPT_LABELS = frozenset({"title", "start of the document", "document", "passage", "tag", "tags", "gist",
-                           "subjects", "domain", "none"})
-
-
-# ----------------------------------------------------------------------------------------------------- configs
-
-
-@dataclass(frozen=True)
-class ChunkingConfig:
-    chunk_chars: int = 500  # a window's most characters (the paper's best for generation on Wikipedia: 2,000)
-    # characters a window shares with the previous one. 0: each chunk costs one tagging call and overlap multiplies
-    # them (chunk_chars / (chunk_chars - overlap_chars) as many), repeats evidence in the prompt, and inflates
-    # recall@k (a chunk counts when it overlaps a gold span, so overlapping windows reach more spans per k)
-    overlap_chars: int = 0
-
-    def __post_init__(self) -> None:
-        if self.chunk_chars < 1:
-            raise ConfigError(f"chunking.chunk_chars must be at least 1, got {self.chunk_chars}")
-        if not 0 <= self.overlap_chars < self.chunk_chars:
-            raise ConfigError(f"chunking.overlap_chars must be in [0, chunk_chars={self.chunk_chars}), "
-                              f"got {self.overlap_chars}")
-
-
-@dataclass(frozen=True)
-class TaggingConfig:
-    max_master_tags: int = 5  # master tags per document, at most
-    master_chars: int = 1000  # the start of the document (after its title) the master tags are read from
-    max_passage_chars: int = 2500  # a chunk's text is cut to this in its prompt (chunk_chars may be 2,000)
-    max_tokens: int = 128  # per reply: five 40-character tags in JSON fit
-    max_attempts: int = 2  # replies asked per document or chunk before the fallback tags
-    concurrency: int = 4  # tagging requests in flight
-
-    def __post_init__(self) -> None:
-        for key in ("max_master_tags", "master_chars", "max_passage_chars", "max_tokens", "max_attempts",
-                    "concurrency"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"tagging.{key} must be at least 1, got {getattr(self, key)}")
 
 
 @dataclass(frozen=True)
@@ -137,209 +77,6 @@ class OrionConfig:
                 raise ConfigError(f"orion.weights.{key} must be at least 0, got {weight}")
         if not any(asdict(self.weights).values()):
             raise ConfigError("orion.weights: at least one of tag, semantic, sparse must be positive")
-
-
-# ----------------------------------------------------------------------------------------------------- records
-
-
-@dataclass(frozen=True)
-class DocumentTags:
-    """A document's master tags; ``source`` is "llm", "fallback" or "human" (set by orion-tags-edit)."""
-
-    id: str  # the document's id
-    title: str
-    tags: list[str]
-    source: str
-
-
-@dataclass(frozen=True)
-class ChunkTags:
-    """A chunk with its paragraph tags (gist, subjects, domain): its text and document offsets are stored with it,
-    so the strategy builds from the tag files alone and its chunks match gold evidence spans."""
-
-    id: str
-    doc_id: str
-    title: str
-    text: str
-    start: int
-    end: int
-    tags: list[str]
-    source: str  # "llm" or "fallback"
-
-    def chunk(self) -> Chunk:
-        return Chunk(id=self.id, doc_id=self.doc_id, level="paragraph", text=self.text, parent=None, children=[],
-                     start=self.start, end=self.end, n_tokens=estimate_tokens(self.text), title=self.title)
-
-
-def load_tags(folder: str | Path) -> tuple[dict[str, DocumentTags], list[ChunkTags]]:
-    """The master tags (by document id) and the tagged chunks in ``folder``, as the tagging job wrote them."""
-    folder = Path(folder)
-    if not (folder / CHUNKS_FILE).is_file() or not (folder / MASTERS_FILE).is_file():
-        raise ConfigError(f"orion.tags: {folder} holds no {MASTERS_FILE} and {CHUNKS_FILE}; write them with "
-                          "`overstory data orion-tags`")
-    masters = {record.id: record for record in read_jsonl(folder / MASTERS_FILE, DocumentTags)}
-    return masters, list(read_jsonl(folder / CHUNKS_FILE, ChunkTags))
-
-
-# ---------------------------------------------------------------------------------------------------- chunking
-
-
-def estimate_tokens(text: str) -> int:
-    """Tokens without a tokenizer (4/3 a word, typical of BPE on English), as LATTICE's prompt budget estimates."""
-    return math.ceil(len(text.split()) * 4 / 3)
-
-
-# ------------------------------------------------------------------------------------------------------- tags
-
-
-def semantic_path(master_tags: Sequence[str], paragraph_tags: Sequence[str]) -> str:
-    """A chunk's semantic path: its document's master tags, then its gist, subjects and domain.
-
-    >>> semantic_path(["Marie Curie", "Radioactivity"], ["Curie finds polonium", "Marie Curie", "Chemistry"])
-    'Marie Curie, Radioactivity > Curie finds polonium > Marie Curie > Chemistry'
-    """
-    return PATH_SEPARATOR.join([", ".join(master_tags), *paragraph_tags])
-
-
-def distinct(tags: Iterable[str]) -> list[str]:
-    """Non-empty tags, the first of those equal but for case."""
-    seen, kept = set(), []
-    for tag in tags:
-        if tag and tag.lower() not in seen:
-            seen.add(tag.lower())
-            kept.append(tag)
-    return kept
-
-
-def reply_object(text: str, key: str) -> dict | None:
-    """The last JSON object in a reply that holds ``key`` (read tolerantly); None when there is none."""
-    return next((obj for obj in map(loads_tolerant, reversed(json_objects(text))) if obj is not None and key in obj),
-                None)
-
-
-def json_format(name: str, properties: dict[str, Any]) -> dict[str, Any]:
-    schema = {"type": "object", "properties": properties, "required": list(properties)}
-    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}
-
-
-PRUNE_FORMAT = json_format("pruned", {"relevant": {"type": "string"}})
-
-
-# ------------------------------------------------------------------------------------------------- retrieval
-
-
-def weighted_rrf(rankings: dict[str, Sequence[str]], weights: dict[str, float], k: int = 60
-                 ) -> list[tuple[str, float]]:
-    """Weighted reciprocal rank fusion: score(d) = sum over rankings i of w_i / (k + rank_i(d)), ranks from 1 (the
-    best hit of a ranking has rank 1); a ranking without d adds nothing. Best first; ties keep the order in which
-    ids were first met (rankings in their dict order). A ranking weighted 0 is left out (its ids do not enter with
-    score 0); an id repeated within a ranking counts at its first rank.
-
-    >>> fused = weighted_rrf({"tag": ["a", "b"], "sparse": ["b", "c"]}, {"tag": 0.25, "sparse": 0.5})
-    >>> [(d, round(score, 6)) for d, score in fused]  # b: 0.25/62 + 0.5/61; c: 0.5/62; a: 0.25/61
-    [('b', 0.012229), ('c', 0.008065), ('a', 0.004098)]
-    """
-    missing = [name for name in rankings if name not in weights]
-    if missing:
-        raise ValueError(f"no weight for the ranking {missing[0]!r}; weights: {', '.join(weights)}")
-    scores: dict[str, float] = {}
-    for name, ranking in rankings.items():
-        if weights[name] == 0:
-            continue
-        for rank, doc_id in enumerate(dict.fromkeys(ranking), 1):
-            scores[doc_id] = scores.get(doc_id, 0.0) + weights[name] / (k + rank)
-    return sorted(scores.items(), key=lambda item: -item[1])
-
-
-REWRITE_PROMPT = """Split the question below into at most {n} short search queries of at most {words} words each \
-that together find every fact needed to answer it: one query per fact or entity, for a question that chains facts \
-one query per step.
-
-Question: {question}
-
-Reply with one JSON object: {{"queries": ["...", "..."]}}."""
-
-PRUNE_SYSTEM_PROMPT = ("You filter a retrieved passage for a search query. Copy, word for word, only the sentences of "
-                       "the passage that help answer the query. If no sentence helps, give an empty string.")
-
-
-def rewrite_format(max_queries: int, max_words: int) -> dict[str, Any]:
-    """The rewrite reply schema: 1 to ``max_queries`` non-empty strings, each within ``max_words`` words' characters."""
-    query = {"type": "string", "minLength": 1, "maxLength": max_words * QUERY_CHARS_PER_WORD}
-    return json_format("sub_queries", {"queries": {"type": "array", "items": query, "minItems": 1,
-                                                    "maxItems": max_queries}})
-
-
-def parse_sub_queries(text: str, question: str, max_queries: int, max_words: int) -> list[str] | None:
-    """The rewrites in a reply, each cut to ``max_words`` words, distinct and other than the question, at most
-    ``max_queries``; None when the reply is unusable (no "queries" list holding a string with words).
-
-    >>> parse_sub_queries('{"queries": ["Who directed Alien?", "who directed alien?", "Alien director birth year"]}',
-    ...                   "Where was the director of Alien born?", 3, 3)
-    ['Who directed Alien?', 'Alien director birth']
-    >>> parse_sub_queries('{"queries": [""]}', "q", 3, 12) is None, parse_sub_queries("Alien", "q", 3, 12) is None
-    (True, True)
-    """
-    reply = reply_object(text, "queries")
-    values = reply["queries"] if reply is not None and isinstance(reply["queries"], list) else []
-    queries = [" ".join(value.split()[:max_words]) for value in values if isinstance(value, str) and value.split()]
-    if not queries:
-        return None
-    return [q for q in distinct(queries) if q.lower() != question.strip().lower()][:max_queries]
-
-
-def parse_pruned(text: str) -> str | None:
-    """The kept text of a pruning reply ("" drops the chunk); None when the reply holds no "relevant" string.
-
-    >>> parse_pruned('{"relevant": " Paris is in France. "}'), parse_pruned('{"relevant": ""}'), parse_pruned("Paris")
-    ('Paris is in France.', '', None)
-    """
-    reply = reply_object(text, "relevant")
-    return reply["relevant"].strip() if reply is not None and isinstance(reply["relevant"], str) else None
-
-
-def prune_messages(query: str, chunk: Chunk, max_chars: int) -> list[dict[str, str]]:
-    title = f" ({chunk.title})" if chunk.title else ""
-    return [{"role": "system", "content": PRUNE_SYSTEM_PROMPT},
-            {"role": "user", "content": f"Query: {query}\n\nPassage{title}: {chunk.text[:max_chars]}\n\nReply with one "
-                                        'JSON object: {"relevant": "the helpful sentences, or an empty string"}'}]
-
-
-def grouped_answer_messages(question: str, groups: Sequence[tuple[str, Sequence[tuple[Chunk, str]]]],
-                            max_chunk_chars: int) -> list[dict[str, str]]:
-    """The shared answer prompt (``retrieval.answer``: system prompt, worked example) with the context grouped under
-    each sub-query. A chunk keeps one number throughout; met again with the same text, it is only named.
-
-    >>> c = Chunk("c", "d", "paragraph", "Paris is in France.", None, [], 0, 19, 5, "Paris")
-    >>> print(grouped_answer_messages("Where is Paris?", [("Paris country", [(c, c.text)]), ("capital", [(c, c.text)])],
-    ...                               100)[-1]["content"])
-    Context:
-    Sub-query 1: Paris country
-    [1] Paris: Paris is in France.
-    <BLANKLINE>
-    Sub-query 2: capital
-    [1] (as above)
-    <BLANKLINE>
-    Question: Where is Paris?
-    Answer:
-    """
-    numbers: dict[str, int] = {}
-    shown: set[tuple[str, str]] = set()
-    blocks = []
-    for i, (query, members) in enumerate(groups, 1):
-        lines = [f"Sub-query {i}: {query}"]
-        for chunk, text in members:
-            n = numbers.setdefault(chunk.id, len(numbers) + 1)
-            text = text[:max_chunk_chars]
-            if (chunk.id, text) in shown:
-                lines.append(f"[{n}] (as above)")
-            else:
-                shown.add((chunk.id, text))
-                lines.append(f"[{n}] {chunk.title}: {text}" if chunk.title else f"[{n}] {text}")
-        blocks.append("\n".join(lines))
-    context = "\n\n".join(blocks)
-    return [{"role": "system", "content": ANSWER_SYSTEM_PROMPT}, *ANSWER_EXAMPLE,
-            {"role": "user", "content": f"Context:\n{context}\n\nQuestion: {question}\nAnswer:"}]
 
 
 def _embedded_by_the_strategy(texts: list[str]) -> np.ndarray:

@@ -2,7 +2,7 @@
 the ``generator`` writes each document's master tags and each chunk's three paragraph tags
 (gist, subjects, domain) through reply schemas; an unusable reply is asked again, then replaced by tags made from the
 text itself (``source="fallback"``), so no chunk is left untagged. ``overstory data orion-tags`` runs it over a
-corpus; the strategy (``retrieval.orion``) reads what it wrote.
+corpus; the strategy (``strategy``) reads what it wrote.
 """
 
 from __future__ import annotations
@@ -16,16 +16,14 @@ from typing import Any
 
 from bm25s.stopwords import STOPWORDS_EN_PLUS
 
+from overstory.core.config import ConfigError
 from overstory.core.records import Chunk, Document, FailureRecord
-from overstory.retrieval.orion import (
+from overstory.retrieval.orion.tags import (
     PARAGRAPH_TAGS,
-    PROMPT_LABELS,
     TAG_MAX_WORD_CHARS,
     TAG_MAX_WORDS,
-    ChunkingConfig,
     ChunkTags,
     DocumentTags,
-    TaggingConfig,
     distinct,
     estimate_tokens,
     json_format,
@@ -34,6 +32,41 @@ from overstory.retrieval.orion import (
 from overstory.serving.client import Client, ClientError
 
 STOPWORDS = frozenset(STOPWORDS_EN_PLUS)
+# what a small model copies from the tagging prompts instead of tagging (its labels and placeholders); never a tag
+PROMPT_LABELS = frozenset({"title", "start of the document", "document", "passage", "tag", "tags", "gist",
+                           "subjects", "domain", "none"})
+
+
+@dataclass(frozen=True)
+class ChunkingConfig:
+    chunk_chars: int = 500  # a window's most characters (the paper's best for generation on Wikipedia: 2,000)
+    # characters a window shares with the previous one. 0: each chunk costs one tagging call and overlap multiplies
+    # them (chunk_chars / (chunk_chars - overlap_chars) as many), repeats evidence in the prompt, and inflates
+    # recall@k (a chunk counts when it overlaps a gold span, so overlapping windows reach more spans per k)
+    overlap_chars: int = 0
+
+    def __post_init__(self) -> None:
+        if self.chunk_chars < 1:
+            raise ConfigError(f"chunking.chunk_chars must be at least 1, got {self.chunk_chars}")
+        if not 0 <= self.overlap_chars < self.chunk_chars:
+            raise ConfigError(f"chunking.overlap_chars must be in [0, chunk_chars={self.chunk_chars}), "
+                              f"got {self.overlap_chars}")
+
+
+@dataclass(frozen=True)
+class TaggingConfig:
+    max_master_tags: int = 5  # master tags per document, at most
+    master_chars: int = 1000  # the start of the document (after its title) the master tags are read from
+    max_passage_chars: int = 2500  # a chunk's text is cut to this in its prompt (chunk_chars may be 2,000)
+    max_tokens: int = 128  # per reply: five 40-character tags in JSON fit
+    max_attempts: int = 2  # replies asked per document or chunk before the fallback tags
+    concurrency: int = 4  # tagging requests in flight
+
+    def __post_init__(self) -> None:
+        for key in ("max_master_tags", "master_chars", "max_passage_chars", "max_tokens", "max_attempts",
+                    "concurrency"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"tagging.{key} must be at least 1, got {getattr(self, key)}")
 
 
 def window_spans(text: str, chunk_chars: int, overlap_chars: int = 0) -> list[tuple[int, int]]:

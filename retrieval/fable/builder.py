@@ -1,7 +1,24 @@
-"""FABLE's forest builder: the ``generator`` turns each document into a typed tree (steps 1-3 of the module docstring
-of ``retrieval.fable``: semantic chunking by sentence numbers, grouping long documents into sections, a title and a
-summary for every internal node, node embeddings). ``overstory data fable-forest`` runs it over a corpus; the
-strategy (``retrieval.fable``) reads what it built.
+"""FABLE's forest builder: offline, the ``generator`` turns every document into a tree (``ForestBuilder``; the
+data job ``overstory data fable-forest`` runs it resumably over a corpus and saves the ``Forest`` as JSON):
+
+1. Semantic chunking. The document's sentences (the hierarchy's, with their token counts) are shown in windows of
+   at most ``window_tokens``, numbered from 0; the model replies ``{"chunk_starts": [numbers]}``, the sentences
+   where a new chunk begins. Sentence numbers are something a 135M model can write under a grammar (an integer
+   range, never text to copy), and a chunk is then a run of whole sentences, so its character offsets are exact.
+   An unusable reply (no list, or no number in range) falls back to packing each paragraph's sentences up to
+   ``chunk_tokens``; an LLM chunk over ``max_chunk_tokens`` is re-packed, one under ``min_chunk_tokens`` joins a
+   neighbour (``runs``). All are counted, the raw reply kept.
+2. One typed tree per document, depth at most D (the root is at depth 1): root > section > subsection > leaf. A
+   document with real headings (QASPER; ``seed_structure``) takes its sections and subsections from the hierarchy
+   and is chunked inside them. Any other document whose leaves outnumber ``max_children`` is grouped by the model
+   the same way (``{"group_starts": [...]}`` over its numbered leaves) into sections, and sections into
+   subsections; a long document is grouped in parts of ``group_window`` leaves and the parts' sections are merged
+   under the one root in document order. Groups of one leaf, and groups beyond ``max_children``, are merged with
+   their neighbours while the size limit allows; a reply that leaves one group (or none usable) is split evenly
+   (``balanced_runs``). Every internal node gets a table-of-contents title and a summary of its
+   children (``{"title", "summary"}``; fallback: its first words and first sentence); the root's title is the
+   document's, a seeded section's its heading.
+3. Embeddings through the ``embedder``: an internal node embeds "toc path: summary", a leaf its content.
 """
 
 from __future__ import annotations
@@ -12,10 +29,12 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any
 
+from overstory.core.config import ConfigError
 from overstory.core.records import Chunk, Document, FailureRecord
 from overstory.retrieval.arag import pack
-from overstory.retrieval.fable import KINDS, ForestConfig, ForestNode, numbered, parse_summary
-from overstory.retrieval.fable_runs import (
+from overstory.retrieval.fable.forest import KINDS, ForestNode
+from overstory.retrieval.fable.replies import numbered, parse_summary
+from overstory.retrieval.fable.runs import (
     balanced_runs,
     fallback_runs,
     merge_short_runs,
@@ -24,6 +43,44 @@ from overstory.retrieval.fable_runs import (
     split_long_runs,
 )
 from overstory.serving.client import Client, ClientError
+
+
+@dataclass(frozen=True)
+class ForestConfig:
+    """How the generator builds each document's tree (``ForestBuilder``)."""
+
+    depth: int = 4  # D: leaves at depth <= D, the root at depth 1; 2 (root > leaves) to 4 (the paper's typed nodes)
+    seed_structure: bool = True  # documents with headings (QASPER) take their sections from them
+    window_tokens: int = 512  # sentences shown per chunking prompt: a few chunks' worth, a short CPU prefill
+    chunk_tokens: int = 128  # the fallback packs a paragraph's sentences up to this many tokens
+    max_chunk_tokens: int = 384  # an LLM chunk over this is re-packed to chunk_tokens (a leaf must fit B_max)
+    # an LLM chunk under this joins a neighbour (within max_chunk_tokens): SmolLM2-135M starts a chunk at almost
+    # every sentence, which leaves of 10-30 tokens; 0 keeps the model's chunks as they are
+    min_chunk_tokens: int = 64
+    max_children: int = 8  # a node with more leaves than this gets a level of groups, while the depth allows
+    group_window: int = 24  # items per grouping prompt (long documents are grouped in parts); members per summary
+    max_member_chars: int = 300  # each leaf's text is cut to this in grouping and summary prompts
+    segment_max_tokens: int = 128  # reply tokens of a chunking or grouping call (a list of sentence numbers)
+    summary_max_tokens: int = 160  # reply tokens of a summary call (a title and one or two sentences)
+    embed_batch_size: int = 64
+
+    def __post_init__(self) -> None:
+        if not 2 <= self.depth <= len(KINDS):
+            raise ConfigError(f"forest.depth must be between 2 and {len(KINDS)} (root, section, subsection, leaf), "
+                              f"got {self.depth}")
+        for key in ("window_tokens", "chunk_tokens", "max_chunk_tokens", "max_member_chars", "segment_max_tokens",
+                    "summary_max_tokens", "embed_batch_size"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"forest.{key} must be at least 1, got {getattr(self, key)}")
+        if not 0 <= self.min_chunk_tokens <= self.max_chunk_tokens:
+            raise ConfigError(f"forest.min_chunk_tokens must be between 0 and forest.max_chunk_tokens "
+                              f"({self.max_chunk_tokens}), got {self.min_chunk_tokens}")
+        if self.max_children < 2:
+            raise ConfigError(f"forest.max_children must be at least 2, got {self.max_children}")
+        if self.group_window < self.max_children:
+            raise ConfigError(f"forest.group_window ({self.group_window}) must be at least forest.max_children "
+                              f"({self.max_children})")
+
 
 CHUNK_PROMPT = """Split the passage below into chunks. A chunk is a run of consecutive sentences about one topic \
 that can be read on its own. The sentences are numbered.

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from overstory.retrieval.arag import pack
-from overstory.retrieval.fable import parse_ids
+from overstory.retrieval.fable.replies import parse_ids
 
 
 def parse_starts(text: str, key: str, n: int) -> tuple[list[int], int] | None:
