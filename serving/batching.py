@@ -2,16 +2,17 @@
 
 Each chat model gets a ``Batcher``: a worker thread that takes the queued requests (``Job``s), waits until
 requests stop arriving (a short quiet gap, capped), groups the oldest request with the queued ones that share its
-sampling settings (greedy with greedy; sampled with the same temperature and top-p; a seeded request alone, so
-its seed reproduces), and runs them as one left-padded ``model.generate``, the prompts' common prefix prefilled
-once for all rows. Requests that arrive during a generation join the next batch. Measured before choosing
-(issue 12, SmolLM2-135M on 2 CPU cores, 8 greedy 16-token requests): one left-padded ``generate`` took 3.4 s
-against 7.8 s one by one, while transformers' continuous batching (``generate_batch``, paged eager attention)
-took 13.2 s on CPU; static batches around ``generate`` win here.
+sampling settings (greedy with greedy; sampled with the same temperature, top-p, top-k and min-p; a seeded
+request alone, so its seed reproduces), and runs them as one left-padded ``model.generate``, the prompts'
+common prefix prefilled once for all rows. Requests that arrive during a generation join the next batch.
+Measured before choosing (issue 12, SmolLM2-135M on 2 CPU cores, 8 greedy 16-token requests): one
+left-padded ``generate`` took 3.4 s against 7.8 s one by one, while transformers' continuous batching
+(``generate_batch``, paged eager attention) took 13.2 s on CPU; static batches around ``generate`` win here.
 
 Rows of one batch differ in what ``generate`` applies batch-wide, so ``RowControl`` (a stopping criterion
 called after every decoding step) gives each row its own ``max_tokens``, stop strings and cancellation, and
-hands streamed text deltas to the request; per-row grammars come from ``serving.structured``. A client that
+hands streamed text deltas to the request; ``RowPenalties`` gives each row its own presence, frequency and
+repetition penalties and logit bias; per-row grammars come from ``serving.structured``. A client that
 disconnects cancels its job: its rows stop at the next step, and a batch whose rows are all done ends early.
 """
 
@@ -29,7 +30,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
-from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,8 @@ _SAMPLING_LOCK = threading.Lock()
 @dataclass(frozen=True)
 class Sampling:
     """What one request asks of generation. ``logprobs``: None for none, k >= 0 for each generated token's
-    log-probability and its k best alternatives."""
+    log-probability and its k best alternatives. ``top_k`` 0 and ``min_p`` 0 leave them off. The penalties
+    and ``logit_bias`` (token id, bias) pairs apply before temperature, as in OpenAI's and vLLM's samplers."""
 
     max_tokens: int
     temperature: float = 1.0
@@ -50,17 +52,68 @@ class Sampling:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     logprobs: int | None = None
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def penalised(self) -> bool:
+        """Whether ``RowPenalties`` has anything to do for this request."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.logit_bias)
+
     def batch_key(self, job_id: int) -> tuple:
-        """Requests with equal keys can share one ``generate`` call (max_tokens, stop strings, logprobs and
-        grammars are per row; the decoding strategy is batch-wide). A seeded request gets a key of its own."""
+        """Requests with equal keys can share one ``generate`` call (max_tokens, stop strings, logprobs,
+        penalties, logit bias and grammars are per row; the decoding strategy is batch-wide: greedy ignores
+        top-k and min-p, whose argmax they always keep). A seeded request gets a key of its own."""
         if self.greedy:
             return ("greedy",)
-        return ("sample", self.temperature, self.top_p, job_id if self.seed is not None else None)
+        return ("sample", self.temperature, self.top_p, self.top_k, self.min_p,
+                job_id if self.seed is not None else None)
+
+
+class RowPenalties(LogitsProcessor):
+    """Each row's own penalties and logit bias, applied to the raw logits before temperature and truncation.
+
+    OpenAI's definitions for the generated tokens of a row: ``logit[j] -= count[j] * frequency_penalty +
+    (count[j] > 0) * presence_penalty``, then ``logit[j] += logit_bias[j]``; vLLM's (and CTRL's)
+    ``repetition_penalty`` over the prompt and generated tokens: a positive logit is divided by it, a negative
+    one multiplied. The prompt's tokens come from the row's own ids, not the padded batch."""
+
+    def __init__(self, rows: list[tuple[Sampling, list[int]]]):
+        self.rows = rows
+        self.start: int | None = None  # the batch's input width: generated tokens follow it
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self.start is None:
+            self.start = input_ids.shape[1]
+        for i, (sampling, prompt) in enumerate(self.rows):
+            if sampling.penalised:
+                scores[i] = self._row(sampling, prompt, input_ids[i, self.start:], scores[i])
+        return scores
+
+    @staticmethod
+    def _row(sampling: Sampling, prompt: list[int], generated: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        logits = logits.clone()
+        if sampling.repetition_penalty != 1.0:
+            seen = torch.cat([torch.tensor(prompt, device=logits.device), generated]).unique()
+            picked = logits[seen]
+            logits[seen] = torch.where(picked > 0, picked / sampling.repetition_penalty,
+                                       picked * sampling.repetition_penalty)
+        if sampling.presence_penalty or sampling.frequency_penalty:
+            counts = torch.bincount(generated, minlength=logits.shape[0])[: logits.shape[0]].to(logits.dtype)
+            logits -= counts * sampling.frequency_penalty + (counts > 0).to(logits.dtype) * sampling.presence_penalty
+        if sampling.logit_bias:
+            ids, biases = zip(*sampling.logit_bias)
+            logits[list(ids)] += torch.tensor(biases, dtype=logits.dtype, device=logits.device)
+        return logits
 
 
 @dataclass
@@ -323,11 +376,16 @@ class Batcher:
         config = GenerationConfig(
             max_new_tokens=max(job.sampling.max_tokens for job in jobs), do_sample=not sampling.greedy,
             temperature=None if sampling.greedy else sampling.temperature,
-            top_p=None if sampling.greedy else sampling.top_p, top_k=None,
+            top_p=None if sampling.greedy else sampling.top_p,
+            top_k=None if sampling.greedy or not sampling.top_k else sampling.top_k,
+            min_p=None if sampling.greedy or not sampling.min_p else sampling.min_p,
             eos_token_id=self.tokenizer.eos_token_id, pad_token_id=self.tokenizer.pad_token_id,
             output_logits=want_logits, return_dict_in_generate=True,
         )
         processors = LogitsProcessorList()
+        # custom processors run before generate's own temperature, top-k, top-p and min-p warpers
+        if any(job.sampling.penalised for job in jobs):
+            processors.append(RowPenalties([(job.sampling, job.prompts[r // job.copies]) for job, r in rows]))
         if self.grammar_processor and any(job.grammar is not None for job in jobs):
             processors.append(self.grammar_processor([job.grammar for job, _ in rows], self.tokenizer.eos_token_id))
         control = RowControl(self.tokenizer, rows)

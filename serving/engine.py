@@ -114,6 +114,24 @@ def _token_logprobs(tokenizer, logits: torch.Tensor, tokens: torch.Tensor, top: 
     return result
 
 
+def _token_biases(logit_bias: dict[str, float], vocab: int) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``logit_bias`` (token id as a string -> bias) as (id, bias) pairs, each id checked.
+
+    >>> _token_biases({"7": -100.0, "3": 5}, vocab=10)
+    ((3, 5.0), (7, -100.0))
+    """
+    pairs = []
+    for key, bias in logit_bias.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise BadRequest(f"logit_bias keys are token ids; got {key!r}", param="logit_bias") from None
+        if not 0 <= token < vocab:
+            raise BadRequest(f"logit_bias token id {token} is not in 0..{vocab - 1}", param="logit_bias")
+        pairs.append((token, float(bias)))
+    return tuple(sorted(pairs))
+
+
 class _ChatModel:
     """A causal LM with its batcher and its cache of compiled grammars."""
 
@@ -240,6 +258,48 @@ class EmbeddedEngine:
         """The tokenizer of a chat role's model (what prompt_tokens and completion_tokens count)."""
         return self._get(role, _ChatModel).tokenizer
 
+    def max_model_len(self, role: str) -> int:
+        """The tokens one request to ``role`` may hold: prompt plus completion for a chat role, the encoder's
+        ``max_seq_length`` (longer texts are truncated) for the others."""
+        model = self._get(role, object)
+        if isinstance(model, _ChatModel):
+            return self._context[role]
+        if isinstance(model, CrossEncoderModel):
+            return model.max_length
+        return int(model.encoder.max_seq_length)
+
+    def embedding_dimension(self, role: str) -> int:
+        """The length of an embedding role's vectors."""
+        return int(self._get(role, _EmbeddingModel).encoder.get_sentence_embedding_dimension())
+
+    def chat_role(self, role: str | None) -> str:
+        """``role``, or the first chat role when none is named (vLLM's tokenizer endpoints make ``model``
+        optional); an unknown or non-chat role is refused as every other request naming it."""
+        if role is None:
+            role = next((name for name, m in self._models.items() if isinstance(m, _ChatModel)), None)
+            if role is None:
+                raise BadRequest("no chat model is served here", param="model")
+        self._get(role, _ChatModel)
+        return role
+
+    def tokenize(self, role: str, prompt: str | None = None, messages: list[dict] | None = None,
+                 tools: list[dict] | None = None, add_special_tokens: bool | None = None) -> list[int]:
+        """Token ids of a text ``prompt`` or of chat ``messages`` rendered as ``start_chat`` renders them.
+        ``add_special_tokens`` defaults as in vLLM: on for a prompt, off for messages (the template adds them)."""
+        lm = self._get(role, _ChatModel)
+        if messages is not None:
+            prompt = render_chat_prompt(lm.tokenizer, messages, tools, None)
+        add = messages is None if add_special_tokens is None else add_special_tokens
+        return list(lm.tokenizer(prompt, add_special_tokens=add)["input_ids"])
+
+    def detokenize(self, role: str, tokens: list[int]) -> str:
+        """The text of token ids (special tokens kept, as vLLM's ``/detokenize``)."""
+        lm = self._get(role, _ChatModel)
+        vocab = lm.model.config.vocab_size
+        if any(not 0 <= t < vocab for t in tokens):
+            raise BadRequest(f"token ids must lie in 0..{vocab - 1}", param="tokens")
+        return lm.tokenizer.decode(tokens)
+
     def start_chat(self, role: str, messages: list[dict], tools: list[dict] | None = None,
                    tool_choice: str | dict | None = None, response_format: dict | None = None,
                    on_delta: Callable[[int, str], None] | None = None, **sampling) -> PendingGeneration:
@@ -273,7 +333,9 @@ class EmbeddedEngine:
     def _start(self, role: str, lm: _ChatModel, prompts: list[str | list[int]], grammar: object | None,
                on_delta: Callable[[int, str], None] | None, max_tokens: int | None = None, temperature: float = 1.0,
                top_p: float = 1.0, n: int = 1, stop: list[str] | None = None, seed: int | None = None,
-               logprobs: int | None = None) -> PendingGeneration:
+               logprobs: int | None = None, top_k: int = 0, min_p: float = 0.0, presence_penalty: float = 0.0,
+               frequency_penalty: float = 0.0, repetition_penalty: float = 1.0,
+               logit_bias: dict[str, float] | None = None) -> PendingGeneration:
         if n < 1 or temperature < 0 or not 0 < top_p <= 1:
             raise BadRequest("need n >= 1, temperature >= 0 and 0 < top_p <= 1")
         max_tokens = max_tokens or self.config.roles[role].max_new_tokens
@@ -289,7 +351,9 @@ class EmbeddedEngine:
             raise RequestTooLarge(f"this request needs {longest} prompt tokens + {max_tokens} completion tokens "
                                   f"= {longest + max_tokens}, more than the model's context of {context} "
                                   f"tokens; shorten the prompt or lower max_tokens")
-        sampling = Sampling(max_tokens, temperature, top_p, n, tuple(stop or ()), seed, logprobs)
+        sampling = Sampling(max_tokens, temperature, top_p, n, tuple(stop or ()), seed, logprobs, top_k, min_p,
+                            presence_penalty, frequency_penalty, repetition_penalty,
+                            _token_biases(logit_bias or {}, vocab))
         job = lm.batcher.submit(Job(encoded, sampling, grammar, on_delta))
         return PendingGeneration(job, lm.tokenizer, sum(len(ids) for ids in encoded))
 

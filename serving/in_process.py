@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from overstory.serving import server
 from overstory.serving.client import Client, ClientError
 from overstory.serving.engine import EmbeddedEngine
+from overstory.serving.protocol import validation_message
 
 
 class InProcessBackend:
@@ -24,6 +25,8 @@ class InProcessBackend:
         "/v1/compress": (server.CompressRequest, server.handle_compress),
         "/score": (server.ScoreRequest, server.handle_scoring),
         "/v1/rerank": (server.RerankRequest, server.handle_scoring),
+        "/tokenize": (server.TokenizeRequest, server.handle_tokenize),
+        "/detokenize": (server.DetokenizeRequest, server.handle_detokenize),
     }
 
     def __init__(self, engine: EmbeddedEngine):
@@ -36,11 +39,11 @@ class InProcessBackend:
         except server.ApiError as exc:
             raise ClientError(exc.status, exc.message) from exc
         except ValidationError as exc:
-            first = exc.errors()[0]
-            raise ClientError(400, f"{'.'.join(map(str, first['loc'])) or 'body'}: {first['msg']}") from exc
+            raise ClientError(400, validation_message(list(exc.errors()))[0]) from exc
 
     def get(self, path: str) -> list[dict[str, Any]]:
-        return [server.handle_models(self.engine) if path == "/v1/models" else server.handle_health(self.engine)]
+        answers = {"/v1/models": lambda: server.handle_models(self.engine), "/version": server.handle_version}
+        return [answers.get(path, lambda: server.handle_health(self.engine))()]
 
     def close(self) -> None:
         pass

@@ -3,25 +3,30 @@
 Endpoints: ``/v1/chat/completions`` and ``/v1/completions`` (streamed as server-sent events with
 ``stream: true``, see ``serving/streaming.py``; ``response_format``, ``tools`` and ``tool_choice`` on chat),
 ``/v1/embeddings``, ``/v1/compress`` (groups of child chunks in, compressed embeddings out), vLLM's ``/score``
-and ``/v1/rerank`` for a cross-encoder scorer, ``/v1/models``, ``/health`` and ``/metrics``; the ``model``
-field names the role. The ``handle_*`` functions turn a validated request into the OpenAI response dict; the
-routes and the client's in-process backend both call them, so both paths answer with identical shapes.
-Errors use OpenAI's error body with a 4xx status and a reason that names the field (unknown routes and wrong
-methods included); an unexpected failure is logged and answered with a 500 without traceback.
+and ``/v1/rerank`` for a cross-encoder scorer, vLLM's ``/tokenize``, ``/detokenize`` and ``/version``,
+``/v1/models``, ``/health`` and ``/metrics``; the ``model`` field names the role. The request models
+(``serving/protocol.py``) take every field of OpenAI's and vLLM's schemas: each takes effect, labels the
+request, or is refused with a 400 naming it; a made-up field gets OpenAI's "Unrecognized request argument".
+The ``handle_*`` functions turn a validated request into the OpenAI response dict; the routes and the
+client's in-process backend both call them, so both paths answer with identical shapes. Errors use OpenAI's
+error body with a 4xx status and a reason that names the field (unknown routes and wrong methods included);
+an unexpected failure is logged and answered with a 500 without traceback.
 """
 
 from __future__ import annotations
 
+import base64
 import logging
 import time
 import uuid
 from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from importlib.metadata import version
+from typing import Any
 
+import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import AfterValidator, BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import StreamingResponse
@@ -30,114 +35,20 @@ from overstory.serving.cross_encoder import RerankRequest, ScoreRequest, handle_
 from overstory.serving.engine import EmbeddedEngine, GenerationResult, TokenLogprob
 from overstory.serving.errors import BadRequest, RequestTooLarge, UnknownModel
 from overstory.serving.operations import ServerMetrics, install_api_key, install_metrics, resolve_api_key
+from overstory.serving.protocol import (
+    ChatRequest,
+    CompletionRequest,
+    CompressRequest,
+    DetokenizeRequest,
+    EmbeddingRequest,
+    SamplingRequest,
+    TokenizeRequest,
+    validation_message,
+)
 from overstory.serving.streaming import chat_chunk_builder, completion_chunk_builder, stream_generation
 from overstory.serving.tools import forces_a_call, parse_reply
 
 log = logging.getLogger(__name__)
-
-
-def _valid_text(text: str) -> str:
-    """Text the tokenizer can take: a lone surrogate (valid JSON escape, invalid Unicode) is refused."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValueError(f"text is not valid Unicode ({exc.reason} at position {exc.start})") from None
-    return text
-
-
-Text = Annotated[str, AfterValidator(_valid_text)]
-
-
-class ContentPart(BaseModel):
-    """One part of a message's content as OpenAI clients send it; only text parts can be read here."""
-
-    type: str
-    text: Text | None = None
-
-
-class ToolCallFunction(BaseModel):
-    name: str
-    arguments: str
-
-
-class ToolCall(BaseModel):
-    id: str
-    type: Literal["function"] = "function"
-    function: ToolCallFunction
-
-
-class ChatMessage(BaseModel):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Text | list[ContentPart] | None = None
-    name: str | None = None
-    tool_calls: list[ToolCall] | None = None
-    tool_call_id: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        # "developer" is OpenAI's newer name for the system role; chat templates know "system"
-        message = self.model_dump(exclude_none=True)
-        if self.role == "developer":
-            message["role"] = "system"
-        return message
-
-
-class StreamOptions(BaseModel):
-    include_usage: bool = False
-
-
-class _Sampling(BaseModel):
-    model: str
-    max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    n: int = Field(default=1, ge=1, le=16)
-    stop: Text | list[Text] | None = None
-    seed: int | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    response_format: dict[str, Any] | None = None
-
-    def sampling(self) -> dict[str, Any]:
-        stop = [self.stop] if isinstance(self.stop, str) else self.stop
-        return {"max_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p,
-                "n": self.n, "stop": stop, "seed": self.seed}
-
-    def check_stream_options(self) -> None:
-        if self.stream_options is not None and not self.stream:
-            raise ApiError(400, "stream_options needs stream=true", param="stream_options")
-
-
-class ChatRequest(_Sampling):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)  # OpenAI's newer name for max_tokens
-    logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
-    parallel_tool_calls: bool = True  # every call in the reply is returned either way
-
-    def tools_offered(self) -> list[dict[str, Any]] | None:
-        return self.tools if self.tools and self.tool_choice != "none" else None
-
-
-class CompletionRequest(_Sampling):
-    # a string, strings, token ids or lists of token ids; a list runs as one batch, choices come prompt by prompt
-    prompt: Text | list[Text] | list[int] | list[list[int]]
-    logprobs: int | None = Field(default=None, ge=0, le=20)  # the legacy API: k alternatives per token
-    echo: bool = False
-
-
-class EmbeddingRequest(BaseModel):
-    model: str
-    input: Text | list[Text]
-
-
-class CompressRequest(BaseModel):
-    """Groups of child chunks: ``input`` as texts, or ``embeddings`` as vectors (one of the two)."""
-
-    model: str
-    input: list[list[str]] | None = None
-    embeddings: list[list[list[float]]] | None = None
 
 
 class ApiError(Exception):
@@ -187,11 +98,16 @@ def _completion_logprobs(logprobs: list[TokenLogprob] | None) -> dict[str, Any] 
             "top_logprobs": [dict(t.top) for t in logprobs], "text_offset": offsets}
 
 
+def check_stream_options(request: SamplingRequest) -> None:
+    if request.stream_options is not None and not request.stream:
+        raise ApiError(400, "stream_options needs stream=true", param="stream_options")
+
+
 def chat_options(request: ChatRequest) -> dict[str, Any]:
     """The engine's keyword arguments for a chat request (messages, tools, response_format, sampling)."""
     if request.top_logprobs and not request.logprobs:
         raise ApiError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
-    request.check_stream_options()
+    check_stream_options(request)
     sampling = request.sampling()
     sampling["max_tokens"] = request.max_completion_tokens or request.max_tokens
     sampling["logprobs"] = (request.top_logprobs or 0) if request.logprobs else None
@@ -201,9 +117,7 @@ def chat_options(request: ChatRequest) -> dict[str, Any]:
 
 def completion_options(request: CompletionRequest) -> dict[str, Any]:
     """The engine's keyword arguments for a completion request."""
-    if request.echo:
-        raise ApiError(400, "echo is not supported by the embedded engine; send echo=false", param="echo")
-    request.check_stream_options()
+    check_stream_options(request)
     return {"prompt": request.prompt, "response_format": request.response_format, **request.sampling(),
             "logprobs": request.logprobs}
 
@@ -259,16 +173,36 @@ def handle_completion(engine: EmbeddedEngine, request: CompletionRequest,
 
 def handle_embeddings(engine: EmbeddedEngine, request: EmbeddingRequest,
                       metrics: ServerMetrics | None = None) -> dict[str, Any]:
+    """OpenAI's embeddings; ``dimensions`` only as the model's own (its vectors were not trained to be cut),
+    ``encoding_format: base64`` as OpenAI's: the float32 bytes (little-endian, or vLLM's ``endianness``)."""
+    if request.dimensions is not None:
+        native = _run(engine.embedding_dimension, request.model)
+        if request.dimensions != native:
+            raise ApiError(400, f"model {request.model!r} does not support dimensions={request.dimensions}: its "
+                           f"embeddings are {native}-dimensional and were not trained to be shortened",
+                           param="dimensions")
     texts = [request.input] if isinstance(request.input, str) else request.input
     result = _run(engine.embed, request.model, texts)
     if metrics is not None:  # encoder passes count as prompt tokens, as vLLM counts its pooling requests
         metrics.record_tokens(request.model, result.prompt_tokens, 0)
     return {
         "object": "list", "model": request.model,
-        "data": [{"object": "embedding", "index": i, "embedding": vector.tolist()}
+        "data": [{"object": "embedding", "index": i, "embedding": _encode_vector(vector, request)}
                  for i, vector in enumerate(result.embeddings)],
         "usage": _usage(result.prompt_tokens, 0),
     }
+
+
+_BYTE_ORDER = {"native": "=", "little": "<", "big": ">"}
+
+
+def _encode_vector(vector: np.ndarray, request: EmbeddingRequest) -> list[float] | str:
+    """A vector as a list of floats, or base64 of its float32 bytes in the requested byte order (OpenAI's
+    ``base64`` is little-endian; vLLM's default ``native`` is the same on the machines it runs on)."""
+    if request.encoding_format == "float":
+        return vector.tolist()
+    order = "<" if request.endianness == "native" else _BYTE_ORDER[request.endianness]
+    return base64.b64encode(vector.astype(f"{order}f4").tobytes()).decode("ascii")
 
 
 def handle_compress(engine: EmbeddedEngine, request: CompressRequest,
@@ -300,9 +234,32 @@ def handle_health(engine: EmbeddedEngine) -> dict[str, Any]:
 
 
 def handle_models(engine: EmbeddedEngine) -> dict[str, Any]:
+    """OpenAI's model list with vLLM's extras (``root``: the model behind the role, ``max_model_len``)."""
+    created = int(time.time())
     return {"object": "list", "data": [
-        {"id": role, "object": "model", "owned_by": "overstory", "root": engine.config.roles[role].model}
+        {"id": role, "object": "model", "created": created, "owned_by": "overstory",
+         "root": engine.config.roles[role].model, "parent": None, "max_model_len": engine.max_model_len(role)}
         for role in engine.roles]}
+
+
+def handle_tokenize(engine: EmbeddedEngine, request: TokenizeRequest) -> dict[str, Any]:
+    """vLLM's ``/tokenize``: ``{"count", "max_model_len", "tokens", "token_strs"}``."""
+    role = _run(engine.chat_role, request.model)
+    messages = None if request.messages is None else [m.as_dict() for m in request.messages]
+    tokens = _run(engine.tokenize, role, request.prompt, messages, request.tools, request.add_special_tokens)
+    strings = engine.tokenizer(role).convert_ids_to_tokens(tokens) if request.return_token_strs else None
+    return {"count": len(tokens), "max_model_len": engine.max_model_len(role), "tokens": tokens,
+            "token_strs": strings}
+
+
+def handle_detokenize(engine: EmbeddedEngine, request: DetokenizeRequest) -> dict[str, Any]:
+    """vLLM's ``/detokenize``: ``{"prompt": text}``."""
+    return {"prompt": _run(engine.detokenize, _run(engine.chat_role, request.model), request.tokens)}
+
+
+def handle_version() -> dict[str, str]:
+    """vLLM's ``/version`` shape, with overstory's version."""
+    return {"version": version("overstory")}
 
 
 def _error(status: int, message: str, kind: str, param: str | None = None) -> JSONResponse:
@@ -349,7 +306,7 @@ async def _stream_completion(engine: EmbeddedEngine, request: CompletionRequest,
         completion_chunk_builder(request.model), finish, _include_usage(request), _recorder(metrics, request.model))
 
 
-def _include_usage(request: _Sampling) -> bool:
+def _include_usage(request: SamplingRequest) -> bool:
     return bool(request.stream_options and request.stream_options.include_usage)
 
 
@@ -387,13 +344,8 @@ def create_app(engine: EmbeddedEngine) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-        if first.get("type") == "json_invalid":
-            message = f"request body is not valid JSON: {first.get('ctx', {}).get('error', first.get('msg'))}"
-        else:
-            message = f"{where or 'body'}: {first.get('msg', 'invalid request')}"
-        return _error(400, message, "invalid_request_error", where or None)
+        message, param = validation_message(list(exc.errors()))
+        return _error(400, message, "invalid_request_error", param)
 
     @app.exception_handler(Exception)
     async def unexpected(_: Request, exc: Exception) -> JSONResponse:
@@ -407,6 +359,19 @@ def create_app(engine: EmbeddedEngine) -> FastAPI:
     @app.get("/v1/models")
     def models() -> dict[str, Any]:
         return handle_models(engine)
+
+    @app.get("/version")
+    def show_version() -> dict[str, str]:
+        return handle_version()
+
+    # vLLM's tokenizer endpoints, at the paths vLLM serves them under
+    @app.post("/tokenize")
+    def tokenize(request: TokenizeRequest) -> dict[str, Any]:
+        return handle_tokenize(engine, request)
+
+    @app.post("/detokenize")
+    def detokenize(request: DetokenizeRequest) -> dict[str, Any]:
+        return handle_detokenize(engine, request)
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(request: ChatRequest) -> dict[str, Any] | StreamingResponse:
