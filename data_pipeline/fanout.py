@@ -112,8 +112,8 @@ def failures_path(out: str | Path) -> Path:
 class SettingsRecord:
     """The settings recorded beside a resumable output, checked before anything is appended to it."""
 
-    def __init__(self, out: Path, settings: dict[str, Any]):
-        self.out, self.path = out, settings_path(out)
+    def __init__(self, out: Path, settings: dict[str, Any], path: Path):
+        self.out, self.path = out, path
         self.settings = json.loads(json.dumps(settings))  # the JSON view: tuples compare equal to stored lists
         self.recorded: dict[str, Any] | None = None
         if self.out.exists() and self.out.stat().st_size:
@@ -148,16 +148,19 @@ class Fanout:
 
     def __init__(self, job: str, out: str | Path, settings: dict[str, Any], *, concurrency: int = 1,
                  max_failure_share: float = 0.0, failure_types: tuple[type[BaseException], ...] = (ClientError,),
-                 runner: str = "threads"):
+                 runner: str = "threads", beside: str | Path | None = None):
+        """``out`` is the JSONL whose ids mark the items done; the settings and failures files are named after
+        ``beside`` (default ``out``: a job whose main output is another file keeps them next to that one)."""
         if not 0.0 <= max_failure_share <= 1.0:
             raise ConfigError(f"max_failure_share must be between 0 and 1, got {max_failure_share}")
         self.job, self.concurrency, self.max_failure_share = job, concurrency, max_failure_share
         self.failure_types, self.runner = failure_types, RUNNERS[runner]
-        self.record = SettingsRecord(Path(out), settings)
+        self.record = SettingsRecord(Path(out), settings, settings_path(beside or out))
         self.out = JsonlAppender(out)
-        self.failures = JsonlAppender(failures_path(out))
+        self.failures = JsonlAppender(failures_path(beside or out))
         self.counts: Counter[str] = Counter()
         self.attempted = 0
+        self.failed_ids: list[str] = []  # this run's failed items, for jobs that count failures by kind
 
     def todo(self, items: Iterable[T], key: Callable[[T], str], *also_done: Collection[str]) -> list[T]:
         """The items whose id is neither in the output nor in ``also_done`` (ids of final outcomes kept elsewhere);
@@ -205,6 +208,7 @@ class Fanout:
             record = FailureRecord(item_id, self.job, str(error), "", 1)
         self.failures.write(record)
         self.counts["failed"] += 1
+        self.failed_ids.append(item_id)
 
     def finish(self) -> dict[str, int]:
         """Close the files, drop the failures that have since been written, and return the counters (``failed``,

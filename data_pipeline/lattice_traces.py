@@ -5,16 +5,23 @@
 The distillation data of the scorer students. Questions come from the corpus the tree was built over; their
 gold leaves are the tree's leaf chunks that overlap the question's evidence (HotpotQA: the supporting
 paragraphs; QASPER: the evidence paragraphs). ``batch_queries`` questions are searched together (their slates
-go to the server concurrently); when a batch finishes, each slate is appended to ``out`` (query, candidate ids
-and texts, the teacher's raw scores and reasoning, the latent scores after the refit, whether each candidate
-leads to gold) and each question's summary (ranking, recall@10, calls, tokens, seconds) to
-``<out>.queries.jsonl``. Finished questions are skipped on restart, so a killed run resumes.
-``scorer: oracle`` scores from the gold labels instead of an LLM (no server needed): it checks what the
+go to the server concurrently); when a batch finishes, each question's slates are appended to ``out`` (query,
+candidate ids and texts, the teacher's raw scores and reasoning, the latent scores after the refit, whether each
+candidate leads to gold), then its summary (ranking, recall@10, calls, tokens, seconds) to ``<out>.queries.jsonl``,
+which marks it done. Finished questions are skipped on restart, so a killed run resumes; slates of a question
+without a summary (a run killed between the two) are discarded on restart and the question is searched again from
+scratch, so two searches' slates never mix. A question whose search lost a slate to a transient request failure
+(a timeout, a 5xx, the server down) is not written: it goes to ``<out>.failures.jsonl`` and a rerun searches it
+again; a refused request (4xx: a wrong role, a bad request) stops the job. The job runs on the fan-out skeleton
+(``data_pipeline/fanout.py``): its settings and the scorer's served model are kept in ``<out>.settings.json`` (a
+rerun with others is refused), and it fails (exit code 1) when more than ``max_failure_share`` of its questions
+failed. ``scorer: oracle`` scores from the gold labels instead of an LLM (no server needed): it checks what the
 search can reach and gives a best-case trace set.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
@@ -24,16 +31,22 @@ from typing import Literal
 from rich.progress import Progress
 
 from overstory.core.config import ConfigError
-from overstory.core.records import Chunk, Document, JsonlAppender, QAExample
+from overstory.core.records import Chunk, Document, JsonlAppender, QAExample, read_jsonl, write_jsonl
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
+from overstory.data_pipeline.fanout import Fanout, job_settings
 from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies, chunks_at_levels
 from overstory.retrieval.lattice.scorers import LLMSlateScorer, OracleSlateScorer, SlateScorer
 from overstory.retrieval.lattice.search import SearchConfig, SearchResult, check_reach, search
 from overstory.retrieval.lattice.tree import Tree
-from overstory.serving.client import Client
+from overstory.serving.client import ClientError
 from overstory.serving.config import ServeConfig
-from overstory.serving.launch import stack_in_background
+from overstory.serving.launch import client_for, served_models
+
+# how the scorers keep a slate whose request failed: "<request failed: STATUS: reason>" (a ClientError's text; a
+# transport failure or timeout reads "transport error" instead of a status)
+REQUEST_FAILED = re.compile(r"<request failed: (\d{3}|transport error)")
+TRANSIENT_STATUS = {408, 429}  # with every 5xx and every transport failure: worth asking again
 
 
 @dataclass(frozen=True)
@@ -53,9 +66,10 @@ class LatticeTracesConfig:
     search: SearchConfig = field(default_factory=SearchConfig)
     batch_queries: int = 8
     limit: int = 0  # trace at most this many questions (0 = all with gold leaves in the tree)
+    max_failure_share: float = 0.0  # the job fails (exit 1) when more of its questions than this failed
     server_url: str = ""
     # seconds one request may wait: a CPU server with `concurrency` slates queued answers each slowly, and a
-    # timed-out slate is lost (session 15 lost 39 of 110 slates to the client's 120-s default)
+    # question with a timed-out slate is searched again by a rerun
     request_timeout_s: float = 900.0
     serve: ServeConfig = field(default_factory=lambda: ServeConfig.local(port=0))
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
@@ -112,59 +126,112 @@ def query_record(result: SearchResult, query: str, gold: set[str], k: int = 10) 
 
 
 def run(config: LatticeTracesConfig) -> dict:
+    """Search every question with gold leaves the output lacks, logging each question's slates and summary."""
     tree = Tree.load(config.tree)
     check_reach(tree, config.search.iterations, "search.iterations")
     documents, questions = load_corpus(config.corpus)
-    leaves = tree_leaf_chunks(tree, documents, config.hierarchy, config.leaf_level)
-    gold = gold_leaves(questions, leaves)
-    todo_questions = [q for q in questions if q.id in gold]
-    if config.limit:
-        todo_questions = todo_questions[: config.limit]
+    gold = gold_leaves(questions, tree_leaf_chunks(tree, documents, config.hierarchy, config.leaf_level))
+    todo_questions = [q for q in questions if q.id in gold][: config.limit or None]
     if not todo_questions:
         raise ConfigError(f"no question of {config.corpus.path!r} has evidence in the tree's leaves ({config.tree}); "
                           f"build the tree over the same corpus and hierarchy settings")
     out = Path(config.out)
     queries_path = out.with_name(out.stem + ".queries.jsonl")
-    totals = {"questions": 0, "slates": 0, "skipped": 0, "recall@10": 0.0}
+    totals = {"questions": 0, "slates": 0, "recall@10": 0.0}
     with ExitStack() as stack:
         tracker = stack.enter_context(start_run(config.tracking, "data lattice-traces", config))
+        fanout = stack.enter_context(Fanout("lattice-traces", queries_path,
+                                            job_settings(config, drop={"batch_queries"}), beside=out,
+                                            max_failure_share=config.max_failure_share))
+        todo = fanout.todo(todo_questions, lambda q: q.id)
+        discard_unfinished_slates(out, fanout.out.done)
         slates_out = stack.enter_context(JsonlAppender(out))
-        queries_out = stack.enter_context(JsonlAppender(queries_path))
-        todo = [q for q in todo_questions if q.id not in queries_out]
-        totals["skipped"] = len(todo_questions) - len(todo)
-        scorer: SlateScorer
-        if config.scorer == "oracle":
-            scorer, teacher = OracleSlateScorer(tree, gold), "oracle"
-        else:
-            url = config.server_url or (stack.enter_context(stack_in_background(config.serve)) if todo else "")
-            client = Client.from_url(url, timeout_s=config.request_timeout_s)
-            scorer = LLMSlateScorer(client, role=config.role, max_tokens=config.max_tokens,
-                                    max_attempts=config.max_attempts, concurrency=config.concurrency,
-                                    max_candidate_chars=config.max_candidate_chars,
-                                    max_reasoning_chars=config.max_reasoning_chars)
-            teacher = config.role
-        progress = stack.enter_context(Progress())
-        task = progress.add_task("lattice traces (questions)", total=len(todo))
-        for start in range(0, len(todo), config.batch_queries):
-            batch = todo[start: start + config.batch_queries]
-            # a batch's questions advance together, an iteration at a time: its own bar shows where it is
-            iterations = progress.add_task(f"  search iterations, questions {start + 1}-{start + len(batch)}",
-                                           total=config.search.iterations)
-            results = search(tree, [(q.id, q.question) for q in batch], scorer, config.search,
-                             progress=lambda i, bar=iterations: progress.update(bar, completed=i + 1))
-            progress.remove_task(iterations)
-            for question, result in zip(batch, results, strict=True):
-                for record in slate_records(tree, result, question.question, gold[question.id], teacher):
-                    if record["id"] not in slates_out:
-                        slates_out.write(record)
-                        totals["slates"] += 1
-                summary = query_record(result, question.question, gold[question.id])
-                queries_out.write(summary)
-                totals["questions"] += 1
-                totals["recall@10"] += summary["recall@10"]
-            progress.advance(task, len(batch))
-        totals["recall@10"] = round(totals["recall@10"] / max(totals["questions"], 1), 4)
+        scorer, teacher = _scorer(config, tree, gold, fanout, stack) if todo else (None, config.role)
+        with Progress() as progress:
+            task = progress.add_task("lattice traces (questions)", total=len(todo))
+            for start in range(0, len(todo), config.batch_queries):
+                batch = todo[start: start + config.batch_queries]
+                # a batch's questions advance together, an iteration at a time: its own bar shows where it is
+                iterations = progress.add_task(f"  search iterations, questions {start + 1}-{start + len(batch)}",
+                                               total=config.search.iterations)
+                results = search(tree, [(q.id, q.question) for q in batch], scorer, config.search,
+                                 progress=lambda i, bar=iterations: progress.update(bar, completed=i + 1))
+                progress.remove_task(iterations)
+                for question, result in zip(batch, results, strict=True):
+                    _write_question(question, result, tree, gold[question.id], teacher, slates_out, fanout, totals)
+                progress.advance(task, len(batch))
+        totals = {**totals, **fanout.finish(),
+                  "recall@10": round(totals["recall@10"] / max(totals["questions"], 1), 4)}
         tracker.summary(totals)
     print(f"lattice traces ({teacher}): {totals['questions']} questions, {totals['slates']} slates, "
-          f"recall@10 {totals['recall@10']}, {totals['skipped']} already done -> {out}")
+          f"recall@10 {totals['recall@10']}, {totals['failed']} failed (searched again on rerun), "
+          f"{totals['skipped']} already done -> {out}")
+    fanout.raise_if_failed()
     return totals
+
+
+def _scorer(config: LatticeTracesConfig, tree: Tree, gold: dict[str, set[str]], fanout: Fanout,
+            stack: ExitStack) -> tuple[SlateScorer, str]:
+    """The teacher: the oracle, or the served role (its model recorded with the settings); and its name."""
+    if config.scorer == "oracle":
+        return OracleSlateScorer(tree, gold), "oracle"
+    client = stack.enter_context(client_for(config.serve, config.server_url, timeout_s=config.request_timeout_s))
+    fanout.record_served(served_models(client, [config.role]))
+    return LLMSlateScorer(client, role=config.role, max_tokens=config.max_tokens, max_attempts=config.max_attempts,
+                          concurrency=config.concurrency, max_candidate_chars=config.max_candidate_chars,
+                          max_reasoning_chars=config.max_reasoning_chars), config.role
+
+
+def _write_question(question: QAExample, result: SearchResult, tree: Tree, gold: set[str], teacher: str,
+                    slates_out: JsonlAppender, fanout: Fanout, totals: dict) -> None:
+    """A question's slates, then its summary (which marks it done); or, when a slate's request failed on a
+    transient error, nothing but a failure (the rerun searches it again)."""
+    lost = transient_failures(result)
+    if lost:
+        fanout.fail(question.id, f"{len(lost)} of {len(result.slates)} slates lost to a request failure, e.g. "
+                                 f"{lost[0]}")
+        return
+    for record in slate_records(tree, result, question.question, gold, teacher):
+        slates_out.write(record)
+        totals["slates"] += 1
+    summary = query_record(result, question.question, gold)
+    fanout.write(summary, "questions")
+    totals["questions"] += 1
+    totals["recall@10"] += summary["recall@10"]
+
+
+def transient_failures(result: SearchResult) -> list[str]:
+    """The raw replies of the slates whose request failed on a transient error (a timeout, a 5xx, 408, 429, the
+    server down). A refused request (any other 4xx) is a mistake no rerun mends: it raises ClientError.
+
+    >>> from overstory.retrieval.lattice.search import SlateRecord
+    >>> slate = lambda raw: SlateRecord("s", 0, "r", [], [], False, [], [], raw_reply=raw, parsed=False)
+    >>> transient_failures(SearchResult("q", [], [slate("<request failed: transport error: ReadTimeout>")]))
+    ['<request failed: transport error: ReadTimeout>']
+    >>> transient_failures(SearchResult("q", [], [slate("<request failed: 400: bad role>")]))
+    Traceback (most recent call last):
+    ...
+    overstory.serving.client.ClientError: 400: a slate's request was refused: <request failed: 400: bad role>
+    """
+    lost = []
+    for slate in result.slates:
+        failed = REQUEST_FAILED.match(slate.raw_reply)
+        if failed is None:
+            continue
+        status = 0 if failed.group(1) == "transport error" else int(failed.group(1))
+        if 400 <= status < 500 and status not in TRANSIENT_STATUS:
+            raise ClientError(status, f"a slate's request was refused: {slate.raw_reply}")
+        lost.append(slate.raw_reply)
+    return lost
+
+
+def discard_unfinished_slates(out: Path, finished: set[str]) -> int:
+    """Drop from ``out`` the slates of questions without a summary (a run killed between a question's slates and
+    its summary), so that the rerun's search of that question starts from scratch; returns how many were dropped."""
+    if not out.exists():
+        return 0
+    slates = list(read_jsonl(out))
+    kept = [s for s in slates if s["query_id"] in finished]
+    if len(kept) < len(slates):
+        write_jsonl(out, kept)
+    return len(slates) - len(kept)

@@ -23,19 +23,17 @@ read instead of rebuilding it.
 from __future__ import annotations
 
 import json
-import threading
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from collections.abc import Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from rich.progress import Progress
-
 from overstory.core.config import ConfigError
-from overstory.core.records import LEVELS, Chunk, Document, JsonlAppender, PseudoLabel, QAExample, read_jsonl
+from overstory.core.records import LEVELS, Chunk, Document, PseudoLabel, QAExample, read_jsonl
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
+from overstory.data_pipeline.fanout import Fanout, job_settings
 from overstory.data_pipeline.gold_labels import GOLD_KINDS, exclusion, gold_label
 from overstory.data_pipeline.hierarchy import (
     HierarchyConfig,
@@ -48,9 +46,9 @@ from overstory.data_pipeline.label_agreement import label_agreement, plot_agreem
 from overstory.retrieval.answer import clean_answer
 from overstory.retrieval.judge import CorrectnessConfig, is_correct
 from overstory.retrieval.smartchunk import DocumentRetrievers
-from overstory.serving.client import Client, ClientError
+from overstory.serving.client import Client
 from overstory.serving.config import ServeConfig
-from overstory.serving.launch import stack_in_background
+from overstory.serving.launch import client_for, served_models
 
 
 @dataclass(frozen=True)
@@ -67,6 +65,7 @@ class PseudoLabelsConfig:
     max_answer_tokens: int = 24
     concurrency: int = 2
     limit: int = 0  # label at most this many questions, taken round-robin over documents (0 = all)
+    max_failure_share: float = 0.0  # the job fails (exit 1) when more of its questions than this failed
     server_url: str = ""
     serve: ServeConfig = field(default_factory=lambda: ServeConfig.local(port=0))
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
@@ -88,8 +87,9 @@ def gold_levels(example: QAExample, document: Document, chunks: list[Chunk]) -> 
 
 
 def label_question(example: QAExample, document: Document, retrievers: DocumentRetrievers, client: Client,
-                   config: PseudoLabelsConfig, doc_chunks: list[Chunk]) -> PseudoLabel:
-    """Answer from top-k over all levels; expand and retry until correct or out of attempts."""
+                   config: PseudoLabelsConfig, doc_chunks: list[Chunk], served: Mapping[str, str]) -> PseudoLabel:
+    """Answer from top-k over all levels; expand and retry until correct or out of attempts. ``served`` (role ->
+    model, from the server) names the backbone in the label."""
     doc_id = document.id
     retriever = retrievers[doc_id]
     gold_min, gold_max = gold_levels(example, document, doc_chunks)
@@ -107,7 +107,7 @@ def label_question(example: QAExample, document: Document, retrievers: DocumentR
                 level_min=levels[0] if correct else None, level_max=levels[-1] if correct else None,
                 correct=correct, attempts=attempt, retrieved_ids=[c.id for c in chunks],
                 retrieved_levels=[c.level for c in chunks], answer=answer,
-                backbone=config.serve.roles["generator"].model, correctness=config.correctness.rule,
+                backbone=served.get("generator", ""), correctness=config.correctness.rule,
                 gold_level_min=gold_min, gold_level_max=gold_max, evidence=list(example.evidence))
     raise AssertionError("unreachable: the last attempt always returns")
 
@@ -150,6 +150,7 @@ def labelled_documents_hierarchy(documents: list[Document], needed: set[str],
 
 
 def run(config: PseudoLabelsConfig) -> dict:
+    """Label every single-document question the output lacks, then report agreement with the gold levels."""
     documents, questions = load_corpus(config.corpus)
     todo_all = single_document_questions(questions)
     if not todo_all:
@@ -162,38 +163,35 @@ def run(config: PseudoLabelsConfig) -> dict:
     by_doc: dict[str, list[Chunk]] = {}
     for chunk in chunks:
         by_doc.setdefault(chunk.doc_id, []).append(chunk)
-    counts = {"correct": 0, "unsolved": 0, "errors": 0, "skipped": 0}
-    lock = threading.Lock()
     with ExitStack() as stack:
         tracker = stack.enter_context(start_run(config.tracking, "data pseudo-labels", config))
-        out = stack.enter_context(JsonlAppender(config.out))
-        todo = [(q, d) for q, d in todo_all if q.id not in out]
-        counts["skipped"] = len(todo_all) - len(todo)
-        url = config.server_url or (stack.enter_context(stack_in_background(config.serve)) if todo else "")
-        client = Client.from_url(url) if todo else None
-        retrievers = DocumentRetrievers(chunks, client, upper=config.upper) if todo else None
-        progress = stack.enter_context(Progress())
-        task = progress.add_task("pseudo-labelling", total=len(todo))
-        pool = stack.enter_context(ThreadPoolExecutor(max_workers=config.concurrency))
-        futures = {pool.submit(label_question, q, documents_by_id[d], retrievers, client, config, by_doc[d]): q
-                   for q, d in todo}
-        for future in as_completed(futures):
-            with lock:
-                try:
-                    label = future.result()
-                except ClientError as exc:  # left unwritten: the next run retries it
-                    counts["errors"] += 1
-                    print(f"{futures[future].id}: {exc}")
-                else:
-                    out.write(label)
-                    counts["correct" if label.correct else "unsolved"] += 1
-                    tracker.log({"correct": counts["correct"], "unsolved": counts["unsolved"]})
-                progress.advance(task)
+        fanout = stack.enter_context(Fanout("pseudo-labels", config.out, job_settings(config),
+                                            concurrency=config.concurrency,
+                                            max_failure_share=config.max_failure_share))
+        todo = fanout.todo(todo_all, lambda pair: pair[0].id)
+        if todo:
+            client = stack.enter_context(client_for(config.serve, config.server_url))
+            served = served_models(client, ["generator", "scorer"])
+            fanout.record_served(served)
+            retrievers = DocumentRetrievers(chunks, client, upper=config.upper)
+
+            def label(pair: tuple[QAExample, str]) -> PseudoLabel:
+                question, doc_id = pair
+                return label_question(question, documents_by_id[doc_id], retrievers, client, config, by_doc[doc_id],
+                                      served)
+
+            def write(_: tuple, result: PseudoLabel) -> None:
+                fanout.write(result, "correct" if result.correct else "unsolved")
+                tracker.log({"correct": fanout.counts["correct"], "unsolved": fanout.counts["unsolved"]})
+
+            fanout.run(todo, lambda pair: pair[0].id, label, write, "pseudo-labelling")
+        counts = {"correct": 0, "unsolved": 0, **fanout.finish()}
         agreement = report_agreement(config.out)
         tracker.summary({**counts, **({f"agreement/{k}": agreement[k]["value"] for k in AGREEMENT_SUMMARY}
                                       if agreement else {})})
-    print(f"pseudo-labels: {counts['correct']} labelled, {counts['unsolved']} unsolved, {counts['errors']} errors "
+    print(f"pseudo-labels: {counts['correct']} labelled, {counts['unsolved']} unsolved, {counts['failed']} failed "
           f"(retried on rerun), {counts['skipped']} already done -> {config.out}")
+    fanout.raise_if_failed()
     return counts
 
 

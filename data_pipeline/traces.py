@@ -18,27 +18,28 @@ rewritten by the ``planner`` role and kept if the rewrite still matches and fits
 
 Each kept trace is a ``PlannerTrace``: the planner's own prompt (what the student will see), the
 teacher's completion, the label and the teacher's name; SFT trains on exactly these pairs. Rejected
-traces go to ``<out>.failures.jsonl`` with the raw text and are not retried; a teacher that errors
-(timeout, server down) leaves nothing written, so a rerun asks it again and skips finished ids.
-The job prints the yield per teacher.
+traces go to ``<out>.rejected.jsonl`` with the raw text and are not retried (a teacher's reply is its yield); a
+request that fails (timeout, server down) goes to ``<out>.failures.jsonl``, and a rerun asks that teacher again and
+skips finished ids. The job runs on the fan-out skeleton (``data_pipeline/fanout.py``): its settings and the model
+behind each teacher, as the servers report it, are kept in ``<out>.settings.json`` (a rerun with others is refused),
+and it fails (exit code 1) when more than ``max_failure_share`` of its requests failed. The job prints the yield per
+teacher.
 """
 
 from __future__ import annotations
 
-import threading
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from rich.console import Console
-from rich.progress import Progress
 from rich.table import Table
 
 from overstory.core.config import ConfigError
 from overstory.core.records import LEVELS, FailureRecord, JsonlAppender, PlannerTrace, PseudoLabel
 from overstory.core.tracking import TrackingConfig, start_run
+from overstory.data_pipeline.fanout import Fanout, job_settings
 from overstory.data_pipeline.hierarchy import cached_tokenizer
 from overstory.data_pipeline.planner_examples import correct_labels, labelled_hierarchy, planner_metadata
 from overstory.models.planner import (
@@ -50,7 +51,7 @@ from overstory.models.planner import (
 )
 from overstory.serving.client import Client, ClientError
 from overstory.serving.config import CHAT_ROLES, ServeConfig
-from overstory.serving.launch import stack_in_background
+from overstory.serving.launch import client_for, served_models
 
 STYLES = {
     "concise": ("You are writing the reply of a retrieval planner. The correct choice for this question is "
@@ -95,6 +96,7 @@ class TracesConfig:
     rewrite: bool = True
     concurrency: int = 2
     limit: int = 0  # at most this many labels (0 = all correct ones)
+    max_failure_share: float = 0.0  # the job fails (exit 1) when more of its requests than this failed
     server_url: str = ""
     serve: ServeConfig = field(default_factory=lambda: ServeConfig.local(port=0))
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
@@ -198,6 +200,7 @@ def trace_for(label: PseudoLabel, teacher_name: str, teacher: TeacherConfig, pro
 
 
 def run(config: TracesConfig) -> dict:
+    """Ask every teacher of the pool for a trace of every correct label the output lacks; returns the yields."""
     labels = correct_labels(config.labels)[: config.limit or None]
     metadata = planner_metadata(labelled_hierarchy(config.labels, config.hierarchy), {lb.doc_id for lb in labels},
                                 config.planner_tokenizer, config.metadata_tokens)
@@ -206,51 +209,95 @@ def run(config: TracesConfig) -> dict:
     def count_tokens(text: str) -> int:
         return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    failures_file = Path(config.out).with_name(Path(config.out).stem + ".failures.jsonl")
     yields = {name: {"kept": 0, "rejected": 0, "errors": 0, "rewritten": 0} for name in config.teachers}
-    lock = threading.Lock()
     with ExitStack() as stack:
         tracker = stack.enter_context(start_run(config.tracking, "data traces", config))
-        out = stack.enter_context(JsonlAppender(config.out))
-        failures = stack.enter_context(JsonlAppender(failures_file))
-        jobs = [(label, name) for label in labels for name in config.teachers
-                if f"{label.id}/{name}" not in out and f"{label.id}/{name}" not in failures]
-        needs_stack = any(config.teachers[n].kind == "llm" and not config.teachers[n].server_url for _, n in jobs)
-        needs_stack = needs_stack or (config.rewrite and any(t.kind == "llm" for t in config.teachers.values()))
-        url = config.server_url or (stack.enter_context(stack_in_background(config.serve)) if jobs and needs_stack
-                                    else "")
-        clients = {"_job": Client.from_url(url)} if url else {}
-        for name, teacher in config.teachers.items():
-            if teacher.kind == "llm":
-                clients[name] = Client.from_url(teacher.server_url) if teacher.server_url else clients["_job"]
-        progress = stack.enter_context(Progress())
-        task = progress.add_task("tracing", total=len(jobs))
-        pool = stack.enter_context(ThreadPoolExecutor(max_workers=config.concurrency))
-        futures = {pool.submit(trace_for, label, name, config.teachers[name],
-                               planner_messages(label.question, metadata[label.doc_id]), clients, config,
-                               count_tokens): name for label, name in jobs}
-        for future in as_completed(futures):
-            name = futures[future]
-            with lock:
-                try:
-                    trace = future.result()
-                except TraceRejected as rejected:
-                    failures.write(rejected.record)
-                    yields[name]["rejected"] += 1
-                except ClientError as exc:  # nothing written: a rerun asks this teacher again
-                    yields[name]["errors"] += 1
-                    print(f"{name}: {exc}")
-                else:
-                    out.write(trace)
-                    yields[name]["kept"] += 1
-                    yields[name]["rewritten"] += int(trace.rewritten)
-                progress.advance(task)
+        fanout = stack.enter_context(Fanout("traces", config.out, traces_settings(config),
+                                            concurrency=config.concurrency,
+                                            max_failure_share=config.max_failure_share))
+        rejected = stack.enter_context(JsonlAppender(rejected_path(config.out)))
+        jobs = fanout.todo([(label, name) for label in labels for name in config.teachers],
+                           lambda job: f"{job[0].id}/{job[1]}", rejected.done)
+        clients = teacher_clients(config, jobs, stack)
+        fanout.record_served(served_teachers(config, clients))
+
+        def trace(job: tuple[PseudoLabel, str]) -> PlannerTrace | TraceRejected:
+            label, name = job
+            try:
+                return trace_for(label, name, config.teachers[name],
+                                 planner_messages(label.question, metadata[label.doc_id]), clients, config,
+                                 count_tokens)
+            except TraceRejected as rejection:  # an outcome (the teacher's yield), not a failure to retry
+                return rejection
+
+        def write(job: tuple[PseudoLabel, str], result: PlannerTrace | TraceRejected) -> None:
+            row = yields[job[1]]
+            if isinstance(result, TraceRejected):
+                rejected.write(result.record)
+                fanout.count("rejected")
+                row["rejected"] += 1
+            else:
+                fanout.write(result, "kept")
+                row["kept"] += 1
+                row["rewritten"] += int(result.rewritten)
+
+        fanout.run(jobs, lambda job: f"{job[0].id}/{job[1]}", trace, write, "tracing")
+        for failed in fanout.failed_ids:
+            yields[failed.rsplit("/", 1)[1]]["errors"] += 1
         for row in yields.values():
             judged = row["kept"] + row["rejected"]
             row["yield"] = round(row["kept"] / judged, 3) if judged else None
+        fanout.finish()
         tracker.summary({f"{name}/{k}": v for name, row in yields.items() for k, v in row.items() if v is not None})
     _print_yields(yields)
+    fanout.raise_if_failed()
     return yields
+
+
+def rejected_path(out: str | Path) -> Path:
+    """Where the rejected traces of ``out`` are kept (with the teacher's raw text; final, not retried)."""
+    out = Path(out)
+    return out.with_name(out.stem + ".rejected.jsonl")
+
+
+def traces_settings(config: TracesConfig) -> dict:
+    """What decides the traces: the job's settings, each teacher's without its endpoint (the model behind the
+    endpoint is recorded from the server instead)."""
+    settings = job_settings(config)
+    settings["teachers"] = {name: {k: v for k, v in teacher.items() if k != "server_url"}
+                            for name, teacher in settings["teachers"].items()}
+    return settings
+
+
+def teacher_clients(config: TracesConfig, jobs: list[tuple[PseudoLabel, str]], stack: ExitStack) -> dict[str, Client]:
+    """A client per LLM teacher (its own endpoint, or the job's stack), and the job's own (``_job``: the planner
+    role rewrites long traces); the job's stack starts only when some pending job needs it."""
+    llm = {name for _, name in jobs if config.teachers[name].kind == "llm"}
+    clients: dict[str, Client] = {}
+    if any(not config.teachers[name].server_url for name in llm) or (llm and config.rewrite):
+        clients["_job"] = stack.enter_context(client_for(config.serve, config.server_url))
+    for name in llm:
+        url = config.teachers[name].server_url
+        clients[name] = stack.enter_context(client_for(config.serve, url)) if url else clients["_job"]
+    return clients
+
+
+def served_teachers(config: TracesConfig, clients: dict[str, Client]) -> dict[str, str]:
+    """``teacher/<name>`` -> the model behind each LLM teacher, and ``planner`` -> the rewriter's, as the servers
+    report them; a teacher whose server does not answer is left out (its requests fail and are retried)."""
+    served = {}
+    for name, client in clients.items():
+        if name == "_job" and not config.rewrite:
+            continue
+        role = "planner" if name == "_job" else config.teachers[name].role
+        try:
+            model = served_models(client, [role]).get(role)
+        except ClientError as exc:
+            print(f"{name}: its server does not say what it serves ({exc})")
+            continue
+        if model:
+            served["planner" if name == "_job" else f"teacher/{name}"] = model
+    return served
 
 
 def _print_yields(yields: dict[str, dict]) -> None:

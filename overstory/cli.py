@@ -1,7 +1,8 @@
 """The `overstory` command: data, train, serve, eval, bench and quickstart.
 
 Every job takes ``--config FILE`` plus dotted overrides (``train.lr=1e-5``). The exit code is 0 for a finished
-job, 2 for a config or corpus error, and 1 for a job whose failed items exceed its ``max_failure_share``.
+job, 2 for a config or corpus error, and 1 for a job whose failed items exceed its ``max_failure_share`` or
+that stopped on a request no retry mends.
 A job is a module with a frozen config dataclass and a ``run(config)`` function (the table is ``overstory.jobs``);
 a job's module is imported only when the command line names that job, to run it or to show its
 ``--help`` (its shorthand flags and config keys), so ``overstory --help`` stays fast.
@@ -22,6 +23,7 @@ from overstory.core.config import ConfigError, load_config
 from overstory.data_pipeline.corpora import CorpusError
 from overstory.data_pipeline.fanout import TooManyFailures
 from overstory.jobs import GROUP_HELP, JOBS, job_config_class
+from overstory.serving.client import ClientError
 
 # Flags that are shorthand for the override of the same name, for the jobs whose config has the key.
 SHORTHAND_FLAGS = ("out", "checkpoint", "data", "compare", "engine", "strategies")
@@ -127,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except TooManyFailures as exc:  # a data job whose failed items exceed its max_failure_share
         print(f"job failed: {exc}", file=sys.stderr)
+        return 1
+    except ClientError as exc:  # a request no retry mends (a refused role or request, a server that is not there)
+        print(f"request failed: {exc}", file=sys.stderr)
         return 1
     return 0
 
