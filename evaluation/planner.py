@@ -12,8 +12,14 @@ JSON the prompt asks for, see ``strict_plan_valid``), median and p90 completion 
 through the SmartChunk runtime (retrieval over the predicted range of the question's document, then the
 generator), QA accuracy, recall@k, the tokens the generator read and the mean size of the chunks it read. Every
 rate comes with a 95% bootstrap interval (``ci95``), overall and per dataset (``by_dataset``; the labels may mix
-datasets, the document id's prefix names each). An invalid plan falls back to the full range
-(sentence..document), as a runtime would, and is counted as a format failure.
+datasets, the document id's prefix names each). An invalid plan is answered from ``fallback_range``, the SmartChunk
+runtime's setting (``retrieval/smartchunk.py``), as the runtime would, and is counted as a format failure and as a
+repair (``repairs.plan_unparsed``).
+
+Without ``train_data`` the held-out questions are those of ``data``'s validation documents, split as the training
+runs split them: ``val_fraction`` is read from the variants' manifests (``overstory.json`` beside each checkpoint:
+``data.val_fraction``, or planner SFT's ``train.val_fraction``), and a value given here that differs from a
+manifest's is refused, naming both.
 
 The references, measured on the same questions in the same run: ``majority_baseline``, always answering the
 training labels' most common range (overall and per dataset), for planning accuracy; and ``fixed_ranges``, each
@@ -69,7 +75,7 @@ from overstory.models.registry import base_model_of, load_lm_checkpoint
 from overstory.retrieval.answer import clean_answer
 from overstory.retrieval.judge import CorrectnessConfig, is_correct
 from overstory.retrieval.metrics import recall_at_k
-from overstory.retrieval.smartchunk import DocumentRetrievers
+from overstory.retrieval.smartchunk import FALLBACK_RANGE, DocumentRetrievers, check_fallback_range
 from overstory.serving.client import Client
 from overstory.serving.config import ServeConfig
 from overstory.serving.launch import stack_in_background
@@ -89,7 +95,11 @@ class EvalPlannerConfig:
     compare: str = ""  # comma-separated names from `variants`; empty: evaluate `checkpoint`
     hierarchy: str = ""  # the chunks the labels refer to; empty: the one stored beside the labels
     metadata_tokens: int = 1000  # how much of the document the planner reads (as in training)
-    val_fraction: float = 0.2  # must match the training runs' data.val_fraction (unused with train_data)
+    # the share of data's documents the training runs held out; null: the value their manifests record (they must
+    # agree); a value given is checked against every manifest that records one. Not used (refused) with train_data
+    val_fraction: float | None = None
+    # the range an unparsed plan is answered from: the SmartChunk runtime's setting and default (smartchunk.py)
+    fallback_range: tuple[str, str] = FALLBACK_RANGE
     max_new_tokens: int = 160
     length_limit: int = 128  # L_max: completions above it count as over-long
     batch_size: int = 8
@@ -119,6 +129,11 @@ class EvalPlannerConfig:
         self.reference_ranges()  # a bad range names the key
         if self.fixed_range_selection < 0:
             raise ConfigError(f"fixed_range_selection must be >= 0, got {self.fixed_range_selection}")
+        if self.train_data and self.val_fraction is not None:
+            raise ConfigError("val_fraction: not used with train_data (every question of data is held out); drop it")
+        if self.val_fraction is not None and not 0 < self.val_fraction < 1:
+            raise ConfigError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
+        check_fallback_range(self.fallback_range, "fallback_range")
 
     def reference_ranges(self) -> list[tuple[str, str]]:
         """``fixed_ranges`` as (level_min, level_max) pairs; none without ``qa`` (they are QA references)."""
@@ -159,6 +174,52 @@ def generate_plans(model, tokenizer, prompts: list[list[dict]], max_new_tokens: 
     return texts, lengths, (time.perf_counter() - started) / max(len(prompts), 1)
 
 
+def manifest_val_fraction(checkpoint: str) -> tuple[float, Path] | None:
+    """The share of documents a planner's training run held out, from the ``overstory.json`` beside the checkpoint
+    (``config.data.val_fraction`` of GRPO and STITCH, ``config.train.val_fraction`` of planner SFT), with the
+    manifest's path; None for a model name or a folder without a manifest recording one (a base model)."""
+    path = Path(checkpoint) / "overstory.json"
+    if not path.is_file():
+        return None
+    config = json.loads(path.read_text()).get("config", {})
+    for section in ("data", "train"):
+        value = (config.get(section) or {}).get("val_fraction")
+        if value is not None:
+            return float(value), path
+    return None
+
+
+def held_out_fraction(config: EvalPlannerConfig, variants: dict[str, str]) -> float | None:
+    """The ``val_fraction`` that splits ``data`` as the variants' training runs split it: the configured one,
+    refused when a manifest records another, or the one the manifests agree on. None with ``train_data``."""
+    if config.train_data:
+        return None
+    recorded = {name: found for name, checkpoint in variants.items()
+                if (found := manifest_val_fraction(checkpoint)) is not None}
+    if config.val_fraction is not None:
+        for name, (value, path) in recorded.items():
+            if value != config.val_fraction:
+                raise ConfigError(f"val_fraction: {config.val_fraction} here, but {name}'s training run held out "
+                                  f"{value} of the documents ({path}); the held-out questions would not be the ones "
+                                  f"it held out: set val_fraction={value} or evaluate a run trained with "
+                                  f"{config.val_fraction}")
+        return config.val_fraction
+    values = {value for value, _ in recorded.values()}
+    if len(values) > 1:
+        raise ConfigError("val_fraction: the variants' training runs held out different shares of the documents ("
+                          + ", ".join(f"{name} {value} in {path}" for name, (value, path) in recorded.items())
+                          + "); compare runs trained on the same split")
+    if not values:
+        raise ConfigError("val_fraction: no variant has a training manifest (overstory.json) that records it; give "
+                          "the share of data's documents the training runs held out")
+    value = values.pop()
+    if value == 0:
+        raise ConfigError("val_fraction: the variants' training runs held out no documents (val_fraction 0 in "
+                          f"{', '.join(str(path) for _, path in recorded.values())}); evaluate them on other "
+                          "documents with train_data")
+    return value
+
+
 def split_rows(config: EvalPlannerConfig, data: PlannerDataConfig, tokenizer_name: str
                ) -> tuple[list[dict], list[dict], list[Chunk], str]:
     """(training rows, held-out rows, the chunks both refer to, how they were split): ``data``'s split by document,
@@ -191,8 +252,9 @@ def unlabelled_held_out(config: EvalPlannerConfig, data: PlannerDataConfig, toke
 
 def run(config: EvalPlannerConfig) -> dict:
     variants = config.selected()
+    val_fraction = held_out_fraction(config, variants)
     data = PlannerDataConfig(labels=config.data, hierarchy=config.hierarchy, metadata_tokens=config.metadata_tokens,
-                             val_fraction=config.val_fraction)
+                             val_fraction=0 if val_fraction is None else val_fraction)
     base = base_model_of(next(iter(variants.values())))
     train_rows, held_out, chunks, split = split_rows(config, data, base)
     rows = held_out[: config.limit or None]
@@ -201,6 +263,7 @@ def run(config: EvalPlannerConfig) -> dict:
     if config.train_data:
         evidence |= {label.id: label.evidence for label in read_jsonl(config.train_data, PseudoLabel)}
     report: dict = {"n_questions": len(rows), "n_unlabelled": len(extra), "split": split,
+                    "val_fraction": val_fraction, "fallback_range": list(config.fallback_range),
                     "datasets": dict(Counter(dataset_of(r) for r in rows)),
                     "majority_baseline": majority_baseline(train_rows or held_out, rows), "variants": {},
                     "checkpoints": variants, "config": to_dict(config)}
@@ -251,7 +314,7 @@ def evaluate_variant(config: EvalPlannerConfig, checkpoint: str, rows: list[dict
     replies, lengths, seconds = generate_plans(model, tokenizer, [r["prompt"] for r in planned],
                                                config.max_new_tokens, config.batch_size)
     del model
-    outcomes, ranges = plan_outcomes(planned, replies, lengths, config.length_limit)
+    outcomes, ranges = plan_outcomes(planned, replies, lengths, config.length_limit, config.fallback_range)
     if answer is not None:
         for outcome, row, (low, high) in zip(outcomes, planned, ranges):
             outcome.update(answer(row, low, high))

@@ -20,10 +20,10 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 
 from overstory.core.records import LEVEL_RANK, LEVELS, Chunk
+from overstory.evaluation.repairs import repair_counts
 from overstory.models.planner import parse_plan, strict_plan_valid
 from overstory.retrieval.metrics import bootstrap_interval, mean, percentile
 
-FALLBACK_RANGE = ("sentence", "document")  # what a runtime reads when the plan cannot be parsed
 # every range a planner can answer: (level_min, level_max) with level_min no larger than level_max
 ALL_RANGES = tuple((low, high) for low in LEVELS for high in LEVELS if LEVEL_RANK[low] <= LEVEL_RANK[high])
 # outcomes reported as a mean with its 95% bootstrap interval
@@ -46,11 +46,18 @@ def within_one(levels: tuple[str, str], label: tuple[str, str]) -> bool:
     return _distance(levels[0], label[0]) <= 1 and _distance(levels[1], label[1]) <= 1
 
 
-def plan_outcomes(rows: Sequence[dict], replies: Sequence[str], lengths: Sequence[int],
-                  length_limit: int) -> tuple[list[dict], list[tuple[str, str]]]:
+def plan_outcomes(rows: Sequence[dict], replies: Sequence[str], lengths: Sequence[int], length_limit: int,
+                  fallback: tuple[str, str]) -> tuple[list[dict], list[tuple[str, str]]]:
     """Per question: the planning outcomes of one variant's reply, and the range the runtime answers from (the
-    plan, or the full range when none could be parsed). A row without a label (no ``level_min``) has no
-    label-based outcomes (None), as a row without gold levels has no ``accuracy_gold``."""
+    plan, or the runtime's ``fallback`` range when none could be parsed: a repair, ``plan_unparsed``). A row
+    without a label (no ``level_min``) has no label-based outcomes (None), as a row without gold levels has no
+    ``accuracy_gold``.
+
+    >>> outcomes, ranges = plan_outcomes([{"doc_id": "squad/a", "level_min": "sentence", "level_max": "section"}],
+    ...                                  ["no plan here"], [3], 128, ("sentence", "paragraph"))
+    >>> ranges, outcomes[0]["plan_unparsed"], outcomes[0]["accuracy"]
+    ([('sentence', 'paragraph')], 1, 0.0)
+    """
     outcomes, ranges = [], []
     for row, text, length in zip(rows, replies, lengths):
         plan = parse_plan(text)
@@ -62,8 +69,9 @@ def plan_outcomes(rows: Sequence[dict], replies: Sequence[str], lengths: Sequenc
             "accuracy_gold": None if gold is None else float(plan.valid and plan.levels == gold),
             "within_one_level": None if label is None else float(plan.valid and within_one(plan.levels, label)),
             "format_valid": float(plan.valid), "format_valid_strict": float(strict_plan_valid(text)),
-            "completion_tokens": length, "over_length": float(length > length_limit)})
-        ranges.append(plan.levels if plan.valid else FALLBACK_RANGE)
+            "completion_tokens": length, "over_length": float(length > length_limit),
+            "plan_unparsed": int(not plan.valid)})
+        ranges.append(plan.levels if plan.valid else fallback)
     return outcomes, ranges
 
 
@@ -75,8 +83,9 @@ def qa_outcome(correct: bool, recall: float | None, read: Sequence[Chunk]) -> di
 
 
 def summarize(outcomes: Sequence[dict]) -> dict:
-    """Means of the outcomes with their 95% bootstrap intervals (``ci95``), completion-length percentiles and
-    the number of questions. A rate no outcome has (no gold levels, no QA) is None.
+    """Means of the outcomes with their 95% bootstrap intervals (``ci95``), completion-length percentiles, the
+    number of questions and the repairs by kind (``plan_unparsed``: answered from the fallback range). A rate no
+    outcome has (no gold levels, no QA) is None.
 
     >>> summary = summarize([{"accuracy": 1.0, "completion_tokens": 10}, {"accuracy": 0.0, "completion_tokens": 30}])
     >>> summary["n"], summary["accuracy"], summary["median_completion_tokens"], summary["accuracy_gold"]
@@ -93,6 +102,7 @@ def summarize(outcomes: Sequence[dict]) -> dict:
     lengths = [o["completion_tokens"] for o in outcomes if o.get("completion_tokens") is not None]
     summary["median_completion_tokens"] = percentile(lengths, 50)
     summary["p90_completion_tokens"] = percentile(lengths, 90)
+    summary["repairs"] = repair_counts(outcomes)
     return summary
 
 

@@ -29,6 +29,26 @@ from overstory.retrieval.index import DenseIndex, Hit, chunk_text_for_index
 from overstory.retrieval.strategy import StrategyAnswer
 from overstory.serving.client import ChatResult, Client, ClientError
 
+# The range searched when a planner's reply has no usable plan: one setting for the runtime (``SmartChunkConfig``)
+# and for ``eval planner``, which answers through the same runtime. sentence..paragraph is the most common label of
+# the planner mix and the fixed range that scores best on its training questions, at about half the tokens that
+# sentence..document reads (whose top k can be whole documents).
+FALLBACK_RANGE: tuple[str, str] = ("sentence", "paragraph")
+
+
+def check_fallback_range(value: Sequence[str], key: str) -> tuple[str, str]:
+    """``value`` as a (level_min, level_max) pair of known levels, smallest first; a ConfigError naming ``key``.
+
+    >>> check_fallback_range(["sentence", "section"], "fallback_range")
+    ('sentence', 'section')
+    """
+    try:
+        low, high = value
+        level_range(low, high)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{key}: {exc}; give [level_min, level_max], e.g. [sentence, paragraph]") from exc
+    return low, high
+
 
 class SmartChunkRetriever:
     def __init__(self, chunks: Sequence[Chunk], client: Client, upper: Literal["compressor", "direct"] = "compressor",
@@ -108,16 +128,14 @@ class SmartChunkConfig:
     planner_max_tokens: int = 160  # the planner's reasoning is trained to stay under 128 tokens
     metadata_tokens: int = 256  # the document beginning the planner reads (as stitch.yaml trains it)
     tokenizer: str = SMOLLM2  # counts the metadata tokens; the planner's own tokenizer
-    # the range searched when the planner's reply has no usable plan (counted as plan_unparsed, not a failure)
-    fallback_range: tuple[str, str] = ("sentence", "paragraph")
+    # the range searched when the planner's reply has no usable plan (counted as the repair plan_unparsed, the range
+    # read in the details' plan; not a failure); eval planner's fallback_range has the same default
+    fallback_range: tuple[str, str] = FALLBACK_RANGE
 
     def __post_init__(self) -> None:
         if self.k < 1 or self.planner_max_tokens < 1 or self.metadata_tokens < 1:
             raise ConfigError("smartchunk: k, planner_max_tokens and metadata_tokens must be >= 1")
-        try:
-            level_range(*self.fallback_range)
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"smartchunk.fallback_range: {exc}") from exc
+        check_fallback_range(self.fallback_range, "smartchunk.fallback_range")
 
 
 class SmartChunkStrategy:

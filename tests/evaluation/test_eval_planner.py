@@ -15,10 +15,11 @@ from overstory.core.records import LEVEL_RANK, Chunk, PseudoLabel, read_jsonl, w
 from overstory.data_pipeline.hierarchy import stored_hierarchy_path
 from overstory.data_pipeline.planner_examples import PlannerDataConfig
 from overstory.data_pipeline.splits import split_by_document
-from overstory.evaluation.planner import EvalPlannerConfig, split_rows, unlabelled_held_out
+from overstory.evaluation.planner import EvalPlannerConfig, held_out_fraction, split_rows, unlabelled_held_out
 from overstory.evaluation.planner_metrics import fixed_ranges, majority_baseline, plan_outcomes, qa_outcome, summarize
 from overstory.models.planner import plan_json
 from overstory.models.registry import SMOLLM2
+from overstory.retrieval.smartchunk import FALLBACK_RANGE, SmartChunkConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs/eval/planner.yaml"
@@ -30,12 +31,13 @@ def test_plan_outcomes_count_exact_gold_within_one_and_format() -> None:
             {"level_min": "paragraph", "level_max": "section", "gold_level_min": "", "gold_level_max": "",
              "doc_id": "squad/b"}]
     replies = [plan_json("sentence", "paragraph"), "no plan at all"]
-    outcomes, ranges = plan_outcomes(rows, replies, [20, 200], length_limit=128)
+    outcomes, ranges = plan_outcomes(rows, replies, [20, 200], length_limit=128, fallback=("sentence", "section"))
     metrics = summarize(outcomes)
     assert metrics["accuracy"] == 0.5 and metrics["accuracy_gold"] == 0.0 and metrics["format_valid"] == 0.5
     assert metrics["format_valid_strict"] == 0.5
     assert metrics["within_one_level"] == 0.5 and metrics["over_length"] == 0.5
-    assert ranges == [("sentence", "paragraph"), ("sentence", "document")]  # invalid plan: full-range fallback
+    assert ranges == [("sentence", "paragraph"), ("sentence", "section")]  # invalid plan: the fallback range given
+    assert metrics["repairs"] == {"plan_unparsed": 1}  # answered from the fallback: a repair, counted
 
 
 def test_strict_format_rate_counts_only_the_exact_json() -> None:
@@ -47,7 +49,7 @@ def test_strict_format_rate_counts_only_the_exact_json() -> None:
                "{'largest_chunk_size': 'paragraph', 'smallest_chunk_size': 'sentence'}",
                '{"largest_chunk_size": "sentence", "smallest_chunk_size": "paragraph"}',
                '{"largest_chunk_size": "paragraphs", "smallest_chunk_size": "sentence"']
-    metrics = summarize(plan_outcomes(rows, replies, [20] * 4, length_limit=128)[0])
+    metrics = summarize(plan_outcomes(rows, replies, [20] * 4, length_limit=128, fallback=FALLBACK_RANGE)[0])
     assert metrics["format_valid"] == 1.0 and metrics["format_valid_strict"] == 0.25
 
 
@@ -56,6 +58,45 @@ def test_compare_needs_known_variants_and_ranges() -> None:
         load_config(EvalPlannerConfig, CONFIG, ["compare=base,nope"])
     with pytest.raises(ConfigError, match="fixed_ranges: section..paragraph is not a range"):
         load_config(EvalPlannerConfig, CONFIG, ["fixed_ranges=[section..paragraph]"])
+    with pytest.raises(ConfigError, match="fallback_range: level_min 'section' is larger"):
+        load_config(EvalPlannerConfig, CONFIG, ["fallback_range=[section, paragraph]"])
+    with pytest.raises(ConfigError, match="val_fraction: not used with train_data"):
+        load_config(EvalPlannerConfig, CONFIG, ["train_data=labels.jsonl"])  # the config gives val_fraction: 0.2
+
+
+def test_the_fallback_range_is_the_runtimes_setting() -> None:
+    """One setting: eval planner answers an unparsed plan from the range the SmartChunk runtime searches then."""
+    assert load_config(EvalPlannerConfig, CONFIG).fallback_range == SmartChunkConfig().fallback_range
+    assert load_config(EvalPlannerConfig, CONFIG, ["fallback_range=[sentence, section]"]).fallback_range == (
+        "sentence", "section")
+
+
+def _checkpoint(folder: Path, config: dict) -> str:
+    """A checkpoint folder holding only the manifest a training recipe writes beside its weights."""
+    folder.mkdir(parents=True)
+    (folder / "overstory.json").write_text(json.dumps({"kind": "planner", "config": config}))
+    return str(folder)
+
+
+def test_val_fraction_is_checked_against_the_training_runs_manifests(tmp_path: Path) -> None:
+    """SFT records train.val_fraction, GRPO and STITCH data.val_fraction; a model name has no manifest."""
+    sft = _checkpoint(tmp_path / "sft", {"train": {"val_fraction": 0.25}})
+    stitch = _checkpoint(tmp_path / "stitch", {"data": {"val_fraction": 0.25}, "train": {}})
+    variants = {"base": SMOLLM2, "sft": sft, "stitch": stitch}
+    config = load_config(EvalPlannerConfig, CONFIG, ["checkpoint=x"])  # the config gives val_fraction: 0.2
+    with pytest.raises(ConfigError, match=r"val_fraction: 0.2 here, but sft's training run held out 0.25 .*sft"):
+        held_out_fraction(config, variants)
+    assert held_out_fraction(replace(config, val_fraction=0.25), variants) == 0.25
+    assert held_out_fraction(replace(config, val_fraction=None), variants) == 0.25  # read from the manifests
+    other = _checkpoint(tmp_path / "grpo", {"data": {"val_fraction": 0.1}})
+    with pytest.raises(ConfigError, match="held out different shares.*sft 0.25.*grpo 0.1"):
+        held_out_fraction(replace(config, val_fraction=None), {**variants, "grpo": other})
+    with pytest.raises(ConfigError, match="no variant has a training manifest"):
+        held_out_fraction(replace(config, val_fraction=None), {"base": SMOLLM2})
+    everything = _checkpoint(tmp_path / "all", {"train": {"val_fraction": 0}})
+    with pytest.raises(ConfigError, match="held out no documents"):
+        held_out_fraction(replace(config, val_fraction=None), {"sft": everything})
+    assert held_out_fraction(replace(config, val_fraction=None, train_data="t.jsonl"), variants) is None
 
 
 def _row(doc_id: str, low: str, high: str, gold: tuple[str, str] = ("", "")) -> dict:
@@ -107,7 +148,8 @@ def test_train_data_holds_out_every_question_of_data(planner_labels: Path, tmp_p
     docs = sorted({r.doc_id for r in read_jsonl(planner_labels, PseudoLabel)})
     train = _labels_of(planner_labels, set(docs[:2]), tmp_path / "train" / "labels.jsonl")
     held = _labels_of(planner_labels, {docs[2]}, tmp_path / "dev" / "labels.jsonl")
-    config = load_config(EvalPlannerConfig, CONFIG, [f"data={held}", f"train_data={train}", "checkpoint=x"])
+    config = load_config(EvalPlannerConfig, CONFIG, [f"data={held}", f"train_data={train}", "checkpoint=x",
+                                                     "val_fraction=null"])
     data = PlannerDataConfig(labels=str(held), metadata_tokens=64)
     train_rows, held_out, chunks, split = split_rows(config, data, SMOLLM2)
     assert {r["doc_id"] for r in train_rows} == set(docs[:2]) and {r["doc_id"] for r in held_out} == {docs[2]}
@@ -135,7 +177,7 @@ def test_unlabelled_questions_of_held_out_documents_come_with_their_answers_and_
                        for r in read_jsonl(planner_labels, PseudoLabel) if r.doc_id != docs[0]])
     shutil.copy(stored_hierarchy_path(planner_labels), stored_hierarchy_path(held))
     config = load_config(EvalPlannerConfig, CONFIG, [f"data={held}", f"train_data={train}", "checkpoint=x",
-                                                     "unlabelled=true", "limit=3"])
+                                                     "val_fraction=null", "unlabelled=true", "limit=3"])
     data = PlannerDataConfig(labels=str(held), metadata_tokens=64)
     _, held_out, chunks, _ = split_rows(config, data, SMOLLM2)
     assert {r["doc_id"] for r in held_out} == {docs[1]} and docs[2] not in {c.doc_id for c in chunks}
@@ -143,7 +185,8 @@ def test_unlabelled_questions_of_held_out_documents_come_with_their_answers_and_
     assert len(extra) == 3 and {r["doc_id"] for r in extra} == {docs[2]}  # at most `limit` of them
     assert all(r["answers"] and r["prompt"] for r in extra) and "level_min" not in extra[0]
     assert docs[2] in {c.doc_id for c in chunks} and docs[1] in {c.doc_id for c in chunks}
-    outcomes, _ = plan_outcomes(extra, [plan_json("sentence", "paragraph")] * 3, [20] * 3, length_limit=128)
+    outcomes, _ = plan_outcomes(extra, [plan_json("sentence", "paragraph")] * 3, [20] * 3, length_limit=128,
+                                fallback=FALLBACK_RANGE)
     metrics = summarize(outcomes)  # no label: no label-based rate, the rest counted
     assert metrics["accuracy"] is None and metrics["within_one_level"] is None and metrics["format_valid"] == 1.0
     assert unlabelled_held_out(replace(config, unlabelled=False), data, SMOLLM2, held_out, chunks)[0] == []
@@ -163,17 +206,35 @@ def _with_unanswered(labels: Path, folder: Path, n: int) -> tuple[Path, set[str]
     return folder / "labels.jsonl", unanswered
 
 
+def _as_if_trained_with(checkpoint: Path, val_fraction: float, folder: Path) -> Path:
+    """A copy of ``checkpoint`` whose manifest records ``val_fraction`` (a stand-in: the shared SFT fixture trains on
+    every document, val_fraction 0, and a second SFT run only to hold some out would double the test's cost)."""
+    shutil.copytree(checkpoint, folder)
+    manifest = json.loads((folder / "overstory.json").read_text())
+    manifest["config"]["train"]["val_fraction"] = val_fraction
+    (folder / "overstory.json").write_text(json.dumps(manifest))
+    return folder
+
+
 @pytest.mark.slow
-def test_eval_planner_compares_base_and_sft(planner_labels: Path, sft_planner: Path, tmp_path: Path) -> None:
-    sft = sft_planner
+def test_eval_planner_compares_base_and_sft(planner_labels: Path, sft_planner: Path, tmp_path: Path,
+                                            capsys) -> None:
     labels, unanswered = _with_unanswered(planner_labels, tmp_path / "labels", 2)
     out = tmp_path / "eval"
-    assert main(["eval", "planner", "--config", str(CONFIG), "--data", str(labels), "--out", str(out),
-                 "metadata_tokens=96",
-                 f"variants={{base: builtin:smollm2-135m-instruct, sft: {sft / 'final'}}}", "--compare", "base,sft",
-                 "limit=3", "max_new_tokens=72", "unlabelled=true", "fixed_ranges=[sentence..sentence, "
-                 "paragraph..section]", "fixed_range_selection=2", "tracking.backend=none"]) == 0
+
+    def evaluate(sft: Path) -> int:
+        return main(["eval", "planner", "--config", str(CONFIG), "--data", str(labels), "--out", str(out),
+                     "metadata_tokens=96", f"variants={{base: builtin:smollm2-135m-instruct, sft: {sft}}}",
+                     "--compare", "base,sft", "limit=3", "max_new_tokens=72", "unlabelled=true",
+                     "fixed_ranges=[sentence..sentence, paragraph..section]", "fixed_range_selection=2",
+                     "tracking.backend=none"])
+
+    # the fixture's run trained on every document: its held-out questions would be training questions
+    assert evaluate(sft_planner / "final") == 2
+    assert "val_fraction: 0.2 here, but sft's training run held out 0.0" in capsys.readouterr().err
+    assert evaluate(_as_if_trained_with(sft_planner / "final", 0.2, tmp_path / "sft")) == 0
     report = json.loads((out / "metrics.json").read_text())
+    assert report["val_fraction"] == 0.2 and report["fallback_range"] == list(FALLBACK_RANGE)
     assert set(report["variants"]) == {"base", "sft"} and report["n_questions"] == 3 and report["n_unlabelled"] == 2
     assert not unanswered & {row["id"] for m in report["variants"].values() for row in m["examples"]}
     for metrics in report["variants"].values():
@@ -190,6 +251,7 @@ def test_eval_planner_compares_base_and_sft(planner_labels: Path, sft_planner: P
         assert metrics["accuracy"] in {0.0, 1 / 3, 2 / 3, 1.0} and metrics["format_valid"] * 5 == round(
             metrics["format_valid"] * 5)
     assert report["variants"]["base"]["format_valid"] == 0.0  # measured: the base model never writes the plan
+    assert report["variants"]["base"]["repairs"] == {"plan_unparsed": 5}  # each answered from the fallback range
     assert report["variants"]["sft"]["format_valid"] > 0  # the SFT adapter does, on labelled and unlabelled ones
     majority = report["majority_baseline"]  # the reference row: the training labels' most common range
     assert len(majority["label"]) == 2 and 0 <= majority["accuracy"] <= majority["within_one_level"] <= 1
