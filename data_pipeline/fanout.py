@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 from rich.progress import Progress
 
 from overstory.core.config import ConfigError, differing_keys, to_dict
-from overstory.core.records import FailureRecord, JsonlAppender, drop_records
+from overstory.core.records import FailureRecord, JsonlAppender, drop_records, read_jsonl, write_jsonl
 from overstory.serving.client import ClientError
 
 T = TypeVar("T")
@@ -216,6 +216,7 @@ class Fanout:
         self.out.close()
         self.failures.close()
         self.counts["resolved"] = drop_records(self.failures.path, self.out.done)
+        _keep_last_per_id(self.failures.path)
         return {"failed": 0, "skipped": 0, **self.counts}
 
     def raise_if_failed(self) -> None:
@@ -233,3 +234,13 @@ class Fanout:
         """Close the files (again, after ``finish``; or without its checks, when an error stopped the run)."""
         self.out.close()
         self.failures.close()
+
+
+def _keep_last_per_id(path: Path) -> None:
+    """Rewrite the failures file with one record per item, its latest (an item that failed again on a rerun)."""
+    if not path.exists():
+        return
+    records = list(read_jsonl(path))
+    latest = {str(r["id"]): r for r in records}
+    if len(latest) < len(records):
+        write_jsonl(path, latest.values())
