@@ -1,9 +1,11 @@
 """What the planner's RL recipes (planner_grpo, STITCH) and the verl export share: the reward set with its
-weights, R_QA's judge, the GRPO arguments, and SFT rows from teacher traces.
+weights, R_QA's judge, the GRPO settings and arguments, and SFT rows from teacher traces.
 
-``build_rewards`` returns the reward functions of ``training/rewards.py`` with nonzero weight and their
-weights, in GRPOConfig's order. ``make_qa_judge`` is R_QA's backend: SmartChunk retrieval over the predicted
-range of the question's document plus the generator, judged by the same correctness rule as the pseudo-labels.
+``GrpoUpdateSettings`` is what every GRPO update needs (rate, loss, sampling); ``GrpoSettings`` adds planner_grpo's
+batch shape and schedule (STITCH sets those per update). ``build_rewards`` returns the reward functions of
+``training/rewards.py`` with nonzero weight and their weights, in GRPOConfig's order. ``make_qa_judge`` is R_QA's
+backend: SmartChunk retrieval over the predicted range of the question's document plus the generator, judged by
+the same correctness rule as the pseudo-labels.
 """
 
 from __future__ import annotations
@@ -32,14 +34,37 @@ class RewardSettings:
     align: float = 1.0  # overlap of the predicted range with the pseudo-label
     cost: float = 0.0  # alpha: minus the share of the document read
     qa: float = 0.0  # R_QA: needs the generator; each (question, range) is answered once and cached
-    max_completion_tokens: int = 128  # L_max of R_length
+    # L_max of R_length; in STITCH also the length a solving rollout stays within (its one completion-length limit)
+    max_completion_tokens: int = 128
     k: int = 5  # chunks read per question (R_cost and R_QA)
 
 
 @dataclass(frozen=True)
-class GrpoSettings:
-    max_steps: int = 20  # optimizer steps
+class GrpoUpdateSettings:
+    """What one GRPO update needs beyond its batch shape: the learning rate, the loss and the rollout sampling. STITCH
+    takes only these (it sets each update's shape and schedule itself); planner_grpo's ``GrpoSettings`` adds them."""
+
     lr: float = 1e-6  # the paper's rate for Qwen2.5-1.5B; small LoRA runs on CPU use ~1e-4
+    temperature: float = 1.0  # rollout sampling temperature
+    loss_type: Literal["dapo", "grpo", "dr_grpo", "bnpo"] = "dapo"  # TRL's loss normalisation
+    epsilon: float = 0.2  # lower clip range of the policy ratio
+    epsilon_high: float = 0.28  # DAPO's clip-higher
+    beta: float = 0.0  # KL coefficient; DAPO drops the KL term
+    mask_truncated_completions: bool = True  # DAPO's overlong filtering
+    bf16: bool = False  # bf16 autocast (GPUs)
+
+    def update_kwargs(self) -> dict:
+        """GRPOConfig's arguments for these settings."""
+        return dict(learning_rate=self.lr, temperature=self.temperature, loss_type=self.loss_type,
+                    epsilon=self.epsilon, epsilon_high=self.epsilon_high, beta=self.beta,
+                    mask_truncated_completions=self.mask_truncated_completions, bf16=self.bf16)
+
+
+@dataclass(frozen=True)
+class GrpoSettings(GrpoUpdateSettings):
+    """planner_grpo's run: the update settings plus the batch shape, the schedule and where rollouts come from."""
+
+    max_steps: int = 20  # optimizer steps
     num_generations: int = 8  # rollouts per prompt (G)
     batch_size: int = 8  # completions per device per step (a multiple of num_generations)
     grad_accum: int = 1  # micro-batches per optimizer step
@@ -48,16 +73,9 @@ class GrpoSettings:
     # prompt batch 256 with mini-batch 64); 0: grad_accum, one optimizer step per generation
     steps_per_generation: int = 0
     max_completion_length: int = 128  # tokens per rollout
-    temperature: float = 1.0  # rollout sampling temperature
-    loss_type: Literal["dapo", "grpo", "dr_grpo", "bnpo"] = "dapo"  # TRL's loss normalisation
-    epsilon: float = 0.2  # lower clip range of the policy ratio
-    epsilon_high: float = 0.28  # DAPO's clip-higher
-    beta: float = 0.0  # KL coefficient; DAPO drops the KL term
-    mask_truncated_completions: bool = True  # DAPO's overlong filtering
     logging_steps: int = 1  # log every this many steps
     save_steps: int = 10  # checkpoint every this many steps (a rerun resumes from the newest)
     seed: int = 0  # sampling and data order
-    bf16: bool = False  # bf16 autocast (GPUs)
     deepspeed: str = ""  # a DeepSpeed JSON config; the Trainer hands it to DeepSpeed
     vllm_server_url: str = ""  # a `trl vllm-serve` endpoint for rollouts; empty: transformers generate
 
@@ -71,25 +89,27 @@ class GrpoSettings:
             raise ConfigError(f"train.batch_size ({self.batch_size}) must be a multiple of train.num_generations "
                               f"({self.num_generations})")
 
+    def run_kwargs(self) -> dict:
+        """GRPOConfig's arguments for the batch shape, the schedule, checkpoints and rollouts."""
+        return dict(
+            max_steps=self.max_steps, per_device_train_batch_size=self.batch_size,
+            gradient_accumulation_steps=self.grad_accum, steps_per_generation=self.steps_per_generation or None,
+            num_generations=self.num_generations, max_completion_length=self.max_completion_length,
+            logging_steps=self.logging_steps, save_strategy="steps", save_steps=self.save_steps, save_total_limit=2,
+            seed=self.seed, data_seed=self.seed, deepspeed=self.deepspeed or None,
+            use_vllm=bool(self.vllm_server_url), vllm_mode="server", vllm_server_base_url=self.vllm_server_url or None)
 
-def grpo_args(settings: GrpoSettings, output_dir: str | Path, reward_weights: list[float], **overrides):
-    """TRL's GRPOConfig for a planner GRPO run. STITCH passes its batch shape as ``overrides``: GRPOConfig derives
-    the generation batch from them when it is built, so they cannot be set afterwards."""
+
+def grpo_args(settings: GrpoUpdateSettings, output_dir: str | Path, reward_weights: list[float], **shape):
+    """TRL's GRPOConfig for a planner GRPO update. planner_grpo's ``GrpoSettings`` carries its batch shape and
+    schedule; STITCH passes its own as ``shape`` (GRPOConfig derives the generation batch from them when it is
+    built, so they cannot be set afterwards)."""
     from trl import GRPOConfig
 
-    return GRPOConfig(**{**dict(
-        output_dir=str(output_dir), max_steps=settings.max_steps, learning_rate=settings.lr,
-        per_device_train_batch_size=settings.batch_size, gradient_accumulation_steps=settings.grad_accum,
-        steps_per_generation=settings.steps_per_generation or None,
-        num_generations=settings.num_generations, max_completion_length=settings.max_completion_length,
-        temperature=settings.temperature, loss_type=settings.loss_type, epsilon=settings.epsilon,
-        epsilon_high=settings.epsilon_high, beta=settings.beta,
-        mask_truncated_completions=settings.mask_truncated_completions, reward_weights=reward_weights,
-        logging_steps=settings.logging_steps, logging_nan_inf_filter=False, save_strategy="steps",
-        save_steps=settings.save_steps, save_total_limit=2, seed=settings.seed, data_seed=settings.seed,
-        bf16=settings.bf16, deepspeed=settings.deepspeed or None, report_to="none", ddp_backend=process_group_backend(),
-        use_vllm=bool(settings.vllm_server_url), vllm_mode="server",
-        vllm_server_base_url=settings.vllm_server_url or None, remove_unused_columns=False), **overrides})
+    run = settings.run_kwargs() if isinstance(settings, GrpoSettings) else {}
+    return GRPOConfig(**{**dict(output_dir=str(output_dir), reward_weights=reward_weights, logging_nan_inf_filter=False,
+                                report_to="none", ddp_backend=process_group_backend(), remove_unused_columns=False),
+                         **settings.update_kwargs(), **run, **shape})
 
 
 def trace_rows(traces: list[PlannerTrace]) -> list[dict]:

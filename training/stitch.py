@@ -5,26 +5,33 @@
 The loop of the SmartChunk paper's Algorithm 2, per step:
 1. Draw ``questions_per_step`` planner prompts and sample ``num_generations`` rollouts of each with
    the current policy. A question is *solvable* when one rollout is correct (its plan equals the
-   pseudo-label) within the length limit; solvable prompts go to the RL buffer.
-2. For the others, take a hint from the question's expert trace: its reasoning split into sentences,
-   the first ``n`` of them, with ``n`` set from the running success rate (the paper's best strategy:
-   the less the policy solves, the longer the hint), never the last sentence, where a trace states its
-   conclusion (the template teacher's traces name the chunk sizes only there). Roll out again with the
-   hint appended to the prompt; solved -> RL buffer with the hinted prompt, still unsolved -> imitation buffer.
+   pseudo-label) within ``rewards.max_completion_tokens`` (the run's one completion-length limit: R_length's
+   L_max too); solvable prompts go to the RL buffer.
+2. For the others, take a hint from the question's expert trace, written by ``traces_teacher`` (a trace file of
+   several teachers without it is refused: which one hinted would be chance): its reasoning split into sentences,
+   the first ``n`` of them, with ``n`` set from the running success rate (the paper's best strategy: the less the
+   policy solves, the longer the hint), never the last sentence, where a trace states its conclusion, and ended
+   before the first sentence that names a level of the label (an LLM teacher is told the label and may name it
+   early; such cuts are counted, and every hinted prompt is checked for a level of its label: ``hint_leaks``).
+   Roll out again with the hint appended to the prompt; solved -> RL buffer with the hinted prompt, still
+   unsolved -> imitation buffer. A question without a trace goes to neither (counted: ``no_trace``).
 3. A GRPO update (TRL's GRPOTrainer, DAPO loss, the rewards of ``training/rewards.py``) on the RL buffer,
    which is then cleared. With ``rewards.qa`` > 0, R_QA joins the rewards as in planner_grpo: SmartChunk
    retrieval over each rollout's range and the generator's answer, on a stack started for the run or
    ``server_url``.
 4. When the imitation buffer holds ``imitation_threshold`` questions, an SFT update (TRL's SFTTrainer) on
-   their full expert traces, then the buffer is cleared; the step is logged as an SFT injection point.
+   all their full expert traces (``sft_epochs`` passes), then the buffer is cleared; the step is logged as an
+   SFT injection point with the number of traces trained on.
 
 What TRL does not do and is written here: the routing of questions (rollouts, hints, buffers) and
 the schedule. The updates themselves are TRL's trainers, built per update around the one shared
 policy, with optimizers created once and passed in so Adam's moments carry across updates. Every
-step is logged (solve-none ratio, hinted-solve ratio, buffer sizes, the plain rollouts' format rates, tolerant
-and strict, the GRPO update's optimizer steps, gradient norm and weight change, SFT injections, reward) to
-``out/stitch_log.jsonl`` and the tracker; the adapter, both optimizers and the loop state are saved
-after each step in ``out/last``, and a rerun resumes from there.
+step is logged (solve-none ratio, hinted-solve ratio, buffer sizes, hint cuts and leaks, questions without a
+trace, the plain rollouts' format rates, tolerant and strict, the GRPO update's optimizer steps, gradient norm and
+weight change, SFT injections, reward) to ``out/stitch_log.jsonl`` and the tracker. After each step the adapter,
+both optimizers, the RNG state, the log and the loop state (with the settings) are written to a staging folder and
+swapped whole into ``out/last`` (``training/checkpoint_state.py``): a rerun resumes after the last whole step, and
+refuses other settings (only ``stitch.steps`` may grow).
 """
 
 from __future__ import annotations
@@ -46,16 +53,17 @@ from overstory.core.config import ConfigError, to_dict
 from overstory.core.records import PlannerTrace, read_jsonl
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.planner_examples import PlannerDataConfig, planner_rows
-from overstory.models.planner import parse_plan, strict_plan_valid
+from overstory.models.planner import normalise_level, parse_plan, strict_plan_valid
 from overstory.models.registry import SMOLLM2, load_lm_checkpoint
 from overstory.retrieval.judge import CorrectnessConfig
 from overstory.serving.client import Client
 from overstory.serving.config import ServeConfig
 from overstory.serving.launch import stack_in_background
+from overstory.training import checkpoint_state
 from overstory.training.common import LoraSettings, lora_config, write_manifest
 from overstory.training.distributed import process_group_backend, world_size
 from overstory.training.planner_common import (
-    GrpoSettings,
+    GrpoUpdateSettings,
     RewardSettings,
     build_rewards,
     grpo_args,
@@ -65,6 +73,9 @@ from overstory.training.planner_common import (
 
 # (prompts, number of rollouts each) -> completions, prompt by prompt: the policy, or a stand-in in tests
 RolloutFn = Callable[[list[list[dict[str, str]]], int], list[list[str]]]
+STATE_FILE = "stitch_state.json"
+# rollouts may run this many tokens past the length limit, so that an overlong plan is seen (and not solved)
+LENGTH_MARGIN = 16
 
 
 @dataclass(frozen=True)
@@ -73,12 +84,12 @@ class StitchSettings:
     questions_per_step: int = 8
     num_generations: int = 8  # G, for routing and for the GRPO update
     imitation_threshold: int = 8  # T: SFT once the imitation buffer holds this many questions
-    max_completion_tokens: int = 128  # solvable = a correct plan within this many tokens
     hint: Literal["adaptive", "fixed"] = "adaptive"
     fixed_hint_fraction: float = 0.5  # hint = this share of the trace's sentences when hint: fixed
     rollout_temperature: float = 1.0
     grpo_steps: int = 1  # optimizer steps per GRPO update
-    sft_steps: int = 1  # optimizer steps per SFT injection
+    sft_epochs: int = 1  # passes over the whole imitation buffer per SFT injection
+    sft_batch_size: int = 8  # traces per SFT optimizer step
     sft_lr: float = 1e-4
     seed: int = 0
 
@@ -88,6 +99,8 @@ class StitchSettings:
                               "must be positive")
         if not 0 < self.fixed_hint_fraction < 1:
             raise ConfigError(f"stitch.fixed_hint_fraction must be in (0, 1), got {self.fixed_hint_fraction}")
+        if self.grpo_steps < 1 or self.sft_epochs < 1 or self.sft_batch_size < 1:
+            raise ConfigError("stitch.grpo_steps, sft_epochs and sft_batch_size must be positive")
 
 
 @dataclass(frozen=True)
@@ -95,15 +108,38 @@ class StitchConfig:
     data: PlannerDataConfig
     traces: str  # expert traces (`overstory data traces`): hints and the imitation targets
     out: str
+    # the teacher in `traces` whose traces supply the hints and imitation targets; empty: the file must hold
+    # the traces of one teacher only (a file of several is refused, naming them)
+    traces_teacher: str = ""
     model: str = SMOLLM2  # a base model or a planner_sft output
     lora: LoraSettings = field(default_factory=LoraSettings)
+    # rewards.max_completion_tokens is also the length a solving rollout stays within
     rewards: RewardSettings = field(default_factory=RewardSettings)
-    grpo: GrpoSettings = field(default_factory=GrpoSettings)
+    grpo: GrpoUpdateSettings = field(default_factory=GrpoUpdateSettings)  # each update's shape is STITCH's own
     stitch: StitchSettings = field(default_factory=StitchSettings)
     correctness: CorrectnessConfig = field(default_factory=CorrectnessConfig)  # for R_QA (rewards.qa > 0)
     serve: ServeConfig = field(default_factory=lambda: ServeConfig.local(port=0))  # R_QA's generator
     server_url: str = ""  # R_QA on a running stack (a URL or stack.json) instead of one started for this run
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+
+def hint_traces(path: str | Path, teacher: str) -> dict[str, PlannerTrace]:
+    """The traces of the teacher that supplies hints and imitation targets, by question id. Without ``teacher``
+    the file must hold one teacher's traces: with several, which one a question's hint came from would be chance."""
+    traces = list(read_jsonl(path, PlannerTrace))
+    if not traces:
+        raise ValueError(f"{path} holds no traces; STITCH needs expert traces for hints and imitation")
+    found = sorted({t.teacher for t in traces})
+    if not teacher and len(found) > 1:
+        raise ConfigError(f"{path} holds the traces of several teachers ({', '.join(found)}): set traces_teacher "
+                          f"to the one whose traces supply the hints and imitation targets")
+    if teacher and teacher not in found:
+        raise ConfigError(f"traces_teacher {teacher!r} wrote no trace in {path} (its teachers: {', '.join(found)})")
+    picked = [t for t in traces if t.teacher == (teacher or found[0])]
+    by_question = {t.question_id: t for t in picked}
+    if len(by_question) < len(picked):
+        raise ValueError(f"{path} holds several traces of one question from teacher {teacher or found[0]!r}")
+    return by_question
 
 
 def trace_sentences(completion: str) -> list[str]:
@@ -114,6 +150,17 @@ def trace_sentences(completion: str) -> list[str]:
     """
     reasoning = completion[: completion.rfind("{")] if "{" in completion else completion
     return [s for s in re.split(r"(?<=[.!?])\s+", reasoning.strip()) if s]
+
+
+def names_label(text: str, level_min: str, level_max: str) -> bool:
+    """True when ``text`` names a level of the label, in any spelling the planner's parser accepts.
+
+    >>> names_label("The answer sits in one paragraph.", "sentence", "paragraph")
+    True
+    >>> names_label("The evidence is one compact statement.", "sentence", "paragraph")
+    False
+    """
+    return bool({normalise_level(word) for word in re.findall(r"[A-Za-z-]+", text)} & {level_min, level_max})
 
 
 def hint_length(n_sentences: int, success_rate: float, settings: StitchSettings) -> int:
@@ -129,6 +176,24 @@ def hint_length(n_sentences: int, success_rate: float, settings: StitchSettings)
     return min(n_sentences - 1, max(1, math.ceil(fraction * n_sentences)))
 
 
+def hint_for(trace: PlannerTrace, row: dict, success_rate: float, settings: StitchSettings) -> tuple[str, bool]:
+    """The hint a trace gives (empty for none) and whether it was cut: the first ``hint_length`` sentences, ended
+    before the first sentence that names a level of the label (an LLM teacher is told the label and may name it
+    early; a hint must not pass it on).
+
+    >>> row = {"level_min": "sentence", "level_max": "paragraph"}
+    >>> trace = PlannerTrace("q/t", "q", "d", "t", [], "A date. One paragraph holds it. So it is clear. {}", {}, 9)
+    >>> hint_for(trace, row, 0.0, StitchSettings())
+    ('A date.', True)
+    """
+    sentences = trace_sentences(trace.completion)
+    wanted = sentences[: hint_length(len(sentences), success_rate, settings)] if sentences else []
+    for i, sentence in enumerate(wanted):
+        if names_label(sentence, row["level_min"], row["level_max"]):
+            return " ".join(wanted[:i]), True
+    return " ".join(wanted), False
+
+
 def with_hint(prompt: list[dict[str, str]], hint: str) -> list[dict[str, str]]:
     """The prompt with the hint appended to the user's turn."""
     return [*prompt[:-1], {**prompt[-1], "content": f"{prompt[-1]['content']}\n\nHint: {hint}"}]
@@ -142,20 +207,46 @@ def solved(completions: Sequence[str], row: dict, count_tokens: Callable[[str], 
 
 @dataclass
 class Routing:
-    rl: list[dict]  # rows to reinforce (hinted prompt when a hint was needed)
-    imitation: list[dict]  # rows whose expert trace the policy will imitate
-    solved_plain: int
-    solved_hinted: int
-    unsolved: int
+    rl: list[dict] = field(default_factory=list)  # rows to reinforce (hinted prompt when a hint was needed)
+    imitation: list[dict] = field(default_factory=list)  # rows whose expert trace the policy will imitate
+    solved_plain: int = 0
+    solved_hinted: int = 0
+    unsolved: int = 0
+    no_trace: int = 0  # unsolved questions without a trace of the hint teacher: in neither buffer
+    hinted: int = 0  # questions rolled out again with a hint
+    hint_cuts: int = 0  # hints ended early because a sentence named a level of the label
+    hint_leaks: int = 0  # hinted prompts whose hint names a level of the label (the check; 0 unless a bug)
     format_valid: float = 0.0  # share of the plain rollouts that parse to a plan (the tolerant parser)
     format_valid_strict: float = 0.0  # share of them in the exact format the prompt asks for (strict_plan_valid)
 
 
+def hinted_rows(rows: list[dict], traces: dict[str, PlannerTrace], success_rate: float, settings: StitchSettings,
+                outcome: Routing) -> list[dict]:
+    """The unsolved rows with a hint in their prompt; those without a trace, or whose trace gives no hint, are
+    counted (and the latter sent to imitation) here. Every hinted prompt is checked for a level of its label."""
+    hinted = []
+    for row in rows:
+        trace = traces.get(row["example_id"])
+        hint, cut = hint_for(trace, row, success_rate, settings) if trace else ("", False)
+        outcome.hint_cuts += cut
+        if not hint:  # no trace: neither buffer; no reasoning to hint with but the conclusion: imitate the trace
+            outcome.no_trace += trace is None
+            outcome.imitation.extend([row] if trace else [])
+            outcome.unsolved += 1
+            continue
+        prompt = with_hint(row["prompt"], hint)
+        outcome.hint_leaks += names_label(prompt[-1]["content"].rsplit("\n\nHint: ", 1)[1], row["level_min"],
+                                          row["level_max"])
+        hinted.append({**row, "prompt": prompt})
+    outcome.hinted = len(hinted)
+    return hinted
+
+
 def route(rows: list[dict], rollout: RolloutFn, traces: dict[str, PlannerTrace], success_rate: float,
-          settings: StitchSettings, count_tokens: Callable[[str], int]) -> Routing:
-    """Steps 1-2 of a STITCH step: sort questions into the RL and imitation buffers."""
-    G, limit = settings.num_generations, settings.max_completion_tokens
-    outcome = Routing([], [], 0, 0, 0)
+          settings: StitchSettings, count_tokens: Callable[[str], int], limit: int) -> Routing:
+    """Steps 1-2 of a STITCH step: sort questions into the RL and imitation buffers (``limit``: the most tokens a
+    solving completion has)."""
+    G, outcome = settings.num_generations, Routing()
     first = rollout([r["prompt"] for r in rows], G)
     plain = [c for completions in first for c in completions]
     outcome.format_valid = sum(parse_plan(c).valid for c in plain) / max(len(plain), 1)
@@ -167,19 +258,9 @@ def route(rows: list[dict], rollout: RolloutFn, traces: dict[str, PlannerTrace],
             outcome.solved_plain += 1
         else:
             needs_hint.append(row)
-    hinted_rows = []
-    for row in needs_hint:
-        sentences = trace_sentences(traces[row["example_id"]].completion) if row["example_id"] in traces else []
-        n_hint = hint_length(len(sentences), success_rate, settings) if sentences else 0
-        if not n_hint:  # no reasoning to hint with but the conclusion: imitate the trace (when there is one)
-            if row["example_id"] in traces:
-                outcome.imitation.append(row)
-            outcome.unsolved += 1
-            continue
-        hint = " ".join(sentences[:n_hint])
-        hinted_rows.append({**row, "prompt": with_hint(row["prompt"], hint)})
-    second = rollout([r["prompt"] for r in hinted_rows], G) if hinted_rows else []
-    for row, completions in zip(hinted_rows, second, strict=True):
+    hinted = hinted_rows(needs_hint, traces, success_rate, settings, outcome)
+    second = rollout([r["prompt"] for r in hinted], G) if hinted else []
+    for row, completions in zip(hinted, second, strict=True):
         if solved(completions, row, count_tokens, limit):
             outcome.rl.append(row)
             outcome.solved_hinted += 1
@@ -189,7 +270,7 @@ def route(rows: list[dict], rollout: RolloutFn, traces: dict[str, PlannerTrace],
     return outcome
 
 
-def policy_rollout(model, tokenizer, settings: StitchSettings) -> RolloutFn:
+def policy_rollout(model, tokenizer, settings: StitchSettings, max_new_tokens: int) -> RolloutFn:
     """Sample G completions per prompt with the current policy (transformers generate, left padding)."""
 
     @torch.no_grad()
@@ -199,7 +280,7 @@ def policy_rollout(model, tokenizer, settings: StitchSettings) -> RolloutFn:
         texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
         batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
         output = model.generate(**batch, do_sample=True, temperature=settings.rollout_temperature,
-                                max_new_tokens=settings.max_completion_tokens + 16, num_return_sequences=n,
+                                max_new_tokens=max_new_tokens, num_return_sequences=n,
                                 pad_token_id=tokenizer.pad_token_id)
         decoded = tokenizer.batch_decode(output[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
         model.train()
@@ -208,123 +289,210 @@ def policy_rollout(model, tokenizer, settings: StitchSettings) -> RolloutFn:
     return rollout
 
 
-def run(config: StitchConfig) -> dict:
-    from datasets import Dataset
-    from peft import PeftModel, get_peft_model
-    from trl import GRPOTrainer, SFTConfig, SFTTrainer
+@dataclass
+class Policy:
+    """The one policy every update trains, with the optimizers that carry Adam's moments across updates."""
 
-    # --- setup -------------------------------------------------------------------------------------
+    model: object
+    tokenizer: object
+    base: str
+    trainable: list[torch.nn.Parameter]
+    optimizers: dict[str, torch.optim.Optimizer]
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def resume_settings(config: StitchConfig) -> dict:
+    """What decides a STITCH run's training: the whole config but its length (``stitch.steps``, which a resume
+    extends), where it is written and tracked, and where R_QA's stack listens."""
+    settings = to_dict(config)
+    for key in ("out", "tracking", "server_url"):
+        settings.pop(key)
+    settings["stitch"].pop("steps")
+    settings["serve"].pop("port")
+    return settings
+
+
+def refuse_several_processes() -> None:
     if world_size() > 1:
         # Each update builds a fresh Trainer around one policy and hands it the optimizers that carry Adam's
         # moments across updates; DeepSpeed owns the optimizer and refuses that. Scale-out goes through verl.
         raise ConfigError(f"STITCH runs in one process (WORLD_SIZE is {world_size()}): launch it without "
                           f"`accelerate launch`, or run its GRPO half at scale with planner_grpo or verl "
                           f"(training/verl/README.md)")
-    settings, out = config.stitch, Path(config.out)
-    random.seed(settings.seed)
-    torch.manual_seed(settings.seed)
-    last = out / "last"
-    model, tokenizer, base = load_lm_checkpoint(str(last) if (last / "adapter_config.json").exists() else config.model)
+
+
+def resume_state(config: StitchConfig, last: Path) -> dict | None:
+    """The loop state of the last whole step saved in ``last`` (None: a fresh run); refused under other settings."""
+    state = checkpoint_state.read_state(last, STATE_FILE)
+    if state is not None:
+        checkpoint_state.check_settings(state, resume_settings(config), last)
+        print(f"resuming STITCH after step {state['step']}")
+    return state
+
+
+def load_policy(config: StitchConfig, last: Path, resumed: dict | None) -> Policy:
+    """The policy with a LoRA adapter (the saved one on a resume) and its GRPO and SFT optimizers, no weight decay
+    as the Trainer-built optimizers of planner_sft / planner_grpo (torch's AdamW default is 0.01): the weights then
+    move only where a gradient moved them, which is what grpo_weight_change reports."""
+    from peft import PeftModel, get_peft_model
+
+    model, tokenizer, base = load_lm_checkpoint(str(last) if resumed else config.model)
     if not isinstance(model, PeftModel):
         if not config.lora.enabled:
             raise ConfigError("stitch trains a LoRA adapter; set lora.enabled: true")
         model = get_peft_model(model, lora_config(config.lora))
-    rows, _, chunks = planner_rows(config.data, base)
-    traces = {t.question_id: t for t in read_jsonl(config.traces, PlannerTrace)}
-    if not traces:
-        raise ValueError(f"{config.traces} holds no traces; STITCH needs expert traces for hints and imitation")
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizers = {"grpo": torch.optim.AdamW(trainable, lr=config.grpo.lr, weight_decay=0.0),
+                  "sft": torch.optim.AdamW(trainable, lr=config.stitch.sft_lr, weight_decay=0.0)}
+    if resumed:
+        checkpoint_state.load_optimizers(last, optimizers)
+        torch.set_rng_state(torch.load(last / "rng.pt"))
+    return Policy(model, tokenizer, base, trainable, optimizers)
+
+
+def grpo_update(policy: Policy, rl: list[dict], config: StitchConfig, reward_funcs: list, weights: list[float],
+                out: Path) -> dict:
+    """GRPO on the RL buffer (TRL regenerates on-policy rollouts of these prompts): one generation batch = G
+    rollouts of every buffered prompt, one prompt per micro-batch, ``grpo_steps`` optimizer steps, so the whole
+    buffer shapes each update. Returns what the step log shows of it."""
+    from datasets import Dataset
+    from trl import GRPOTrainer
+
+    settings, G = config.stitch, config.stitch.num_generations
+    args = grpo_args(config.grpo, out / "grpo", weights, max_steps=settings.grpo_steps, save_strategy="no",
+                     num_generations=G, per_device_train_batch_size=G, gradient_accumulation_steps=len(rl),
+                     steps_per_generation=None, logging_steps=1, seed=settings.seed, data_seed=settings.seed,
+                     max_completion_length=config.rewards.max_completion_tokens + LENGTH_MARGIN)
+    trainer = GRPOTrainer(model=policy.model, reward_funcs=reward_funcs, args=args, processing_class=policy.tokenizer,
+                          train_dataset=Dataset.from_list(rl), optimizers=(policy.optimizers["grpo"], None))
+    before = [p.detach().clone() for p in policy.trainable]
+    trainer.train()
+    logged = next((r for r in reversed(trainer.state.log_history) if "reward" in r), {})
+    # proof of an update: optimizer steps taken, their gradient norm (0 when every group's rewards were flat: zero
+    # advantages) and how far the trainable (LoRA) weights moved; each reward's mean (TRL's rewards/<name>/mean)
+    return {"reward": logged.get("reward"), "grpo_updates": trainer.state.global_step,
+            "rewards": {key.split("/")[1]: value for key, value in logged.items()
+                        if key.startswith("rewards/") and key.endswith("/mean")},
+            "grpo_grad_norm": logged.get("grad_norm"),
+            "grpo_weight_change": float(sum((p.detach() - b).abs().sum() for p, b in zip(policy.trainable, before)))}
+
+
+def sft_update(policy: Policy, imitation: list[PlannerTrace], config: StitchConfig, out: Path) -> dict:
+    """SFT on every trace of the imitation buffer (``sft_epochs`` passes, ``sft_batch_size`` traces a step)."""
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    settings = config.stitch
+    args = SFTConfig(output_dir=str(out / "sft"), num_train_epochs=settings.sft_epochs, learning_rate=settings.sft_lr,
+                     per_device_train_batch_size=min(settings.sft_batch_size, len(imitation)), save_strategy="no",
+                     report_to="none", logging_steps=1, completion_only_loss=True, bf16=config.grpo.bf16,
+                     seed=settings.seed, ddp_backend=process_group_backend())
+    trainer = SFTTrainer(model=policy.model, args=args, processing_class=policy.tokenizer,
+                         train_dataset=Dataset.from_list(trace_rows(imitation)),
+                         optimizers=(policy.optimizers["sft"], None))
+    loss = trainer.train().training_loss
+    return {"sft_injection": True, "sft_loss": loss, "sft_examples": len(imitation),
+            "sft_optimizer_steps": trainer.state.global_step}
+
+
+def step_record(step: int, batch: list[dict], routing: Routing, state: dict) -> dict:
+    """The step log's routing figures (the updates add theirs)."""
+    n, plain = len(batch), routing.solved_plain
+    return {"step": step, "questions": n, "solve_none_ratio": 1 - plain / n,
+            "hinted_solve_ratio": routing.solved_hinted / max(1, n - plain), "rl_buffer": len(routing.rl),
+            "imitation_buffer": len(state["imitation"]), "no_trace": routing.no_trace, "hinted": routing.hinted,
+            "hint_cuts": routing.hint_cuts, "hint_leaks": routing.hint_leaks, "success_rate": state["success_rate"],
+            "format_valid": routing.format_valid, "format_valid_strict": routing.format_valid_strict,
+            "grpo_updates": 0, "sft_injection": False}
+
+
+def train_step(step: int, rows: list[dict], traces: dict[str, PlannerTrace], policy: Policy, state: dict,
+               config: StitchConfig, rewards: tuple[list, list[float]], rollout: RolloutFn) -> dict:
+    """One STITCH step: route a draw of questions, GRPO on the RL buffer, SFT once the imitation buffer is full.
+    Updates ``state`` and returns the step's record."""
+    settings, out = config.stitch, Path(config.out)
+    batch = random.Random(settings.seed * 100_003 + step).sample(rows, min(settings.questions_per_step, len(rows)))
+    routing = route(batch, rollout, traces, state["success_rate"], settings, policy.count_tokens,
+                    config.rewards.max_completion_tokens)
+    state["success_rate"] = 0.8 * state["success_rate"] + 0.2 * (routing.solved_plain / len(batch))
+    state["imitation"].extend(r["example_id"] for r in routing.imitation)
+    record = step_record(step, batch, routing, state)
+    if routing.rl:
+        record.update(grpo_update(policy, routing.rl, config, *rewards, out))
+    if len(state["imitation"]) >= settings.imitation_threshold:
+        record.update(sft_update(policy, [traces[i] for i in state["imitation"]], config, out))
+        state["imitation"] = []
+    state["step"] = step
+    state["history"].append(record)
+    return record
+
+
+def save_step(policy: Policy, state: dict, out: Path) -> None:
+    """The step's adapter, optimizers, RNG and log into a staging folder, the loop state last, swapped into
+    ``out/last`` whole; then the log beside it (rewritten from the state's history, so it never repeats a step)."""
+    staging = checkpoint_state.start_step(out / "last")
+    policy.model.save_pretrained(staging)
+    policy.tokenizer.save_pretrained(staging)
+    checkpoint_state.save_optimizers(staging, policy.optimizers)
+    torch.save(torch.get_rng_state(), staging / "rng.pt")
+    log = "".join(json.dumps(record) + "\n" for record in state["history"])
+    (staging / "stitch_log.jsonl").write_text(log)
+    checkpoint_state.commit(out / "last", state, STATE_FILE)
+    checkpoint_state.atomic_write_text(out / "stitch_log.jsonl", log)
+
+
+def finish(policy: Policy, state: dict, config: StitchConfig, extra: dict, tracker) -> dict:
+    """``out/final`` (adapter, tokenizer, manifest) and ``metrics.json``; returns the summary."""
+    out, history = Path(config.out), state["history"]
+    final = out / "final"
+    policy.model.save_pretrained(final)
+    policy.tokenizer.save_pretrained(final)
+    totals = {key: sum(r.get(key, 0) for r in history) for key in ("hint_cuts", "hint_leaks", "no_trace",
+                                                                   "sft_examples")}
+    summary = {"steps": state["step"], "sft_injections": sum(r["sft_injection"] for r in history),
+               "final_success_rate": state["success_rate"], **totals, **extra}
+    write_manifest(final, {"kind": "planner", "base_model": policy.base, "adapter": True, "recipe": "stitch",
+                           "init": config.model, "config": to_dict(config), "metrics": summary,
+                           "tracking_run": tracker.id})
+    (out / "metrics.json").write_text(json.dumps({**summary, "history": history}, indent=2))
+    tracker.summary(summary)
+    tracker.finish()
+    return summary
+
+
+def run(config: StitchConfig) -> dict:
+    # --- setup -------------------------------------------------------------------------------------
+    refuse_several_processes()
+    settings, out = config.stitch, Path(config.out)
+    random.seed(settings.seed)
+    torch.manual_seed(settings.seed)
+    resumed = resume_state(config, out / "last")
+    state = resumed or {"step": 0, "success_rate": 0.0, "imitation": [], "history": [],
+                        "settings": resume_settings(config)}
+    policy = load_policy(config, out / "last", resumed)
+    rows, _, chunks = planner_rows(config.data, policy.base)
+    traces = hint_traces(config.traces, config.traces_teacher)
+    rollout = policy_rollout(policy.model, policy.tokenizer, settings,
+                             config.rewards.max_completion_tokens + LENGTH_MARGIN)
+    tracker = start_run(config.tracking, "train stitch", config)
+    started = time.perf_counter()
     with ExitStack() as stack:  # R_QA's stack, when rewards.qa is on: stopped when training ends or fails
         judge = None
         if config.rewards.qa:
             client = Client.from_url(config.server_url or stack.enter_context(stack_in_background(config.serve)))
             judge = make_qa_judge(rows, chunks, client, config.correctness, config.rewards.k)
-        reward_funcs, weights = build_rewards(config.rewards, judge)
-        trainable = [p for p in model.parameters() if p.requires_grad]
-        # no weight decay, as the Trainer-built optimizers of planner_sft / planner_grpo (torch's AdamW default is
-        # 0.01): the weights then move only where a gradient moved them, which is what grpo_weight_change reports
-        grpo_optimizer = torch.optim.AdamW(trainable, lr=config.grpo.lr, weight_decay=0.0)
-        sft_optimizer = torch.optim.AdamW(trainable, lr=settings.sft_lr, weight_decay=0.0)
-        state = {"step": 0, "success_rate": 0.0, "imitation": [], "history": []}
-        if (last / "stitch_state.json").exists():
-            state = json.loads((last / "stitch_state.json").read_text())
-            grpo_optimizer.load_state_dict(torch.load(last / "grpo_optimizer.pt"))
-            sft_optimizer.load_state_dict(torch.load(last / "sft_optimizer.pt"))
-            print(f"resuming STITCH after step {state['step']}")
-        count = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
-        rollout = policy_rollout(model, tokenizer, settings)
-        tracker = start_run(config.tracking, "train stitch", config)
-        log_path = out / "stitch_log.jsonl"
-        out.mkdir(parents=True, exist_ok=True)
-        started = time.perf_counter()
+        rewards = build_rewards(config.rewards, judge)
 
-        # --- train -------------------------------------------------------------------------------------
+        # --- train and save each step ------------------------------------------------------------------
         for step in range(state["step"] + 1, settings.steps + 1):
-            sampler = random.Random(settings.seed * 100_003 + step)
-            batch = sampler.sample(rows, min(settings.questions_per_step, len(rows)))
-            routing = route(batch, rollout, traces, state["success_rate"], settings, count)
-            state["success_rate"] = 0.8 * state["success_rate"] + 0.2 * (routing.solved_plain / len(batch))
-            state["imitation"].extend(r["example_id"] for r in routing.imitation)
-            record = {"step": step, "solve_none_ratio": 1 - routing.solved_plain / len(batch),
-                      "hinted_solve_ratio": routing.solved_hinted / max(1, len(batch) - routing.solved_plain),
-                      "rl_buffer": len(routing.rl), "imitation_buffer": len(state["imitation"]),
-                      "success_rate": state["success_rate"], "format_valid": routing.format_valid,
-                      "format_valid_strict": routing.format_valid_strict, "grpo_updates": 0, "sft_injection": False}
-            if routing.rl:  # GRPO on the RL buffer (TRL regenerates on-policy rollouts of these prompts)
-                # one generation batch = G rollouts of every buffered prompt, one prompt per micro-batch, one
-                # optimizer step per ``grpo_steps``: the whole buffer shapes each update
-                args = grpo_args(config.grpo, out / "grpo", weights, max_steps=settings.grpo_steps, save_strategy="no",
-                                 num_generations=settings.num_generations,
-                                 per_device_train_batch_size=settings.num_generations,
-                                 gradient_accumulation_steps=len(routing.rl), steps_per_generation=None)
-                trainer = GRPOTrainer(model=model, reward_funcs=reward_funcs, args=args, processing_class=tokenizer,
-                                      train_dataset=Dataset.from_list(routing.rl), optimizers=(grpo_optimizer, None))
-                before = [p.detach().clone() for p in trainable]
-                trainer.train()
-                logged = [r for r in trainer.state.log_history if "reward" in r]
-                record["reward"] = logged[-1]["reward"] if logged else None
-                # each reward's mean (TRL's rewards/<name>/mean): R_QA's share of the total shows here
-                record["rewards"] = {key.split("/")[1]: value for key, value in (logged[-1] if logged else {}).items()
-                                     if key.startswith("rewards/") and key.endswith("/mean")}
-                # proof of an update: optimizer steps taken, their gradient norm (0 when every group's rewards were
-                # flat: zero advantages) and how far the trainable (LoRA) weights moved
-                record["grpo_updates"] = trainer.state.global_step
-                record["grpo_grad_norm"] = logged[-1].get("grad_norm") if logged else None
-                record["grpo_weight_change"] = float(sum((p.detach() - b).abs().sum()
-                                                         for p, b in zip(trainable, before)))
-            if len(state["imitation"]) >= settings.imitation_threshold:  # SFT on the full expert traces
-                imitation = [traces[i] for i in state["imitation"]]
-                sft_args = SFTConfig(output_dir=str(out / "sft"), max_steps=settings.sft_steps,
-                                     learning_rate=settings.sft_lr, per_device_train_batch_size=min(8, len(imitation)),
-                                     save_strategy="no", report_to="none", logging_steps=1, completion_only_loss=True,
-                                     bf16=config.grpo.bf16, seed=settings.seed, ddp_backend=process_group_backend())
-                sft = SFTTrainer(model=model, args=sft_args, processing_class=tokenizer,
-                                 train_dataset=Dataset.from_list(trace_rows(imitation)),
-                                 optimizers=(sft_optimizer, None))
-                record["sft_loss"] = sft.train().training_loss
-                record["sft_injection"], state["imitation"] = True, []
-            # --- save ----------------------------------------------------------------------------------
-            state["step"] = step
-            state["history"].append(record)
-            model.save_pretrained(last)
-            tokenizer.save_pretrained(last)
-            torch.save(grpo_optimizer.state_dict(), last / "grpo_optimizer.pt")
-            torch.save(sft_optimizer.state_dict(), last / "sft_optimizer.pt")
-            (last / "stitch_state.json").write_text(json.dumps(state, indent=2))
-            with log_path.open("a") as fh:
-                fh.write(json.dumps(record) + "\n")
+            record = train_step(step, rows, traces, policy, state, config, rewards, rollout)
+            save_step(policy, state, out)
             tracker.log(record, step=step)
             print(json.dumps(record))
 
-    final = out / "final"
-    model.save_pretrained(final)
-    tokenizer.save_pretrained(final)
-    summary = {"steps": state["step"], "sft_injections": sum(r["sft_injection"] for r in state["history"]),
-               "final_success_rate": state["success_rate"], "n_prompts": len(rows), "n_traces": len(traces),
-               "seconds": round(time.perf_counter() - started, 1)}
-    write_manifest(final, {"kind": "planner", "base_model": base, "adapter": True, "recipe": "stitch",
-                           "init": config.model, "config": to_dict(config), "metrics": summary,
-                           "tracking_run": tracker.id})
-    (out / "metrics.json").write_text(json.dumps({**summary, "history": state["history"]}, indent=2))
-    tracker.summary(summary)
-    tracker.finish()
-    return summary
+    # --- save --------------------------------------------------------------------------------------
+    return finish(policy, state, config, {"n_prompts": len(rows), "n_traces": len(traces),
+                                          "traces_teacher": next(iter(traces.values())).teacher,
+                                          "seconds": round(time.perf_counter() - started, 1)}, tracker)

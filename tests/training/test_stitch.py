@@ -11,13 +11,15 @@ import pytest
 from safetensors.torch import load_file
 
 from overstory.cli import main
+from overstory.core.config import ConfigError, load_config
 from overstory.core.records import PlannerTrace, PseudoLabel, read_jsonl, write_jsonl
 from overstory.data_pipeline.hierarchy import stored_hierarchy_path
 from overstory.data_pipeline.planner_examples import PlannerDataConfig, planner_rows
 from overstory.evaluation.planner import generate_plans
 from overstory.models.planner import parse_plan, plan_json, planner_messages
 from overstory.models.registry import load_lm_checkpoint
-from overstory.training.stitch import StitchSettings, hint_length, route
+from overstory.training import stitch
+from overstory.training.stitch import StitchConfig, StitchSettings, hint_length, hint_traces, route
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,8 +29,9 @@ def _row(example_id: str, low: str, high: str) -> dict:
             "level_min": low, "level_max": high}
 
 
-def _trace(example_id: str, low: str, high: str) -> PlannerTrace:
-    return PlannerTrace(f"{example_id}/t", example_id, "d", "t", [], f"Reason one. Reason two.\n{plan_json(low, high)}",
+def _trace(example_id: str, low: str, high: str, reasoning: str = "Reason one. Reason two.",
+           teacher: str = "t") -> PlannerTrace:
+    return PlannerTrace(f"{example_id}/{teacher}", example_id, "d", teacher, [], f"{reasoning}\n{plan_json(low, high)}",
                         {"level_min": low, "level_max": high}, 20)
 
 
@@ -54,14 +57,15 @@ def test_route_sends_questions_through_all_three_branches() -> None:
                 replies.append([plan_json("document", "document")] * n)
         return replies
 
-    settings = StitchSettings(num_generations=3, max_completion_tokens=50)
+    settings = StitchSettings(num_generations=3)
     routing = route(rows, stand_in_policy, traces, success_rate=0.75, settings=settings,
-                    count_tokens=lambda text: len(text.split()))
+                    count_tokens=lambda text: len(text.split()), limit=50)
     assert [r["example_id"] for r in routing.rl] == ["q-easy", "q-hint"]
     assert "Hint: Reason one." in routing.rl[1]["prompt"][-1]["content"]  # reinforced with the hinted prompt
     assert "Reason two" not in routing.rl[1]["prompt"][-1]["content"]  # success 0.75 -> hint of 1 of 2 sentences
     assert sorted(r["example_id"] for r in routing.imitation) == ["q-hard", "q-long"]
     assert (routing.solved_plain, routing.solved_hinted, routing.unsolved) == (1, 1, 2)
+    assert (routing.hinted, routing.hint_cuts, routing.hint_leaks, routing.no_trace) == (3, 0, 0, 0)
     assert len(seen_prompts) == 4 + 3  # every question once, the three unsolved again with hints
 
 
@@ -78,8 +82,65 @@ def test_hints_never_reveal_the_concluding_sentence() -> None:
                                           {"level_min": "sentence", "level_max": "sentence"}, 10)}
     prompts = []
     routing = route(rows, lambda p, n: prompts.extend(p) or [["no"] * n for _ in p], one_sentence, 0.0,
-                    StitchSettings(num_generations=2), count_tokens=lambda text: 1)
+                    StitchSettings(num_generations=2), count_tokens=lambda text: 1, limit=10)
     assert [r["example_id"] for r in routing.imitation] == ["q-one"] and len(prompts) == 1  # no hinted rollout
+
+
+def _never_solves(prompts: list, n: int) -> list[list[str]]:
+    """A stand-in policy (not a model) that answers every prompt with the same wrong plan."""
+    return [[plan_json("document", "document")] * n for _ in prompts]
+
+
+def test_hints_stop_before_a_sentence_naming_the_label_and_traceless_questions_are_counted() -> None:
+    """Traces as an LLM teacher that is told the label may write them: the label named in the first sentence (no hint
+    is left: the question goes to imitation) or the second (the hint is the first sentence); a question without a
+    trace goes to neither buffer. Both cuts and the traceless question are counted; no hinted prompt names a level."""
+    rows = [_row("q-first", "sentence", "paragraph"), _row("q-second", "paragraph", "section"),
+            _row("q-none", "sentence", "sentence")]
+    traces = {"q-first": _trace("q-first", "sentence", "paragraph", "One Paragraph holds it. It is a date. Done."),
+              "q-second": _trace("q-second", "paragraph", "section", "It asks for a place. The sections describe it. "
+                                                                     "More follows. So that is it.")}
+    prompts = []
+    routing = route(rows, lambda p, n: prompts.extend(p) or _never_solves(p, n), traces, 0.0,
+                    StitchSettings(num_generations=2), count_tokens=lambda text: 1, limit=10)
+    assert (routing.hint_cuts, routing.hint_leaks, routing.no_trace, routing.hinted) == (2, 0, 1, 1)
+    assert sorted(r["example_id"] for r in routing.imitation) == ["q-first", "q-second"] and not routing.rl
+    assert prompts[-1][-1]["content"].endswith("\n\nHint: It asks for a place.")
+
+
+def test_every_hinted_prompt_is_checked_for_a_level_of_its_label(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The leak check reads the hinted prompts themselves: a hint extraction that let the label through is counted."""
+    monkeypatch.setattr(stitch, "hint_for", lambda *args: ("The evidence is in a few sentences.", False))
+    rows = [_row("q-a", "sentence", "paragraph"), _row("q-b", "section", "document")]
+    traces = {r["example_id"]: _trace(r["example_id"], r["level_min"], r["level_max"]) for r in rows}
+    routing = route(rows, _never_solves, traces, 0.0, StitchSettings(num_generations=2), lambda text: 1, limit=10)
+    assert (routing.hinted, routing.hint_leaks) == (2, 1)  # "sentences" names q-a's level, none of q-b's
+
+
+def test_the_hint_teacher_must_be_named_when_a_trace_file_holds_several(tmp_path: Path) -> None:
+    path = tmp_path / "traces.jsonl"
+    write_jsonl(path, [_trace("q1", "sentence", "sentence", teacher="template"),
+                       _trace("q1", "sentence", "sentence", teacher="smollm2-concise"),
+                       _trace("q2", "paragraph", "section", teacher="template")])
+    with pytest.raises(ConfigError, match=r"several teachers \(smollm2-concise, template\): set traces_teacher"):
+        hint_traces(path, "")
+    picked = hint_traces(path, "template")
+    assert sorted(picked) == ["q1", "q2"] and {t.teacher for t in picked.values()} == {"template"}
+    assert [t.teacher for t in hint_traces(path, "smollm2-concise").values()] == ["smollm2-concise"]
+    with pytest.raises(ConfigError, match=r"'qwen' wrote no trace .* \(its teachers: smollm2-concise, template\)"):
+        hint_traces(path, "qwen")
+    write_jsonl(tmp_path / "one.jsonl", [_trace("q1", "sentence", "sentence", teacher="template")])
+    assert list(hint_traces(tmp_path / "one.jsonl", "")) == ["q1"]  # one teacher: no name needed
+
+
+@pytest.mark.parametrize("key", ["grpo.max_steps", "grpo.batch_size", "grpo.grad_accum", "grpo.steps_per_generation",
+                                 "grpo.save_steps", "grpo.num_generations", "grpo.max_completion_length",
+                                 "stitch.max_completion_tokens", "stitch.sft_steps"])
+def test_keys_stitch_would_not_use_are_refused(key: str) -> None:
+    """STITCH sets each GRPO update's shape and schedule itself, and has one completion-length limit
+    (rewards.max_completion_tokens): the keys that would parse and do nothing are refused by name."""
+    with pytest.raises(ConfigError, match=f"unknown config key '{key}'"):
+        load_config(StitchConfig, ROOT / "configs/train/stitch.yaml", [f"{key}=4"])
 
 
 def _one_solvable_one_not(labels: Path, adapter: Path, folder: Path, metadata_tokens: int, limit: int) -> Path:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from overstory.core.config import to_dict
+from overstory.core.config import ConfigError, to_dict
 from overstory.core.records import PlannerTrace, read_jsonl
 from overstory.data_pipeline.planner_examples import PlannerDataConfig, planner_rows
 from overstory.training.planner_common import RewardSettings
@@ -30,7 +30,14 @@ class VerlExportConfig:
     out: str
     tokenizer: str = "builtin:smollm2-135m-instruct"  # the policy's tokenizer: prompts and R_length count with it
     traces: str = ""  # planner traces for sft.parquet; empty: no SFT export
+    # the weights verl's reward entry applies; R_QA needs the served generator, which verl's reward entry has not
     rewards: RewardSettings = field(default_factory=RewardSettings)
+
+    def __post_init__(self) -> None:
+        if self.rewards.qa:
+            raise ConfigError(f"rewards.qa ({self.rewards.qa}): verl's reward entry (training/verl/reward.py) cannot "
+                              f"compute R_QA (it needs the served generator); set rewards.qa to 0, or train with "
+                              f"R_QA through planner_grpo or stitch")
 
 
 def verl_row(row: dict, index: int, split: str, config: VerlExportConfig) -> dict:

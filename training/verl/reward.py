@@ -3,7 +3,8 @@
 
 verl calls ``compute_score(data_source, solution_str, ground_truth, extra_info)`` once per rollout;
 this applies the same reward functions as the TRL recipes (``training/rewards.py``) with the weights
-the export stored in ``extra_info`` (R_QA is not available here: it needs the served generator). It
+the export stored in ``extra_info``. R_QA is not available here (it needs the served generator): the export
+refuses ``rewards.qa`` > 0, and so does this entry for rows that carry such a weight. It
 returns a dict: ``score`` (the weighted sum verl optimises) plus every term, which verl logs.
 """
 
@@ -26,6 +27,9 @@ def compute_score(data_source: str, solution_str: str, ground_truth: dict, extra
                   **kwargs: Any) -> dict[str, float]:
     info = extra_info or {}
     weights = info.get("reward_weights", {})
+    if weights.get("qa"):
+        raise ValueError(f"reward_weights.qa is {weights['qa']}: verl's reward entry cannot compute R_QA (it needs the "
+                         f"served generator); export with rewards.qa: 0")
     ids = _tokenizer(info.get("tokenizer", "builtin:smollm2-135m-instruct"))(solution_str, add_special_tokens=False)
     completions = [solution_str]
     terms = {
