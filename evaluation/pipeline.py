@@ -49,7 +49,7 @@ from overstory.data_pipeline.orion_tags import tag_and_index
 from overstory.data_pipeline.qasper import paragraphs_at
 from overstory.evaluation.pipeline_records import StrategyRecords, combined_cost_check
 from overstory.evaluation.plots import plot_quality_vs_cost
-from overstory.evaluation.rag import select_questions
+from overstory.evaluation.repairs import repair_counts, repairs_cell
 from overstory.retrieval.answer import AnswerConfig
 from overstory.retrieval.arag import ARagConfig, ARagStrategy
 from overstory.retrieval.fable.strategy import FableConfig, FableStrategy
@@ -150,6 +150,12 @@ class PipelineEvalConfig:
         return replace(DATASETS[self.data], limit_docs=self.corpus.limit_docs)
 
 
+def select_questions(questions: Sequence[QAExample], limit: int, skip_unanswerable: bool) -> list[QAExample]:
+    """The first ``limit`` questions (0: all), leaving out those without a reference answer when asked to."""
+    kept = [q for q in questions if q.answers or not skip_unanswerable]
+    return kept[:limit] if limit else kept
+
+
 def build_strategy(name: str, config: PipelineEvalConfig, documents: Sequence[Document], chunks: Sequence[Chunk],
                    client: Client) -> Strategy:
     """Build one strategy over the corpus; index calls go through ``client``."""
@@ -203,28 +209,34 @@ def answer_question(strategy: Strategy, question: QAExample, client: Client, rec
 
 
 def failure_counts(records: Sequence[dict]) -> dict[str, int]:
-    """Questions that failed, by kind, plus the problems strategies counted inside answered questions (a
-    planner reply without a plan, a malformed tool call, a failed slate): every integer a strategy put in
-    ``details`` under a name ending in ``_unparsed``/``_failures``/``failed_slates``, or a dict of such counts.
+    """Questions that failed (no answer), by kind; what strategies repaired inside answered questions is counted
+    apart (``repairs``).
 
-    >>> failure_counts([{"failure": "request_failed", "details": {}},
-    ...                 {"failure": "", "details": {"plan_unparsed": 1, "tool_failures": {"bad_json": 2}}}])
-    {'request_failed': 1, 'plan_unparsed': 1, 'tool_failures.bad_json': 2}
+    >>> failure_counts([{"failure": "request_failed"}, {"failure": ""}, {"failure": "request_failed"}])
+    {'request_failed': 2}
     """
-    counts: Counter[str] = Counter()
-    for record in records:
-        if record["failure"]:
-            counts[record["failure"]] += 1
-        for key, value in record["details"].items():
-            if isinstance(value, dict) and key.endswith("_failures"):
-                counts.update({f"{key}.{kind}": n for kind, n in value.items()})
-            elif isinstance(value, int) and key.endswith(("_unparsed", "_failures", "failed_slates")):
-                counts[key] += value
-    return {k: v for k, v in counts.items() if v}
+    return dict(Counter(record["failure"] for record in records if record["failure"]))
+
+
+def slate_counts(records: Sequence[dict]) -> dict[str, int] | None:
+    """The slates a tree search scored over these questions and how many of them failed (no score could be read);
+    None for a strategy without slates.
+
+    >>> slate_counts([{"details": {"slates": 4, "failed_slates": 1}}, {"details": {"slates": 3, "failed_slates": 0}}])
+    {'slates': 7, 'failed': 1}
+    >>> slate_counts([{"details": {"turns": 2}}]) is None
+    True
+    """
+    with_slates = [r["details"] for r in records if "slates" in r["details"]]
+    if not with_slates:
+        return None
+    return {"slates": sum(d["slates"] for d in with_slates), "failed": sum(d.get("failed_slates", 0)
+                                                                            for d in with_slates)}
 
 
 def summarise(records: Sequence[dict], recall_k: int) -> dict:
-    """A strategy's row: quality means with 95% bootstrap intervals, costs per question, failures by kind."""
+    """A strategy's row: quality means with 95% bootstrap intervals, costs per question, failures and repairs by
+    kind, and the failed slates of a tree search."""
     n = len(records)
     row: dict = {"n_questions": n, "answered": sum(1 for r in records if not r["failure"])}
     for key in (*QUALITY, f"recall@{recall_k}", "judge"):
@@ -245,6 +257,10 @@ def summarise(records: Sequence[dict], recall_k: int) -> dict:
     row["generator_tokens"] = round(totals.get("generator", {}).get("prompt_tokens", 0) / n, 1)
     row["seconds"] = round(sum(r["seconds"] for r in records) / n, 3)
     row["failures"] = failure_counts(records)
+    row["repairs"] = repair_counts(r["details"] for r in records)
+    slates = slate_counts(records)
+    if slates is not None:
+        row["slates"] = slates
     return row
 
 
@@ -378,9 +394,12 @@ def evaluate_strategy(name: str, config: PipelineEvalConfig, corpus: tuple[Seque
 
 
 def markdown_table(report: dict) -> str:
+    """One row per strategy: quality with intervals, cost per question, failed questions by kind, the repairs
+    inside answered questions by kind, a tree search's failed slates and whether the costs added up."""
     k = report["recall_k"]
     header = ["strategy", "EM", "F1", "contains", "ROUGE-L", f"recall@{k}", "judge", "LLM calls / q",
-              "tokens in / out per q", "generator tokens / q", "s / q", "failed", "costs add up"]
+              "tokens in / out per q", "generator tokens / q", "s / q", "failed", "repairs", "failed slates",
+              "costs add up"]
 
     def cell(row: dict, key: str) -> str:
         value, interval = row.get(key), row.get(f"{key}_ci95")
@@ -393,13 +412,29 @@ def markdown_table(report: dict) -> str:
         lines.append("| " + " | ".join([
             name, *(cell(row, key) for key in (*QUALITY, f"recall@{k}", "judge")), f"{row['llm_calls']:g}",
             f"{row['llm_input_tokens']:g} / {row['llm_output_tokens']:g}", f"{row['generator_tokens']:g}",
-            f"{row['seconds']:.2f}", f"{row['n_questions'] - row['answered']}/{row['n_questions']}",
-            _cost_cell(row.get("costs_add_up"))]) + " |")
+            f"{row['seconds']:.2f}", _failed_cell(row), repairs_cell(row.get("repairs")),
+            _slates_cell(row.get("slates")), _cost_cell(row.get("costs_add_up"))]) + " |")
     sanity = report.get("judge_sanity")
     if sanity and sanity["reference_accepted"] < sanity["asked"]:
         lines.append(f"\njudge: it accepted the reference answer itself for {sanity['reference_accepted']} of "
                      f"{sanity['asked']} questions, so its column measures the judge more than the answers")
     return "\n".join(lines) + "\n"
+
+
+def _failed_cell(row: dict) -> str:
+    """``failed/questions``, with the kinds when any failed.
+
+    >>> _failed_cell({"n_questions": 30, "answered": 28, "failures": {"request_failed": 2}})
+    '2/30 (request_failed 2)'
+    """
+    failed = f"{row['n_questions'] - row['answered']}/{row['n_questions']}"
+    kinds = ", ".join(f"{kind} {n}" for kind, n in row.get("failures", {}).items())
+    return f"{failed} ({kinds})" if kinds else failed
+
+
+def _slates_cell(slates: dict | None) -> str:
+    """``failed/slates`` for a tree search, ``-`` for a strategy without slates."""
+    return "-" if slates is None else f"{slates['failed']}/{slates['slates']}"
 
 
 def _cost_cell(check: dict | None) -> str:

@@ -10,7 +10,8 @@ port by default (``serve.port=0``: it is private to the job; the URL is printed 
 
 - ``hierarchy``: per-level chunk counts and token statistics for both shipped corpora (and a PNG);
 - ``retrieval``: recall@5 of BM25, dense and hybrid indexes over paragraphs, for both corpora;
-- ``rag_baseline``: plain retrieve-then-generate through the served stack on one corpus;
+- ``rag_baseline``: plain retrieve-then-generate through the served stack on one corpus (``overstory eval rag``:
+  the evaluation harness with the naive strategy);
 - ``compressor``: summaries of a slice, a short compressor training run, and the comparison of the
   four ways to embed upper levels (compressor, mean_pool, direct_encode, summarize);
 - ``planner``: pseudo-labels and traces for a slice of questions, planner SFT and a few STITCH steps on
@@ -27,15 +28,13 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import Progress
 from rich.table import Table
 
 from overstory.core.config import ConfigError
-from overstory.core.records import write_jsonl
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
 from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies, chunks_at_levels, save_hierarchies
@@ -60,11 +59,13 @@ from overstory.evaluation.pipeline import run as run_pipeline_eval
 from overstory.evaluation.planner import EvalPlannerConfig
 from overstory.evaluation.planner import run as run_planner_eval
 from overstory.evaluation.plots import plot_level_stats
-from overstory.evaluation.rag import GenerationConfig, RetrievalConfig, evaluate_rag, select_questions
+from overstory.evaluation.rag import RagEvalConfig
+from overstory.evaluation.repairs import repairs_cell
 from overstory.retrieval.arag import ARagConfig
 from overstory.retrieval.index import BM25Index, DenseIndex, HybridIndex
 from overstory.retrieval.lattice.search import SearchConfig
 from overstory.retrieval.metrics import mean, recall_at_k
+from overstory.retrieval.naive import AnswerConfig, NaiveConfig
 from overstory.serving.client import Client
 from overstory.serving.config import ServeConfig
 from overstory.serving.launch import serve_in_background
@@ -162,8 +163,9 @@ class QuickstartConfig:
     # the corpus whose questions the RAG baseline answers with the generator
     rag_corpus: str = "hotpotqa"
     rag_questions: int = 10  # 0: all of the corpus's answerable questions (40 for the HotpotQA sample)
-    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
-    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    # the indexes of the retrieval stage (recall@k of each kind), and the RAG baseline's (`index`) top-k chunks
+    retrieval: NaiveConfig = field(default_factory=NaiveConfig)
+    answer: AnswerConfig = field(default_factory=AnswerConfig)  # how the RAG baseline and the strategies answer
     compressor: CompressorStageConfig = field(default_factory=CompressorStageConfig)
     planner: PlannerStageConfig = field(default_factory=PlannerStageConfig)
     lattice: LatticeStageConfig = field(default_factory=LatticeStageConfig)
@@ -255,19 +257,11 @@ def run(config: QuickstartConfig) -> dict:
             _update_report(report_path, timer.done({"url": url, "port": port, "roles": client.models()}))
 
             timer = _Stage("retrieval")
-            retrieval_stage, indexes = _retrieval_stage(loaded, chunks, client, config.retrieval)
+            retrieval_stage = _retrieval_stage(loaded, chunks, client, config.retrieval)
             _update_report(report_path, timer.done(retrieval_stage))
 
             timer = _Stage("rag_baseline", f"rag_baseline ({config.rag_corpus})")
-            questions = select_questions(loaded[config.rag_corpus][1], config.rag_questions, True)
-            with Progress(console=console) as progress:
-                index = indexes[config.rag_corpus][config.retrieval.index]
-                metrics, records = evaluate_rag(questions, index, client, config.retrieval, config.generation,
-                                                progress)
-            # the stage's `seconds` is its wall time, as in every stage: the evaluation's own is the answering
-            metrics["answer_seconds"] = metrics.pop("seconds")
-            rag_stage = {"dataset": config.rag_corpus, **metrics, "usage": client.stats.summary()}
-            write_jsonl(out / "rag_predictions.jsonl", records)
+            rag_stage = _rag_stage(config, out / "rag_baseline", url)
             _update_report(report_path, timer.done(rag_stage))
 
             timer = _Stage("compressor", f"compressor ({config.compressor.corpus})")
@@ -282,7 +276,8 @@ def run(config: QuickstartConfig) -> dict:
             timer = _Stage("strategies", f"strategies ({', '.join(config.strategies.corpora)})")
             _update_report(report_path, timer.done(_strategies_stage(config, out / "strategies", url)))
         report = _update_report(report_path, {}, total_seconds=round(time.perf_counter() - started, 1))
-        tracker.summary({f"rag_baseline/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
+        tracker.summary({f"rag_baseline/{k}": v for k, v in rag_stage.items()
+                         if isinstance(v, (int, float)) and not isinstance(v, bool)})
         methods = report["stages"]["compressor"]["methods"]
         tracker.summary({f"compressor/{method}/{k}": v for method, row in methods.items()
                          for k, v in row.items() if isinstance(v, (int, float))})
@@ -291,6 +286,30 @@ def run(config: QuickstartConfig) -> dict:
 
     _print_summary(report, time.perf_counter() - started, report_path)
     return report
+
+
+def stage_serve(config: QuickstartConfig) -> ServeConfig:
+    """The serve settings a later stage's job gets: the job's own, every setting kept (engine, api_key, the vllm_*
+    settings, ...) and only the port free, so a stack the job starts beside the running one never collides."""
+    return replace(config.serve, port=0)
+
+
+def rag_eval_config(config: QuickstartConfig, folder: Path, server_url: str) -> PipelineEvalConfig:
+    """``eval rag``'s harness config for the RAG baseline: the naive strategy on ``rag_questions`` questions."""
+    return RagEvalConfig(
+        corpus=config.corpora[config.rag_corpus], limit_questions=config.rag_questions, hierarchy=config.hierarchy,
+        naive=config.retrieval, answer=config.answer, recall_k=config.retrieval.k, server_url=server_url,
+        resume=False, serve=stage_serve(config), out=str(folder), tracking=TrackingConfig(backend="none")).pipeline()
+
+
+def _rag_stage(config: QuickstartConfig, folder: Path, server_url: str) -> dict:
+    """``overstory eval rag`` on the RAG corpus's questions, on the job's stack: the naive row with its files."""
+    report = run_pipeline_eval(rag_eval_config(config, folder, server_url))
+    row = dict(report["strategies"]["naive"])
+    # the stage's `seconds` is its wall time, as in every stage; the row's are per question
+    row["seconds_per_question"] = row.pop("seconds")
+    return {"dataset": config.rag_corpus, **row, "table": str(folder / "table.md"),
+            "predictions": str(folder / "predictions" / "naive.jsonl")}
 
 
 def _compressor_stage(config: QuickstartConfig, folder: Path, server_url: str) -> dict:
@@ -307,7 +326,7 @@ def _compressor_stage(config: QuickstartConfig, folder: Path, server_url: str) -
         corpus=corpus, out=str(summaries), hierarchy=config.hierarchy, levels=stage.levels,
         hierarchies=str(folder.parent / "hierarchies" / f"{stage.corpus}.jsonl"),  # built by the hierarchy stage
         max_summary_tokens=stage.max_summary_tokens, max_input_chars=stage.max_input_chars, server_url=server_url,
-        serve=config.serve, tracking=quiet))
+        serve=stage_serve(config), tracking=quiet))
     finish()
     finish = _step(steps, "training", 2, 3, f"set compressor training, {stage.epochs} epochs")
     training = run_training(CompressorJobConfig(
@@ -316,16 +335,35 @@ def _compressor_stage(config: QuickstartConfig, folder: Path, server_url: str) -
     finish()
     finish = _step(steps, "evaluation", 3, 3,
                    "compressor / mean_pool / direct_encode / summarize on held-out documents")
-    evaluation = run_evaluation(EvalCompressorConfig(
-        checkpoint=str(folder / "model" / "best"), data=str(summaries), corpus=corpus, out=str(folder / "eval"),
-        max_summary_tokens=stage.max_summary_tokens, max_input_chars=stage.max_input_chars, k=stage.k, tracking=quiet,
-        server_url=server_url,
-        serve=ServeConfig(host=config.serve.host, port=0, roles=config.serve.roles)))
+    evaluation = run_evaluation(compressor_eval_config(config, folder, server_url))
     finish()
     return {"dataset": stage.corpus, "levels": list(stage.levels), "summaries": counts,
             "training": training, "n_questions": evaluation["n_questions"],
             "n_upper_chunks": evaluation["n_upper_chunks"], "methods": evaluation["methods"],
             "plot": str(folder / "eval" / "recall_vs_cost.png"), "step_seconds": steps}
+
+
+def compressor_eval_config(config: QuickstartConfig, folder: Path, server_url: str) -> EvalCompressorConfig:
+    """The compressor stage's evaluation: the trained checkpoint and the three references on the held-out
+    documents of its summaries, on the job's stack."""
+    stage = config.compressor
+    return EvalCompressorConfig(
+        checkpoint=str(folder / "model" / "best"), data=str(folder / "summaries.jsonl"),
+        corpus=config.corpora[stage.corpus], out=str(folder / "eval"), max_summary_tokens=stage.max_summary_tokens,
+        max_input_chars=stage.max_input_chars, k=stage.k, tracking=TrackingConfig(backend="none"),
+        server_url=server_url, serve=stage_serve(config))
+
+
+def planner_eval_config(config: QuickstartConfig, folder: Path, server_url: str) -> EvalPlannerConfig:
+    """The planner stage's comparison: base, SFT and STITCH on the held-out article's questions, labelled or not."""
+    stage = config.planner
+    variants = {"base": config.serve.roles["planner"].model, "sft": str(folder / "sft" / "final"),
+                "stitch": str(folder / "stitch" / "final")}
+    return EvalPlannerConfig(
+        data=str(folder / "pseudo_labels.jsonl"), out=str(folder / "eval"), metadata_tokens=stage.metadata_tokens,
+        variants=variants, compare="base,sft,stitch", qa=stage.qa, limit=stage.eval_questions, max_new_tokens=96,
+        server_url=server_url, unlabelled=True, fixed_ranges=[],  # the fixed-range references cost 15 QA runs each
+        serve=stage_serve(config), tracking=TrackingConfig(backend="none"))
 
 
 def _planner_stage(config: QuickstartConfig, folder: Path, server_url: str) -> dict:
@@ -339,7 +377,7 @@ def _planner_stage(config: QuickstartConfig, folder: Path, server_url: str) -> d
                                                  f"({stage.max_attempts} attempt(s) each)")
     counts = run_pseudo_labels(PseudoLabelsConfig(
         corpus=corpus, out=str(labels), hierarchy=config.hierarchy, max_attempts=stage.max_attempts,
-        k=stage.label_k, limit=stage.questions, server_url=server_url, serve=config.serve, tracking=quiet))
+        k=stage.label_k, limit=stage.questions, server_url=server_url, serve=stage_serve(config), tracking=quiet))
     finish()
     if counts["correct"] + counts["skipped"] == 0:
         return {"pseudo_labels": counts, "skipped": "the backbone answered no question correctly",
@@ -366,15 +404,9 @@ def _planner_stage(config: QuickstartConfig, folder: Path, server_url: str) -> d
         grpo=GrpoSettings(num_generations=generations, batch_size=generations, lr=1e-4, max_completion_length=96),
         tracking=quiet))
     finish()
-    variants = {"base": config.serve.roles["planner"].model, "sft": str(folder / "sft" / "final"),
-                "stitch": str(folder / "stitch" / "final")}
     finish = _step(steps, "eval", 5, 5, "base / sft / stitch on the held-out article's questions"
                                         + (" with SmartChunk QA" if stage.qa else ""))
-    comparison = run_planner_eval(EvalPlannerConfig(
-        data=str(labels), out=str(folder / "eval"), metadata_tokens=stage.metadata_tokens, variants=variants,
-        compare="base,sft,stitch", qa=stage.qa, limit=stage.eval_questions, max_new_tokens=96, server_url=server_url,
-        unlabelled=True, fixed_ranges=[],  # the fixed-range references cost 15 QA runs per question: not here
-        serve=ServeConfig(host=config.serve.host, port=0, roles=config.serve.roles), tracking=quiet))
+    comparison = run_planner_eval(planner_eval_config(config, folder, server_url))
     finish()
     return {"dataset": stage.corpus, "pseudo_labels": counts, "trace_yield": yields, "sft": sft, "stitch": stitch,
             "n_questions": comparison["n_questions"], "n_unlabelled": comparison["n_unlabelled"],
@@ -386,6 +418,23 @@ def _planner_stage(config: QuickstartConfig, folder: Path, server_url: str) -> d
                          for name, row in comparison["variants"].items()},
             "plots": [str(folder / "eval" / "planner_comparison.png"), str(folder / "eval" / "training_curves.png")],
             "step_seconds": steps}
+
+
+def lattice_eval_config(config: QuickstartConfig, folder: Path, server_url: str) -> LatticeEvalConfig:
+    """The lattice stage's comparison on the student's held-out questions: the oracle, the served teacher, the
+    distilled student, the flat indexes and LATTICE++ over the teacher's ranking."""
+    stage, student = config.lattice, folder / "ce_student"
+    systems = {"oracle": SystemConfig("search", scorer="oracle", calibration=False),
+               "teacher": SystemConfig("search", scorer="llm", server_url=server_url),
+               "ce_student": SystemConfig("search", scorer="cross_encoder", model=str(student / "final")),
+               "bm25": SystemConfig("bm25"), "dense": SystemConfig("dense"), "hybrid": SystemConfig("hybrid"),
+               "lattice++": SystemConfig("fusion", of="teacher")}
+    return LatticeEvalConfig(
+        tree=str(folder / "tree.json"), corpus=config.corpora[stage.corpus], out=str(folder / "eval"),
+        systems=systems, hierarchy=config.hierarchy, heldout_from=str(student),
+        agreement_traces=str(folder / "traces.jsonl"), search=SearchConfig(iterations=stage.iterations),
+        max_tokens=stage.max_tokens, max_candidate_chars=stage.max_candidate_chars, max_reasoning_chars=200,
+        serve=stage_serve(config), tracking=TrackingConfig(backend="none"))
 
 
 def _lattice_stage(config: QuickstartConfig, folder: Path, server_url: str) -> dict:
@@ -422,15 +471,7 @@ def _lattice_stage(config: QuickstartConfig, folder: Path, server_url: str) -> d
     finish()
     finish = _step(steps, "eval", 4, 4, "oracle / teacher / student / BM25 / dense / hybrid / LATTICE++ on the "
                                         "student's held-out questions")
-    systems = {"oracle": SystemConfig("search", scorer="oracle", calibration=False),
-               "teacher": SystemConfig("search", scorer="llm", server_url=server_url),
-               "ce_student": SystemConfig("search", scorer="cross_encoder", model=str(student / "final")),
-               "bm25": SystemConfig("bm25"), "dense": SystemConfig("dense"), "hybrid": SystemConfig("hybrid"),
-               "lattice++": SystemConfig("fusion", of="teacher")}
-    table = run_lattice_eval(LatticeEvalConfig(
-        tree=str(tree), corpus=corpus, out=str(folder / "eval"), systems=systems, hierarchy=config.hierarchy,
-        heldout_from=str(student), agreement_traces=str(traces), search=search,
-        serve=ServeConfig(host=config.serve.host, port=0, roles=config.serve.roles), tracking=quiet, **slates))
+    table = run_lattice_eval(lattice_eval_config(config, folder, server_url))
     finish()
     return {"dataset": stage.corpus, "tree": build, "traces": traced, "student": distilled,
             "n_questions": table["n_questions"], "systems": table["systems"],
@@ -449,11 +490,12 @@ def _strategies_stage(config: QuickstartConfig, folder: Path, server_url: str) -
         report = run_pipeline_eval(PipelineEvalConfig(
             strategies=stage.strategies, corpus=CorpusConfig(corpus.kind, corpus.path, limit_docs=stage.limit_docs,
                                                              split=corpus.split),
-            limit_questions=stage.questions, hierarchy=config.hierarchy, arag=stage.arag, server_url=server_url,
+            limit_questions=stage.questions, hierarchy=config.hierarchy, answer=config.answer, arag=stage.arag,
+            server_url=server_url, serve=stage_serve(config),
             # answered afresh: the stack serves this run's planner adapter under the same role names as the last
             resume=False, out=str(folder / name), tracking=TrackingConfig(backend="none")))
         keys = ("contains_match", "token_f1", "recall@5", "llm_calls", "generator_tokens", "seconds", "failures",
-                "answered")
+                "repairs", "answered")
         corpora[name] = {"n_questions": report["n_questions"], "table": str(folder / name / "table.md"),
                          "plot": str(folder / name / "quality_vs_cost.png"),
                          "strategies": {strategy: {key: row[key] for key in keys if key in row}
@@ -462,40 +504,39 @@ def _strategies_stage(config: QuickstartConfig, folder: Path, server_url: str) -
     return {"strategies": stage.strategies.split(","), "corpora": corpora}
 
 
-def _retrieval_stage(loaded: dict, chunks: dict, client: Client,
-                     retrieval: RetrievalConfig) -> tuple[dict, dict[str, dict]]:
-    """recall@k of every index kind over the configured levels, for every corpus with questions;
-    returns the stage and the indexes (corpus -> kind -> index) for the RAG stage to reuse."""
+def _retrieval_stage(loaded: dict, chunks: dict, client: Client, retrieval: NaiveConfig) -> dict:
+    """recall@k of every index kind over the configured levels, for every corpus with questions."""
     stage: dict[str, dict] = {}
-    indexes: dict[str, dict] = {}
     for i, (name, (_, questions)) in enumerate(loaded.items(), 1):
         indexed = chunks_at_levels(chunks[name], retrieval.levels)
         console.print(f"[bold][{i}/{len(loaded)}][/] {name}: embedding {len(indexed)} chunks, then BM25, dense and "
                       f"hybrid recall@{retrieval.k}")
         dense = DenseIndex.build(indexed, lambda texts: client.embed("embedder", texts))
         bm25 = BM25Index.build(indexed)
-        indexes[name] = {"bm25": bm25, "dense": dense, "hybrid": HybridIndex(dense, bm25)}
+        indexes = {"bm25": bm25, "dense": dense, "hybrid": HybridIndex(dense, bm25)}
         answerable = [q for q in questions if q.evidence]
         if not answerable:
             continue
         stage[name] = {"n_questions": len(answerable), "levels": list(retrieval.levels)}
-        for kind, index in indexes[name].items():
+        for kind, index in indexes.items():
             hits = index.search([q.question for q in answerable], retrieval.k)
             recall = mean([recall_at_k([h.chunk for h in row], q.evidence, retrieval.k)
                            for q, row in zip(answerable, hits)])
             stage[name][f"{kind}_recall@{retrieval.k}"] = recall
         console.print(f"{name}: " + ", ".join(f"{k}={v:.3f}" for k, v in stage[name].items() if "recall" in k))
-    return stage, indexes
+    return stage
 
 
 def _print_summary(report: dict, seconds: float, path: Path) -> None:
     rag = report["stages"]["rag_baseline"]
     table = Table(title=f"rag_baseline on {rag['dataset']}")
-    for column in ("questions", "recall@k", "exact match", "token F1", "contains match", "seconds"):
+    for column in ("questions", "recall@k", "exact match", "token F1", "contains match", "failed", "repairs",
+                   "seconds"):
         table.add_column(column)
     recall_key = next(k for k in rag if k.startswith("recall@"))
     table.add_row(str(rag["n_questions"]), f"{rag[recall_key]:.3f}", f"{rag['exact_match']:.3f}",
-                  f"{rag['token_f1']:.3f}", f"{rag['contains_match']:.3f}", f"{rag['seconds']:.1f}")
+                  f"{rag['token_f1']:.3f}", f"{rag['contains_match']:.3f}",
+                  str(rag["n_questions"] - rag["answered"]), repairs_cell(rag["repairs"]), f"{rag['seconds']:.1f}")
     console.print(table)
     planner = report["stages"].get("planner", {})
     if "format_valid" in planner:

@@ -1,4 +1,5 @@
-"""`overstory eval rag` with the real built-in models on a few HotpotQA questions."""
+"""`overstory eval rag`: the evaluation harness with the naive strategy, with the real built-in models on a few
+HotpotQA questions."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ from pathlib import Path
 import pytest
 
 from overstory.cli import main
+from overstory.core.config import ConfigError, load_config
 from overstory.core.records import Chunk
+from overstory.evaluation.rag import RagEvalConfig
 from overstory.retrieval.answer import answer_messages, clean_answer
 
 ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "configs/eval/rag.yaml"
 
 
 def test_answer_prompt_and_cleanup() -> None:
@@ -24,16 +28,29 @@ def test_answer_prompt_and_cleanup() -> None:
     assert clean_answer("   ") == ""
 
 
+def test_eval_rag_is_the_pipeline_with_the_naive_strategy() -> None:
+    """Its settings become the harness's, with the naive strategy only; the harness's checks name their keys."""
+    config = load_config(RagEvalConfig, CONFIG, ["naive.index=bm25", "answer.context_chunks=2", "limit_questions=4"])
+    pipeline = config.pipeline()
+    assert pipeline.names == ["naive"] and pipeline.naive.index == "bm25" and pipeline.answer.context_chunks == 2
+    assert pipeline.limit_questions == 4 and pipeline.out == config.out and pipeline.dataset.kind == "hotpotqa"
+    with pytest.raises(ConfigError, match="data: 'msmarco' is not a shipped sample"):
+        load_config(RagEvalConfig, CONFIG, ["data=msmarco"])
+
+
 @pytest.mark.slow
 def test_eval_rag_job(tmp_path: Path) -> None:
-    code = main(["eval", "rag", "--config", str(ROOT / "configs/eval/rag.yaml"), f"out={tmp_path}",
+    code = main(["eval", "rag", "--config", str(CONFIG), f"out={tmp_path}",
                  f"corpus.path={ROOT / 'data/hotpotqa'}", "limit_questions=4", "tracking.backend=none",
-                 "serve.port=0", "retrieval.index=bm25"])
+                 "naive.index=bm25"])
     assert code == 0
     metrics = json.loads((tmp_path / "metrics.json").read_text())
-    assert metrics["n_questions"] == 4 and metrics["index"] == "bm25" and metrics["n_chunks_indexed"] == 400
-    assert 0.5 <= metrics["recall@5"] <= 1.0
-    assert metrics["usage"]["generator"]["requests"] == 4
-    records = [json.loads(line) for line in (tmp_path / "predictions.jsonl").read_text().splitlines()]
-    assert len(records) == 4 and all(len(r["retrieved"]) == 5 for r in records)
-    assert all(r["raw"] for r in records)
+    assert metrics["n_questions"] == 4 and list(metrics["strategies"]) == ["naive"]
+    assert metrics["config"]["naive"]["index"] == "bm25"
+    row = metrics["strategies"]["naive"]
+    assert 0.5 <= row["recall@5"] <= 1.0  # BM25 over paragraphs reaches most gold paragraphs
+    assert row["usage_total"]["generator"]["calls"] == 4 and row["costs_add_up"]["match"]
+    records = [json.loads(line) for line in (tmp_path / "predictions" / "naive.jsonl").read_text().splitlines()]
+    assert len(records) == 4 and all(len(r["evidence"]) == 5 for r in records)
+    assert all(r["failure"] == "" and r["raw"] for r in records)  # the stack is up: the generator answered each
+    assert "| naive |" in (tmp_path / "table.md").read_text()
