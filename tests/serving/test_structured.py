@@ -21,7 +21,7 @@ from overstory.core.records import LEVELS
 from overstory.data_pipeline.corpora import load_corpus
 from overstory.data_pipeline.pseudo_labels import round_robin_by_document, single_document_questions
 from overstory.models.planner import document_metadata, planner_messages, strict_plan_valid
-from overstory.models.registry import SMOLLM2, load_causal_lm, load_tokenizer
+from overstory.models.registry import SMOLLM2, load_tokenizer
 from overstory.serving.errors import BadRequest
 from overstory.serving.structured import GrammarCompilerCache, GrammarLogitsProcessor, grammar_spec
 
@@ -53,8 +53,8 @@ def compilers(tokenizer) -> GrammarCompilerCache:
 
 
 @pytest.fixture(scope="module")
-def smollm():
-    model, tokenizer = load_causal_lm(SMOLLM2)
+def smollm(smollm2: tuple):
+    model, tokenizer = smollm2  # the package's copy (conftest.py)
     assert model.config.vocab_size == VOCAB
     return model, tokenizer
 

@@ -377,12 +377,10 @@ def test_forced_replies() -> None:
 
 
 @pytest.mark.slow
-def test_smollm2_reply_to_a_tool_prompt_parses() -> None:
+def test_smollm2_reply_to_a_tool_prompt_parses(smollm2: tuple) -> None:
     import torch
 
-    from overstory.models.registry import load_causal_lm
-
-    model, tokenizer = load_causal_lm(SMOLLM2)
+    model, tokenizer = smollm2  # the package's copy (conftest.py)
     prompt = render_chat_prompt(tokenizer, [{"role": "user", "content": "What is the weather in Paris?"}],
                                 [WEATHER], "auto")
     inputs = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
