@@ -15,8 +15,10 @@ compressor, and design (b), the fine-tuned text encoder, are compared on the sam
 a set compressor reads the children's embeddings, a text compressor their texts.
 
 For each method: cosine to e_gt, recall@k on the real questions whose evidence lies in the held-out
-documents (retrieving among the upper-level chunks embedded that way), wall-clock seconds and LLM
-tokens spent. The children's embeddings are not counted as cost: they are the lower levels of the
+documents (retrieving among the upper-level chunks embedded that way), wall-clock seconds, LLM
+tokens spent, and its repairs by kind: a summary that fails is replaced by the encoder on the chunk's
+text inside the ``summarize`` row (``summary_failed_direct_encode``), so that row measures partly
+direct_encode, and says how much. The children's embeddings are not counted as cost: they are the lower levels of the
 index, embedded anyway. Writes ``metrics.json`` and ``recall_vs_cost.png``.
 """
 
@@ -24,10 +26,11 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -35,13 +38,14 @@ import numpy as np
 from rich.progress import Progress
 
 from overstory.core.config import ConfigError, to_dict
-from overstory.core.records import SummaryRecord, read_jsonl
+from overstory.core.records import Chunk, QAExample, SummaryRecord, read_jsonl
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
 from overstory.data_pipeline.hierarchy import load_hierarchies, stored_hierarchy_path
 from overstory.data_pipeline.splits import split_by_document
 from overstory.data_pipeline.summaries import SummariesConfig, SummaryFailed, summarise
 from overstory.evaluation.plots import plot_recall_vs_cost
+from overstory.evaluation.repairs import repairs_cell
 from overstory.models.text_compressor import checkpoint_kind
 from overstory.retrieval.index import DenseIndex, chunk_text_for_index
 from overstory.retrieval.metrics import bootstrap_interval, mean, recall_at_k
@@ -79,10 +83,19 @@ class EvalCompressorConfig:
             raise ConfigError(f"extra_checkpoints: {', '.join(sorted(taken))} is a method name already; pick another")
 
 
-def _timed(fn: Callable[[], np.ndarray]) -> tuple[np.ndarray, float]:
-    started = time.perf_counter()
-    result = fn()
-    return result, time.perf_counter() - started
+@dataclass
+class HeldOut:
+    """What every method embeds and is scored on: the held-out upper-level chunks with their children's embeddings
+    and texts, their e_gt targets, and the questions whose evidence lies in their documents."""
+
+    records: list[SummaryRecord]
+    chunks: dict[str, Chunk]
+    upper: list[Chunk]
+    children: list[np.ndarray]
+    child_texts: list[list[str]]
+    targets: np.ndarray
+    questions: list[QAExample]
+    n_documents: int
 
 
 def held_out_records(records: list[SummaryRecord], config: EvalCompressorConfig) -> list[SummaryRecord]:
@@ -93,11 +106,9 @@ def held_out_records(records: list[SummaryRecord], config: EvalCompressorConfig)
     return held_out
 
 
-def run(config: EvalCompressorConfig) -> dict:
-    checkpoints = {"compressor": config.checkpoint, **config.extra_checkpoints}
-    kinds = {name: checkpoint_kind(folder) for name, folder in checkpoints.items()}  # fails before models load
-    records = list(read_jsonl(config.data, SummaryRecord))
-    held_out = held_out_records(records, config)
+def load_held_out(config: EvalCompressorConfig) -> HeldOut:
+    """The held-out chunks of ``data`` in the hierarchy the summaries job stored beside it, and their questions."""
+    held_out = held_out_records(list(read_jsonl(config.data, SummaryRecord)), config)
     questions = load_corpus(config.corpus)[1]  # the questions and their evidence; the chunks come from the data job
     kept = stored_hierarchy_path(config.data)
     if not kept.exists():
@@ -107,84 +118,111 @@ def run(config: EvalCompressorConfig) -> dict:
     missing = [r.id for r in held_out if r.id not in chunks]
     if missing:
         raise ValueError(f"{len(missing)} summarised chunks (e.g. {missing[0]}) are not in {kept}")
-    upper = [chunks[r.id] for r in held_out]
     held_docs = {r.doc_id for r in held_out}
-    test_questions = [q for q in questions if q.evidence and {s.doc_id for s in q.evidence} <= held_docs]
-    targets = np.array([r.target_embedding for r in held_out], dtype=np.float32)
-    serve = config.serve
+    return HeldOut(
+        records=held_out, chunks=chunks, upper=[chunks[r.id] for r in held_out],
+        children=[np.array(r.child_embeddings, dtype=np.float32) for r in held_out],
+        child_texts=[[chunks[cid].text for cid in r.child_ids] for r in held_out],
+        targets=np.array([r.target_embedding for r in held_out], dtype=np.float32),
+        questions=[q for q in questions if q.evidence and {s.doc_id for s in q.evidence} <= held_docs],
+        n_documents=len(held_docs))
 
+
+def compress_with(checkpoint: str, kind: str, data: HeldOut, serve: ServeConfig, stack: ExitStack
+                  ) -> Callable[[], np.ndarray]:
+    """One compressor checkpoint on a server of its own (one compressor role per stack, the job's other serve
+    settings kept): a set compressor reads the children's embeddings, a text compressor their texts."""
+    role = RoleConfig(model=checkpoint, kind="compression")
+    compressor = Client.from_url(stack.enter_context(serve_in_background(
+        replace(serve, port=0, roles={"compressor": role}))))
+    if kind == "text-compressor":
+        return lambda: compressor.compress("compressor", groups=data.child_texts)
+    return lambda: compressor.compress("compressor", embeddings=data.children)
+
+
+def summarize_with(config: EvalCompressorConfig, data: HeldOut, client: Client, repairs: Counter[str]
+                   ) -> Callable[[], np.ndarray]:
+    """The ``summarize`` method: each chunk summarised afresh, then encoded. A summary that fails is replaced by the
+    encoder on the chunk's raw text (the fallback a system would use), counted in ``repairs`` under
+    ``summary_failed_direct_encode``: the row's figures then partly measure direct_encode."""
+    summary_config = SummariesConfig(corpus=config.corpus, out="", max_summary_tokens=config.max_summary_tokens,
+                                     max_input_chars=config.max_input_chars, serve=config.serve)
+
+    def one(record: SummaryRecord) -> tuple[np.ndarray, bool]:
+        """The chunk's embedding, and whether it is the fallback's."""
+        chunk = data.chunks[record.id]
+        try:
+            fresh = summarise(chunk, [data.chunks[k] for k in chunk.children], client, summary_config)
+        except SummaryFailed:
+            return client.embed("embedder", [chunk_text_for_index(chunk)])[0], True
+        return np.array(fresh.target_embedding, dtype=np.float32), False
+
+    def summarize_all() -> np.ndarray:
+        with ThreadPoolExecutor(max_workers=config.concurrency) as pool, Progress() as progress:
+            task = progress.add_task("summarize: regenerating summaries", total=len(data.records))
+
+            def counted(record: SummaryRecord) -> tuple[np.ndarray, bool]:
+                result = one(record)
+                progress.advance(task)
+                return result
+
+            vectors, fell_back = zip(*pool.map(counted, data.records))
+        repairs["summary_failed_direct_encode"] += sum(fell_back)
+        return np.stack(vectors)
+
+    return summarize_all
+
+
+def measure(build: Callable[[], np.ndarray], data: HeldOut, client: Client, k: int) -> dict:
+    """One method's row: its embeddings' cosine to e_gt, recall@k of the questions among the chunks embedded that
+    way (with a 95% bootstrap interval), the seconds it took and the generator tokens it spent."""
+    before = client.stats.summary().get("generator", {})
+    started = time.perf_counter()
+    vectors = build()
+    seconds = time.perf_counter() - started
+    after = client.stats.summary().get("generator", {})
+    index = DenseIndex(data.upper, vectors, lambda texts: client.embed("embedder", texts))
+    hits = index.search([q.question for q in data.questions], k) if data.questions else []
+    normed = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    recalls = [recall_at_k([h.chunk for h in row], q.evidence, k) for q, row in zip(data.questions, hits)]
+    interval = bootstrap_interval(recalls)
+    return {"cosine_to_target": float(np.mean(np.sum(normed * data.targets, axis=1))),
+            f"recall@{k}": mean(recalls), f"recall@{k}_ci95": list(interval) if interval else None,
+            "seconds": round(seconds, 3),
+            "llm_completion_tokens": after.get("completion_tokens", 0) - before.get("completion_tokens", 0),
+            "llm_prompt_tokens": after.get("prompt_tokens", 0) - before.get("prompt_tokens", 0)}
+
+
+def run(config: EvalCompressorConfig) -> dict:
+    checkpoints = {"compressor": config.checkpoint, **config.extra_checkpoints}
+    kinds = {name: checkpoint_kind(folder) for name, folder in checkpoints.items()}  # fails before models load
+    data = load_held_out(config)
     results: dict[str, dict] = {}
     with ExitStack() as stack:
         tracker = stack.enter_context(start_run(config.tracking, "eval compressor", config))
-        client = Client.from_url(config.server_url or stack.enter_context(serve_in_background(serve)))
-        children = [np.array(r.child_embeddings, dtype=np.float32) for r in held_out]
-        child_texts = [[chunks[cid].text for cid in r.child_ids] for r in held_out]
-
-        def compress_with(name: str) -> Callable[[], np.ndarray]:
-            # each compressor on a server of its own (one compressor role per stack), timed like the others
-            role = RoleConfig(model=checkpoints[name], kind="compression")
-            url = stack.enter_context(serve_in_background(ServeConfig(host=serve.host, port=0,
-                                                                      roles={"compressor": role})))
-            compressor = Client.from_url(url)
-            if kinds[name] == "text-compressor":
-                return lambda: compressor.compress("compressor", groups=child_texts)
-            return lambda: compressor.compress("compressor", embeddings=children)
-
-        summary_config = SummariesConfig(corpus=config.corpus, out="", max_summary_tokens=config.max_summary_tokens,
-                                         max_input_chars=config.max_input_chars, serve=serve)
-
-        def summarize_all() -> np.ndarray:
-            def one(record: SummaryRecord) -> np.ndarray:
-                chunk = chunks[record.id]
-                try:
-                    fresh = summarise(chunk, [chunks[k] for k in chunk.children], client, summary_config)
-                except SummaryFailed:  # counted as the encoder on the raw text: the fallback a system would use
-                    return client.embed("embedder", [chunk_text_for_index(chunk)])[0]
-                return np.array(fresh.target_embedding, dtype=np.float32)
-
-            with ThreadPoolExecutor(max_workers=config.concurrency) as pool, Progress() as progress:
-                task = progress.add_task("summarize: regenerating summaries", total=len(held_out))
-
-                def counted(record: SummaryRecord) -> np.ndarray:
-                    vector = one(record)
-                    progress.advance(task)
-                    return vector
-
-                return np.stack(list(pool.map(counted, held_out)))
-
+        client = Client.from_url(config.server_url or stack.enter_context(serve_in_background(config.serve)))
+        summary_repairs: Counter[str] = Counter()
         builders = {
-            **{name: compress_with(name) for name in checkpoints},
-            "mean_pool": lambda: np.stack([c.mean(0) for c in children]),
-            "direct_encode": lambda: client.embed("embedder", [chunk_text_for_index(c) for c in upper]),
-            "summarize": summarize_all,
+            **{name: compress_with(checkpoints[name], kinds[name], data, config.serve, stack) for name in checkpoints},
+            "mean_pool": lambda: np.stack([c.mean(0) for c in data.children]),
+            "direct_encode": lambda: client.embed("embedder", [chunk_text_for_index(c) for c in data.upper]),
+            "summarize": summarize_with(config, data, client, summary_repairs),
         }
         for i, method in enumerate(builders, 1):
-            print(f"[{i}/{len(builders)}] {method}: embedding {len(upper)} upper-level chunks", flush=True)
-            before = client.stats.summary().get("generator", {})
-            vectors, seconds = _timed(builders[method])
-            after = client.stats.summary().get("generator", {})
-            index = DenseIndex(upper, vectors, lambda texts: client.embed("embedder", texts))
-            hits = index.search([q.question for q in test_questions], config.k) if test_questions else []
-            normed = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
-            recalls = [recall_at_k([h.chunk for h in row], q.evidence, config.k)
-                       for q, row in zip(test_questions, hits)]
-            interval = bootstrap_interval(recalls)
-            results[method] = {
-                "cosine_to_target": float(np.mean(np.sum(normed * targets, axis=1))),
-                f"recall@{config.k}": mean(recalls),
-                f"recall@{config.k}_ci95": list(interval) if interval else None,
-                "seconds": round(seconds, 3),
-                "llm_completion_tokens": after.get("completion_tokens", 0) - before.get("completion_tokens", 0),
-                "llm_prompt_tokens": after.get("prompt_tokens", 0) - before.get("prompt_tokens", 0),
-            }
-            tracker.log({f"{method}/{k}": v for k, v in results[method].items() if v is not None})
+            print(f"[{i}/{len(builders)}] {method}: embedding {len(data.upper)} upper-level chunks", flush=True)
+            results[method] = measure(builders[method], data, client, config.k)
+            results[method]["repairs"] = ({k: n for k, n in summary_repairs.items() if n} if method == "summarize"
+                                          else {})
+            tracker.log({f"{method}/{k}": v for k, v in results[method].items()
+                         if isinstance(v, (int, float)) and not isinstance(v, bool)})
         for method in builders:  # times under a millisecond count as one: below what the clock resolves here
             results[method]["speedup_vs_summarize"] = round(
                 results["summarize"]["seconds"] / max(results[method]["seconds"], 1e-3), 1)
-        report = {"checkpoints": checkpoints, "kinds": kinds, "n_upper_chunks": len(upper),
-                  "n_documents": len(held_docs), "n_questions": len(test_questions),
-                  "levels": sorted({c.level for c in upper}), "methods": results, "config": to_dict(config)}
-        tracker.summary({f"{m}/{k}": v for m, row in results.items() for k, v in row.items() if v is not None})
+        report = {"checkpoints": checkpoints, "kinds": kinds, "n_upper_chunks": len(data.upper),
+                  "n_documents": data.n_documents, "n_questions": len(data.questions),
+                  "levels": sorted({c.level for c in data.upper}), "methods": results, "config": to_dict(config)}
+        tracker.summary({f"{m}/{k}": v for m, row in results.items() for k, v in row.items()
+                         if isinstance(v, (int, float)) and not isinstance(v, bool)})
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.json").write_text(json.dumps(report, indent=2))
@@ -200,7 +238,7 @@ def _print(report: dict, k: int) -> None:
     table = Table(title=f"{report['n_upper_chunks']} upper-level chunks of {report['n_documents']} held-out "
                         f"documents, {report['n_questions']} questions")
     for column in ("method", "cosine to e_gt", f"recall@{k} [95% CI]", "seconds", "LLM tokens",
-                   "speed-up vs summarize"):
+                   "speed-up vs summarize", "repairs"):
         table.add_column(column, justify="right")
     for method, row in report["methods"].items():
         recall, interval = row[f"recall@{k}"], row[f"recall@{k}_ci95"]
@@ -209,5 +247,5 @@ def _print(report: dict, k: int) -> None:
             shown += f" [{interval[0]:.2f}, {interval[1]:.2f}]"
         table.add_row(method, f"{row['cosine_to_target']:.3f}", shown,
                       f"{row['seconds']:.2f}", str(row["llm_prompt_tokens"] + row["llm_completion_tokens"]),
-                      f"{row['speedup_vs_summarize']:g}x")
+                      f"{row['speedup_vs_summarize']:g}x", repairs_cell(row.get("repairs")))
     Console(width=110).print(table)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -44,6 +45,7 @@ from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
 from overstory.data_pipeline.hierarchy import HierarchyConfig
 from overstory.data_pipeline.lattice_traces import gold_leaves, tree_leaf_chunks
 from overstory.evaluation.plots import plot_quality_vs_cost
+from overstory.evaluation.repairs import repair_counts, repairs_cell
 from overstory.models.registry import MINILM, base_model_of, load_sentence_encoder
 from overstory.retrieval.index import BM25Index, DenseIndex, HybridIndex
 from overstory.retrieval.lattice.fusion import LATTICE_PP_WEIGHTS, lattice_pp
@@ -271,7 +273,8 @@ def run(config: LatticeEvalConfig) -> dict:
                 seconds = (time.perf_counter() - started) / len(queries)
                 rankings[name] = {qid: [(h.chunk.id, h.score) for h in row_hits]
                                   for (qid, _), row_hits in zip(queries, hits, strict=True)}
-                row = {"llm_calls": 0.0, "input_tokens": 0.0, "output_tokens": 0.0, "seconds": round(seconds, 4)}
+                row = {"llm_calls": 0.0, "input_tokens": 0.0, "output_tokens": 0.0, "seconds": round(seconds, 4),
+                       "repairs": {}}
             row = {**retrieval_metrics(rankings[name], gold), **row, "kind": system.kind, "note": system.note}
             if system.kind == "search":
                 row.update(scorer=system.scorer, calibration=system.calibration)
@@ -306,16 +309,18 @@ def _run_search(config: LatticeEvalConfig, system: SystemConfig, tree: Tree, que
             found = search(tree, queries, scorer, settings,
                            progress=lambda i: progress.update(bar, completed=i + 1))
     n = len(found)
-    problems: dict[str, int] = {}
+    problems: Counter[str] = Counter()
     for result in found:
-        for key, value in result.problems.items():
-            problems[key] = problems.get(key, 0) + value
+        problems.update(result.problems)
     row = {"llm_calls": round(sum(r.llm_calls for r in found) / n, 2),
            "input_tokens": round(sum(r.input_tokens for r in found) / n, 1),
            "output_tokens": round(sum(r.output_tokens for r in found) / n, 1),
            "seconds": round(sum(r.seconds for r in found) / n, 3),
            "slates": round(sum(len(r.slates) for r in found) / n, 2),
-           "failed_slates": sum(r.failed_slates for r in found), "problems": problems}
+           "slates_total": sum(len(r.slates) for r in found),
+           "failed_slates": sum(r.failed_slates for r in found), "problems": dict(problems),
+           # what the search repaired: slate replies with unusable parts, candidates it left unscored
+           "repairs": repair_counts([problems])}
     return row, {r.query_id: r.ranking for r in found}
 
 
@@ -329,8 +334,9 @@ def _run_fusion(system: SystemConfig, rankings, results, queries, flat_index):
     fused = {qid: lattice_pp(rankings[system.of][qid], [(h.chunk.id, h.score) for h in b],
                              [(h.chunk.id, h.score) for h in d], system.weights, top_k=k)
              for (qid, _), b, d in zip(queries, bm25, dense, strict=True)}
-    base = results[system.of]
-    return {key: base[key] for key in ("llm_calls", "input_tokens", "output_tokens", "seconds")}, fused
+    base = results[system.of]  # the fused ranking rests on that search's slates: its cost, failed slates and repairs
+    return {key: base[key] for key in ("llm_calls", "input_tokens", "output_tokens", "seconds", "slates_total",
+                                       "failed_slates", "repairs") if key in base}, fused
 
 
 def _run_agreement(config: LatticeEvalConfig, system: SystemConfig, tree: Tree, gold) -> dict:
@@ -344,8 +350,10 @@ def _run_agreement(config: LatticeEvalConfig, system: SystemConfig, tree: Tree, 
 
 
 def markdown_table(report: dict) -> str:
-    """One row per system: quality with intervals, cost per question, and the students' agreement; with a system
-    named ``teacher``, each row's nDCG@10 as a share of the teacher's and how many times faster it answers.
+    """One row per system: quality with intervals, cost per question, the failed slates among the slates scored and
+    the repairs by kind (slate replies with unusable parts, candidates left unscored; a fusion shows its search's),
+    and the students' agreement; with a system named ``teacher``, each row's nDCG@10 as a share of the teacher's and
+    how many times faster it answers.
 
     >>> row = {"ndcg@10": 0.5, "llm_calls": 0, "input_tokens": 0, "output_tokens": 0}
     >>> table = markdown_table({"n_questions": 2, "systems": {"teacher": {**row, "seconds": 10.0},
@@ -356,7 +364,7 @@ def markdown_table(report: dict) -> str:
     teacher = report["systems"].get("teacher")
     versus = ["nDCG@10 / teacher's", "times faster than teacher"] if teacher else []
     header = ["system", "nDCG@10", "Recall@10", "Recall@100", "scorer calls", "tokens in / out", "seconds",
-              "Kendall tau / top-1 vs teacher", *versus, "note"]
+              "failed slates", "repairs", "Kendall tau / top-1 vs teacher", *versus, "note"]
     lines = [f"{report['n_questions']} questions; 95% bootstrap intervals; cost per question", "",
              "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
 
@@ -379,8 +387,9 @@ def markdown_table(report: dict) -> str:
         agree_cell = "-" if not agree else (
             f"{agree['kendall_tau'] if agree['kendall_tau'] is not None else '-'} / "
             f"{agree['top1_agreement'] if agree['top1_agreement'] is not None else '-'} ({agree['n_slates']} slates)")
+        slates = f"{row['failed_slates']}/{row['slates_total']}" if "slates_total" in row else "-"
         cells = [label, cell(row, "ndcg@10"), cell(row, "recall@10"), cell(row, "recall@100"), f"{row['llm_calls']:g}",
-                 f"{row['input_tokens']:g} / {row['output_tokens']:g}", f"{row['seconds']:.3f}", agree_cell,
-                 *relative(row), row.get("note", "")]
+                 f"{row['input_tokens']:g} / {row['output_tokens']:g}", f"{row['seconds']:.3f}", slates,
+                 repairs_cell(row.get("repairs")), agree_cell, *relative(row), row.get("note", "")]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

@@ -18,6 +18,8 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+from overstory.evaluation.repairs import repairs_cell
+
 MARKER = re.compile(r"(<!-- table: (?P<kind>\w+) (?P<path>\S+) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
 
 
@@ -35,27 +37,35 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def planner_table(report: dict) -> str:
-    """``eval planner`` metrics.json: one row per variant, then the majority-label reference.
+    """``eval planner`` metrics.json: one row per variant, then the majority-label reference. The repairs are the
+    plans that could not be read, answered from the fallback range (``-`` in a report that predates the count).
 
-    >>> print(planner_table({"variants": {"sft": {"accuracy": 0.5, "within_one_level": 0.75, "format_valid": 1.0,
-    ...       "median_completion_tokens": 40.0, "p90_completion_tokens": 44.0, "seconds_per_plan": 1.234}},
+    >>> print(planner_table({"variants": {"sft": {"accuracy": 0.5, "within_one_level": 0.75, "format_valid": 0.75,
+    ...       "median_completion_tokens": 40.0, "p90_completion_tokens": 44.0, "seconds_per_plan": 1.234,
+    ...       "repairs": {"plan_unparsed": 1}}}, "fallback_range": ["sentence", "paragraph"],
     ...       "majority_baseline": {"label": ["sentence", "section"], "accuracy": 0.25, "within_one_level": 0.5}}))
     | variant | accuracy vs label | within one level | format valid | strict format | median / p90 tokens | ...
-    | --- | --- | --- | --- | --- | --- | --- | --- |
-    | sft | 0.500 | 0.750 | 1.00 | - | 40 / 44 | 1.23 | - |
-    | reference: always (sentence, section) | 0.250 | 0.500 | - | - | - | - | - |
+    | --- | --- | --- | --- | --- | --- | --- | --- | --- |
+    | sft | 0.500 | 0.750 | 0.75 | - | 40 / 44 | 1.23 | - | plan_unparsed 1 |
+    | reference: always (sentence, section) | 0.250 | 0.500 | - | - | - | - | - | - |
     """
     rows = []
     for name, m in report["variants"].items():
         tokens = f"{_fmt(m.get('median_completion_tokens'), 0)} / {_fmt(m.get('p90_completion_tokens'), 0)}"
         rows.append([name, _fmt(m.get("accuracy")), _fmt(m.get("within_one_level")), _fmt(m.get("format_valid"), 2),
                      _fmt(m.get("format_valid_strict"), 2), tokens, _fmt(m.get("seconds_per_plan"), 2),
-                     _fmt(m.get("qa_accuracy"))])
+                     _fmt(m.get("qa_accuracy")), repairs_cell(m.get("repairs"))])
     majority = report["majority_baseline"]
     rows.append([f"reference: always ({', '.join(majority['label'])})", _fmt(majority["accuracy"]),
-                 _fmt(majority["within_one_level"]), "-", "-", "-", "-", "-"])
+                 _fmt(majority["within_one_level"]), "-", "-", "-", "-", "-", "-"])
     return _table(["variant", "accuracy vs label", "within one level", "format valid", "strict format",
-                   "median / p90 tokens", "s/plan", "QA accuracy"], rows)
+                   "median / p90 tokens", "s/plan", "QA accuracy", _fallback_header(report)], rows)
+
+
+def _fallback_header(report: dict) -> str:
+    """The repairs column's title, naming the range an unread plan was answered from where the report says."""
+    fallback = report.get("fallback_range")
+    return f"repairs (answered from {'..'.join(fallback)})" if fallback else "repairs"
 
 
 def _with_ci(summary: dict, key: str, digits: int = 3) -> str:
@@ -72,13 +82,13 @@ def planner_by_dataset_table(report: dict) -> str:
 
     >>> summary = {"n": 2, "accuracy": 0.5, "accuracy_gold": None, "qa_accuracy": 1.0, "tokens_read": 80.0,
     ...            "chunk_tokens": 16.0, "ci95": {"accuracy": [0.0, 1.0], "qa_accuracy": [1.0, 1.0]}}
-    >>> print(planner_by_dataset_table({"variants": {"sft": {"by_dataset": {"squad": summary}}},
+    >>> print(planner_by_dataset_table({"variants": {"sft": {"by_dataset": {"squad": {**summary, "repairs": {}}}}},
     ...       "majority_baseline": {"by_dataset": {"squad": {"dataset_label": {"label": ["sentence", "sentence"],
     ...       "n": 2, "accuracy": 0.0, "accuracy_gold": None}}}}}))
-    | dataset | variant | n | accuracy vs gold | accuracy vs label | QA | tokens read | chunk tokens |
-    | --- | --- | --- | --- | --- | --- | --- | --- |
-    | squad | sft | 2 | - | 0.500 [0.00, 1.00] | 1.000 [1.00, 1.00] | 80 | 16 |
-    | squad | reference: always sentence..sentence | 2 | - | 0.000 | - | - | - |
+    | dataset | variant | n | accuracy vs gold | accuracy vs label | QA | tokens read | chunk tokens | repairs |
+    | --- | --- | --- | --- | --- | --- | --- | --- | --- |
+    | squad | sft | 2 | - | 0.500 [0.00, 1.00] | 1.000 [1.00, 1.00] | 80 | 16 | 0 |
+    | squad | reference: always sentence..sentence | 2 | - | 0.000 | - | - | - | - |
     """
     rows = []
     datasets = dict.fromkeys(d for m in report["variants"].values() for d in m.get("by_dataset", {}))
@@ -86,6 +96,7 @@ def planner_by_dataset_table(report: dict) -> str:
     for dataset in datasets:
         entries = [(name, m["by_dataset"][dataset]) for name, m in report["variants"].items()
                    if dataset in m.get("by_dataset", {})]
+        planned = len(entries)  # the variants' rows; the references after them plan nothing
         own = report["majority_baseline"].get("by_dataset", {}).get(dataset, {}).get("dataset_label")
         if own:
             entries.append((f"reference: always {'..'.join(own['label'])}", own))
@@ -93,16 +104,18 @@ def planner_by_dataset_table(report: dict) -> str:
             if dataset in ranges.get("by_dataset", {}):
                 best = " (best on training questions)" if fixed.get("best", {}).get("range") == name else ""
                 entries.append((f"reference: fixed {name}{best}", ranges["by_dataset"][dataset]))
-        for name, summary in entries:
+        for i, (name, summary) in enumerate(entries):
             rows.append([dataset, name, _fmt(summary.get("n")), _with_ci(summary, "accuracy_gold"),
                          _with_ci(summary, "accuracy"), _with_ci(summary, "qa_accuracy"),
-                         _fmt(summary.get("tokens_read"), 0), _with_ci(summary, "chunk_tokens", 0)])
+                         _fmt(summary.get("tokens_read"), 0), _with_ci(summary, "chunk_tokens", 0),
+                         repairs_cell(summary.get("repairs")) if i < planned else "-"])
     return _table(["dataset", "variant", "n", "accuracy vs gold", "accuracy vs label", "QA", "tokens read",
-                   "chunk tokens"], rows)
+                   "chunk tokens", _fallback_header(report)], rows)
 
 
 def compressor_table(report: dict) -> str:
-    """``eval compressor`` metrics.json: one row per way of embedding the upper levels."""
+    """``eval compressor`` metrics.json: one row per way of embedding the upper levels, with its repairs (a failed
+    summary replaced by the encoder on the chunk's text in the summarize row; ``-`` in an older report)."""
     k = report["config"]["k"]
 
     def recall(m: dict) -> str:  # with its 95% bootstrap interval where the report has one
@@ -110,10 +123,11 @@ def compressor_table(report: dict) -> str:
         return _fmt(m.get(f"recall@{k}")) + (f" [{_fmt(interval[0])}, {_fmt(interval[1])}]" if interval else "")
 
     rows = [[name, _fmt(m["cosine_to_target"]), recall(m), _fmt(m["seconds"], 2),
-             str(m["llm_completion_tokens"] + m["llm_prompt_tokens"]), f"{m['speedup_vs_summarize']}x"]
+             str(m["llm_completion_tokens"] + m["llm_prompt_tokens"]), f"{m['speedup_vs_summarize']}x",
+             repairs_cell(m.get("repairs"))]
             for name, m in report["methods"].items()]
     return _table(["method", "cosine to e_gt", f"recall@{k} [95% CI]", "seconds", "LLM tokens",
-                   "speed-up vs summarize"], rows)
+                   "speed-up vs summarize", "repairs"], rows)
 
 
 def serve_bench_table(report: dict) -> str:
@@ -150,7 +164,8 @@ def _quickstart_figures(name: str, stage: dict) -> str:
             for corpus, row in stage.items() if isinstance(row, dict) and "n_questions" in row)
     if name == "rag_baseline":
         return (f"{stage['dataset']}, {stage['n_questions']} questions: exact match {stage['exact_match']:.3f}, "
-                f"token F1 {stage['token_f1']:.3f}, answer contained {stage['contains_match']:.3f}")
+                f"token F1 {stage['token_f1']:.3f}, answer contained {stage['contains_match']:.3f}"
+                + _failed_and_repaired(stage))
     if name == "compressor":
         k = next((key for key in next(iter(stage["methods"].values())) if key.startswith("recall@")), "recall@5")
         return f"{stage['n_questions']} questions, {k}: " + ", ".join(
@@ -174,9 +189,27 @@ def _quickstart_figures(name: str, stage: dict) -> str:
         return "contains-match / generator tokens per question: " + "; ".join(
             f"{corpus} ({row['n_questions']} questions) " + ", ".join(
                 f"{strategy} {_fmt(figures['contains_match'], 2)} / {_fmt(figures['generator_tokens'], 0)}"
+                + _failed_and_repaired({"n_questions": row["n_questions"], **figures})
                 for strategy, figures in row["strategies"].items())
             for corpus, row in stage["corpora"].items())
     return ""
+
+
+def _failed_and_repaired(row: dict) -> str:
+    """`` (failed k, repairs: ...)`` after an evaluation row's figures when any question failed or was repaired
+    (nothing for a clean row or a report that predates the counts).
+
+    >>> _failed_and_repaired({"n_questions": 2, "answered": 1, "repairs": {"plan_unparsed": 1}})
+    ' (failed 1, repairs: plan_unparsed 1)'
+    >>> _failed_and_repaired({"n_questions": 2, "answered": 2, "repairs": {}})
+    ''
+    """
+    notes = []
+    if "answered" in row and row["answered"] < row["n_questions"]:
+        notes.append(f"failed {row['n_questions'] - row['answered']}")
+    if row.get("repairs"):
+        notes.append(f"repairs: {repairs_cell(row['repairs'])}")
+    return f" ({', '.join(notes)})" if notes else ""
 
 
 def quickstart_table(report: dict) -> str:

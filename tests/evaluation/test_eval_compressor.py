@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from overstory.cli import main
 from overstory.core.config import ConfigError, build
-from overstory.core.records import SummaryRecord
-from overstory.evaluation.compressor import EvalCompressorConfig, held_out_records
+from overstory.core.records import Chunk, SummaryRecord
+from overstory.data_pipeline.corpora import CorpusConfig
+from overstory.evaluation.compressor import EvalCompressorConfig, HeldOut, held_out_records, summarize_with
 from overstory.models.compressor import SetCompressor, SetCompressorConfig, save_checkpoint
 from overstory.models.registry import MINILM, load_sentence_encoder
 from overstory.models.text_compressor import save_text_compressor
+from overstory.retrieval.index import chunk_text_for_index
+from overstory.serving.client import Client
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,6 +48,35 @@ def test_held_out_is_the_validation_documents_or_every_document() -> None:
         held_out_records([], config(held_out="all"))
 
 
+class SummariesFailFor:
+    """Stands in for a served generator whose summary of one chunk always comes back empty (a real model cannot be
+    made to fail on demand), and for an embedder whose vector is the text's length: the ``Backend`` of client.py."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def post(self, path, payload):
+        usage = {"prompt_tokens": 5, "completion_tokens": 3}
+        if path == "/v1/embeddings":
+            data = [{"index": i, "embedding": [float(len(t)), 1.0]} for i, t in enumerate(payload["input"])]
+            return {"data": data, "usage": usage}, 0
+        reply = "" if self.marker in payload["messages"][0]["content"] else "A short summary."
+        return {"choices": [{"message": {"content": reply}, "finish_reason": "stop"}], "usage": usage}, 0
+
+
+def test_a_failed_summary_is_replaced_by_direct_encode_and_counted() -> None:
+    chunks = {c.id: c for c in (Chunk("d/s0", "d", "section", "Normandy lies in France.", None, [], 0, 24, 6, ""),
+                                Chunk("d/s1", "d", "section", "Unsummarisable text.", None, [], 25, 45, 4, ""))}
+    records = [replace(_record("d", i), id=f"d/s{i}") for i in range(2)]
+    data = HeldOut(records, chunks, list(chunks.values()), [], [], np.zeros((2, 2)), [], 1)
+    config = EvalCompressorConfig(checkpoint="c", data="d.jsonl", corpus=CorpusConfig("squad", "p"), out="o")
+    repairs: Counter[str] = Counter()
+    vectors = summarize_with(config, data, Client(SummariesFailFor("Unsummarisable")), repairs)()
+    assert repairs == {"summary_failed_direct_encode": 1}
+    assert vectors[0].tolist() == [len("A short summary."), 1.0]  # the summary's embedding
+    assert vectors[1].tolist() == [len(chunk_text_for_index(chunks["d/s1"])), 1.0]  # the chunk's own text
+
+
 @pytest.mark.slow
 def test_eval_compressor_four_methods(tmp_path: Path) -> None:
     summaries = tmp_path / "summaries.jsonl"
@@ -66,6 +101,7 @@ def test_eval_compressor_four_methods(tmp_path: Path) -> None:
     # greedy summaries regenerated with the same settings reproduce e_gt
     assert methods["summarize"]["cosine_to_target"] > 0.99
     assert methods["summarize"]["llm_completion_tokens"] > 0 and methods["compressor"]["llm_completion_tokens"] == 0
+    assert methods["summarize"]["repairs"] == {}  # every summary regenerated: none replaced by direct encode
     for row in methods.values():
         low, high = row["recall@5_ci95"]
         assert 0.0 <= low <= row["recall@5"] <= high <= 1.0 and row["seconds"] >= 0

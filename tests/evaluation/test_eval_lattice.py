@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from overstory.cli import main
-from overstory.evaluation.lattice import agreement, retrieval_metrics
+from overstory.evaluation.lattice import agreement, markdown_table, retrieval_metrics
 from overstory.retrieval.lattice.fusion import lattice_pp, weighted_fusion
 from overstory.retrieval.lattice.scorers import OracleSlateScorer, SlateScore
 from overstory.retrieval.lattice.tree import Tree
@@ -102,6 +102,9 @@ def test_eval_lattice_table(lattice_tree: Path, lattice_oracle_traces: Path, ce_
     assert {r["id"] for r in rankings} == set(held) and all(r["ranking"] for r in rankings)
     table = (tmp_path / "table.md").read_text()
     assert "ce_pointwise_nocal (calibration off)" in table and "| lattice++ |" in table
+    pointwise = systems["ce_pointwise"]  # a cross-encoder scores every candidate: no slate fails
+    assert pointwise["failed_slates"] == 0 and pointwise["slates_total"] >= pointwise["slates"] > 0
+    assert f"| 0/{pointwise['slates_total']} |" in table.split("| ce_pointwise |")[1].splitlines()[0]
     assert (tmp_path / "quality_vs_cost.png").stat().st_size > 0
 
 
@@ -113,7 +116,22 @@ def test_eval_lattice_llm_student_counts_served_tokens(lattice_tree: Path, latti
                    "max_attempts=1")
     row = report["systems"]["llm_student"]
     assert report["n_questions"] == 1 and row["llm_calls"] >= 1
+    assert 0 <= row["failed_slates"] <= row["slates_total"] == row["slates"]  # one question
+    assert row["repairs"] == {kind: n for kind, n in row["problems"].items() if n}  # each slate problem, counted
     assert row["input_tokens"] > 0 and row["output_tokens"] > 0 and row["seconds"] > 0
+
+
+def test_the_table_shows_failed_slates_and_repairs_beside_the_figures() -> None:
+    """A search row counts its failed slates among those scored and its repairs by kind; a flat index has no
+    slates; a row from an older report, without the counts, shows that it has none."""
+    cost = {"ndcg@10": 0.5, "llm_calls": 2, "input_tokens": 10, "output_tokens": 5, "seconds": 1.0}
+    table = markdown_table({"n_questions": 2, "systems": {
+        "llm": {**cost, "slates_total": 8, "failed_slates": 3, "repairs": {"missing": 4, "unscored_candidates": 2}},
+        "bm25": {**cost, "repairs": {}}, "older": cost}})
+    rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines() if line.startswith("| ")}
+    assert "| failed slates | repairs |" in rows["system"]
+    assert "| 3/8 | missing 4, unscored_candidates 2 |" in rows["llm"]
+    assert "| - | 0 |" in rows["bm25"] and "| - | - |" in rows["older"]
 
 
 def test_unknown_system_and_bad_fusion_name_the_key(tmp_path: Path, capsys) -> None:

@@ -5,7 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from overstory.evaluation.report_tables import quickstart_table, render_readme
+from overstory.evaluation.report_tables import (
+    compressor_table,
+    planner_by_dataset_table,
+    planner_table,
+    quickstart_table,
+    render_readme,
+)
 
 
 def test_render_replaces_only_marked_tables_whose_file_exists(tmp_path: Path) -> None:
@@ -26,22 +32,35 @@ def test_render_replaces_only_marked_tables_whose_file_exists(tmp_path: Path) ->
     assert again == rendered and notes[0].startswith("unchanged")
 
 
-def test_compressor_table_shows_recall_with_its_interval_where_the_report_has_one() -> None:
-    from overstory.evaluation.report_tables import compressor_table
-
+def test_compressor_table_shows_recall_with_its_interval_and_the_repairs_where_the_report_has_them() -> None:
     row = {"cosine_to_target": 0.9, "seconds": 0.5, "llm_completion_tokens": 0, "llm_prompt_tokens": 0,
            "speedup_vs_summarize": 10.0}
     table = compressor_table({"config": {"k": 5}, "methods": {
-        "mean_pool": {**row, "recall@5": 0.5, "recall@5_ci95": [0.25, 0.75]},
+        "mean_pool": {**row, "recall@5": 0.5, "recall@5_ci95": [0.25, 0.75], "repairs": {}},
+        "summarize": {**row, "recall@5": 0.5, "repairs": {"summary_failed_direct_encode": 2}},
         "older_report": {**row, "recall@5": 0.4}}})
-    assert "| recall@5 [95% CI] |" in table
+    assert "| recall@5 [95% CI] |" in table and table.splitlines()[0].endswith("| repairs |")
     assert "| mean_pool | 0.900 | 0.500 [0.250, 0.750] |" in table and "| older_report | 0.900 | 0.400 |" in table
+    assert table.splitlines()[3].endswith("| 10.0x | summary_failed_direct_encode 2 |")
+    assert table.splitlines()[2].endswith("| 0 |") and table.splitlines()[4].endswith("| - |")
+
+
+def test_planner_tables_show_the_plans_answered_from_the_fallback_range() -> None:
+    variant = {"accuracy": 0.5, "format_valid": 0.5, "repairs": {"plan_unparsed": 3},
+               "by_dataset": {"squad": {"n": 6, "repairs": {"plan_unparsed": 3}}}}
+    report = {"variants": {"base": variant}, "fallback_range": ["sentence", "paragraph"],
+              "majority_baseline": {"label": ["sentence", "section"], "accuracy": 0.25, "within_one_level": 0.5}}
+    for table in (planner_table(report), planner_by_dataset_table(report)):
+        assert table.splitlines()[0].endswith("| repairs (answered from sentence..paragraph) |")
+        assert table.splitlines()[2].endswith("| plan_unparsed 3 |")
 
 
 def test_the_quickstart_table_names_each_strategys_quality_and_cost() -> None:
     stage = {"seconds": 300.2, "strategies": ["naive", "arag"], "corpora": {
-        "squad": {"n_questions": 2, "strategies": {"naive": {"contains_match": 0.5, "generator_tokens": 610.4},
-                                                   "arag": {"contains_match": 0.0, "generator_tokens": 2210.0}}}}}
+        "squad": {"n_questions": 2, "strategies": {
+            "naive": {"contains_match": 0.5, "generator_tokens": 610.4, "answered": 2, "repairs": {}},
+            "arag": {"contains_match": 0.0, "generator_tokens": 2210.0, "answered": 1,
+                     "repairs": {"tool_failures.truncated_call": 1}}}}}}
     table = quickstart_table({"stages": {"strategies": stage}, "total_seconds": 301})
     assert ("| strategies | 300 | contains-match / generator tokens per question: squad (2 questions) naive 0.50 / "
-            "610, arag 0.00 / 2210 |") in table
+            "610, arag 0.00 / 2210 (failed 1, repairs: tool_failures.truncated_call 1) |") in table
