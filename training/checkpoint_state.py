@@ -25,7 +25,9 @@ import torch
 from overstory.core.config import ConfigError, differing_keys
 
 
-def _staging(folder: Path) -> Path:
+def staging_path(folder: str | Path) -> Path:
+    """Where ``start_step`` stages the next step of ``folder`` (processes that write a part of it need the path)."""
+    folder = Path(folder)
     return folder.with_name(folder.name + ".tmp")
 
 
@@ -55,7 +57,7 @@ def recover(folder: str | Path) -> None:
     """Finish or undo what a kill interrupted: an unfinished ``<folder>.tmp`` is dropped; a swap cut between its two
     renames puts the previous folder back; a swap cut before its clean-up loses only the old copy."""
     folder = Path(folder)
-    shutil.rmtree(_staging(folder), ignore_errors=True)
+    shutil.rmtree(staging_path(folder), ignore_errors=True)
     previous = _previous(folder)
     if previous.exists():
         if folder.exists():
@@ -66,7 +68,7 @@ def recover(folder: str | Path) -> None:
 
 def start_step(folder: str | Path) -> Path:
     """An empty ``<folder>.tmp`` to write a step's files into (weights, optimizers), before ``commit``."""
-    staging = _staging(Path(folder))
+    staging = staging_path(Path(folder))
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     return staging
@@ -76,7 +78,7 @@ def commit(folder: str | Path, state: Mapping, state_file: str) -> None:
     """Write the JSON ``state`` into ``<folder>.tmp`` (last: the staging folder is whole once it is there), then
     swap the staging folder into place of ``folder``."""
     folder = Path(folder)
-    staging, previous = _staging(folder), _previous(folder)
+    staging, previous = staging_path(folder), _previous(folder)
     atomic_write_text(staging / state_file, json.dumps(state, indent=2))
     if folder.exists():
         os.replace(folder, previous)

@@ -10,8 +10,9 @@ an option), or with a retrieval objective the paper does not have (``train.objec
 pulling a chunk's compressed embedding towards the ``questions`` corpus's questions whose evidence it covers, see
 ``compressor_contrastive.py``), or both added (``mse+contrastive``). Every epoch it evaluates next to the untrained
 ``mean_pool`` baseline, keeps the best checkpoint by the validation objective in ``out/best`` and the full
-training state in ``out/last``. Rerunning the same command resumes from ``out/last``. A non-finite loss stops the
-run with a clear error; ``best`` and ``last`` stay as they were after the last good epoch.
+training state in ``out/last`` (staged and swapped in whole, ``training/checkpoint_state.py``). Rerunning the same
+command resumes from ``out/last``; other settings are refused (only ``train.epochs`` may grow). A non-finite loss
+stops the run with a clear error; ``best`` and ``last`` stay as they were after the last good epoch.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from overstory.data_pipeline.hierarchy import load_hierarchies, stored_hierarchy
 from overstory.data_pipeline.splits import split_by_document
 from overstory.models.compressor import SetCompressor, SetCompressorConfig, pad_children, save_checkpoint
 from overstory.models.registry import load_sentence_encoder
+from overstory.training import checkpoint_state
 from overstory.training.callbacks import TrainingDiverged
 from overstory.training.compressor_contrastive import (
     PositiveSampler,
@@ -48,6 +50,8 @@ from overstory.training.compressor_contrastive import (
     question_positives,
 )
 from overstory.training.distributed import accelerator_handlers
+
+STATE_FILE = "trainer_state.json"
 
 
 @dataclass(frozen=True)
@@ -193,22 +197,26 @@ def evaluate(model: SetCompressor, loader: DataLoader, accelerator: Accelerator,
     return metrics
 
 
-def run(config: CompressorJobConfig) -> dict:
-    # --- setup -------------------------------------------------------------------------------------
-    accelerator = Accelerator(kwargs_handlers=accelerator_handlers())
-    set_seed(config.train.seed)
-    out = Path(config.out)
-    records = list(read_jsonl(config.data, SummaryRecord))
-    if not records:
-        raise ValueError(f"{config.data} holds no summary records; run `overstory data summaries` first")
-    dim = len(records[0].target_embedding)
-    train_records, val_records = split_by_document(records, config.train.val_fraction)
-    model = SetCompressor(SetCompressorConfig(embedding_dim=dim, encoder=records[0].encoder,
-                                              **to_dict(config.model)))
+@dataclass
+class Setup:
+    """What a compressor run trains and evaluates, prepared by accelerate."""
+
+    model: SetCompressor
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    train_loader: DataLoader
+    val_loader: DataLoader
+    n_train: int
+    n_val: int
+
+
+def loaders(config: CompressorJobConfig, train_records: list[SummaryRecord], val_records: list[SummaryRecord],
+            accelerator: Accelerator) -> tuple[DataLoader, DataLoader]:
+    """Training and validation batches; with a contrastive objective each record also draws a covered question."""
     samplers: list[PositiveSampler | None] = [None, None]
     if config.train.objective != "mse":
         chunks, questions = summary_chunks(config.data), load_corpus(config.questions)[1]
-        encoder = load_sentence_encoder(records[0].encoder)
+        encoder = load_sentence_encoder(train_records[0].encoder)
         positives = [positives_for(split, chunks, questions, encoder) for split in (train_records, val_records)]
         accelerator.print(f"contrastive objective: {positives[0].covered_records} of {len(train_records)} training "
                           f"and {positives[1].covered_records} of {len(val_records)} validation "
@@ -220,92 +228,156 @@ def run(config: CompressorJobConfig) -> dict:
                               generator=torch.Generator().manual_seed(config.train.seed))
     val_loader = DataLoader(list(range(len(val_records))), batch_size=config.train.batch_size,
                             collate_fn=RecordBatches(val_records, samplers[1]))
+    return train_loader, val_loader
+
+
+def setup(config: CompressorJobConfig, accelerator: Accelerator) -> Setup:
+    """The records split by document, the compressor, its optimizer and schedule, and the loaders."""
+    records = list(read_jsonl(config.data, SummaryRecord))
+    if not records:
+        raise ValueError(f"{config.data} holds no summary records; run `overstory data summaries` first")
+    train_records, val_records = split_by_document(records, config.train.val_fraction)
+    model = SetCompressor(SetCompressorConfig(embedding_dim=len(records[0].target_embedding),
+                                              encoder=records[0].encoder, **to_dict(config.model)))
+    train_loader, val_loader = loaders(config, train_records, val_records, accelerator)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.train.lr, weight_decay=config.train.weight_decay)
     total_steps = config.train.epochs * math.ceil(len(train_records) / config.train.batch_size)
     scheduler = get_cosine_schedule_with_warmup(optimizer, int(config.train.warmup_ratio * total_steps), total_steps)
-    model, optimizer, train_loader, val_loader, scheduler = accelerator.prepare(
-        model, optimizer, train_loader, val_loader, scheduler)
+    prepared = accelerator.prepare(model, optimizer, train_loader, val_loader, scheduler)
+    return Setup(*prepared[:2], prepared[4], *prepared[2:4], len(train_records), len(val_records))
 
-    state_path = out / "last" / "trainer_state.json"
-    state = {"epoch": 0, "step": 0, "best_val_mse": float("inf"), "best_val_objective": float("inf"),
-             "history": []}
-    if state_path.exists():
-        accelerator.load_state(str(out / "last"))
-        state = json.loads(state_path.read_text())
-        accelerator.print(f"resuming from {out / 'last'} after epoch {state['epoch']}")
-    data_hash = hashlib.sha256(Path(config.data).read_bytes()).hexdigest()[:16]
 
-    # --- train -------------------------------------------------------------------------------------
-    tracker = start_run(config.tracking, "train compressor", config) if accelerator.is_main_process else None
-    started = time.perf_counter()
+def resume_settings(config: CompressorJobConfig) -> dict:
+    """What decides a compressor run's training: the config but its length (``train.epochs``, which a resume may
+    extend), its output folder and tracking."""
+    settings = to_dict(config)
+    for key in ("out", "tracking"):
+        settings.pop(key)
+    settings["train"].pop("epochs")
+    return settings
 
-    def save_best(metrics: dict) -> None:
-        state["best_val_mse"], state["best_val_objective"] = metrics["val_mse"], metrics["val_objective"]
-        if accelerator.is_main_process:
-            save_checkpoint(accelerator.unwrap_model(model), out / "best", {
-                "config": to_dict(config), "data": config.data, "data_sha256": data_hash,
-                "n_train": len(train_records), "n_val": len(val_records), "metrics": metrics,
-                "tracking_run": tracker.id if tracker else None})
 
-    if not state["history"]:
-        # The untrained compressor is the mean of its children: the first candidate for "best", so a
-        # run that only overfits never leaves a checkpoint worse than the mean_pool baseline.
-        initial = {"epoch": 0, "train_loss": None, "lr": scheduler.get_last_lr()[0],
-                   **evaluate(model, val_loader, accelerator, config.train)}
-        state["history"].append(initial)
-        save_best(initial)
-    with Progress(disable=not accelerator.is_main_process) as progress:
-        batches_per_epoch = len(train_loader)
-        task = progress.add_task(f"epoch {state['epoch'] + 1}/{config.train.epochs}",
-                                 total=config.train.epochs * batches_per_epoch,
-                                 completed=state["epoch"] * batches_per_epoch)
-        for epoch in range(state["epoch"], config.train.epochs):
-            model.train()
-            epoch_loss, batches, samples, epoch_started = 0.0, 0, 0, time.perf_counter()
-            term_sums: dict[str, float] = {}
-            for batch in train_loader:
-                loss, terms = objective(model(batch["children"], batch["mask"]), batch, config.train)
-                if not torch.isfinite(loss):
-                    raise TrainingDiverged(
-                        f"non-finite loss at epoch {epoch + 1}, step {state['step']}; the checkpoints in {out} are "
-                        f"from epoch {state['epoch']}. Lower train.lr (now {config.train.lr}) or check the data.")
-                accelerator.backward(loss)
-                accelerator.clip_grad_norm_(model.parameters(), config.train.grad_clip)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad()
-                epoch_loss, batches, state["step"] = epoch_loss + loss.item(), batches + 1, state["step"] + 1
-                for name, value in terms.items():
-                    term_sums[name] = term_sums.get(name, 0.0) + value
-                samples += len(batch["target"]) * accelerator.num_processes
-                progress.advance(task)
-            metrics = {"epoch": epoch + 1, "train_loss": epoch_loss / max(batches, 1),
-                       **{f"train_{k}": v / max(batches, 1) for k, v in term_sums.items()},
-                       "lr": scheduler.get_last_lr()[0],
-                       "samples_per_s": round(samples / (time.perf_counter() - epoch_started), 1),
-                       **evaluate(model, val_loader, accelerator, config.train)}
-            state["history"].append(metrics)
-            state["epoch"] = epoch + 1
-            # --- save ------------------------------------------------------------------------------
-            if metrics["val_objective"] < state.get("best_val_objective", state["best_val_mse"]):
-                save_best(metrics)
-            accelerator.save_state(str(out / "last"))
-            if accelerator.is_main_process:
-                state_path.write_text(json.dumps(state, indent=2))
-                tracker.log(metrics, step=state["step"])
-            progress.update(task, description=f"epoch {epoch + 1}/{config.train.epochs}: val_objective "
-                                              f"{metrics['val_objective']:.4f}")
+def resume(config: CompressorJobConfig, prepared: Setup, accelerator: Accelerator) -> dict:
+    """The training state of the last whole epoch in ``out/last`` (refused under other settings), or a fresh one."""
+    last = Path(config.out) / "last"
+    if accelerator.is_main_process:
+        checkpoint_state.recover(last)
+    accelerator.wait_for_everyone()
+    state = json.loads((last / STATE_FILE).read_text()) if (last / STATE_FILE).exists() else None
+    if state is None:
+        return {"epoch": 0, "step": 0, "best_val_mse": float("inf"), "best_val_objective": float("inf"),
+                "history": [], "settings": resume_settings(config)}
+    checkpoint_state.check_settings(state, resume_settings(config), last)
+    accelerator.load_state(str(last))
+    accelerator.print(f"resuming from {last} after epoch {state['epoch']}")
+    return state
 
-    # --- evaluate ----------------------------------------------------------------------------------
+
+def train_epoch(prepared: Setup, config: CompressorJobConfig, accelerator: Accelerator, state: dict, epoch: int,
+                advance) -> dict:
+    """One pass over the training batches; returns the epoch's metrics (with its validation)."""
+    prepared.model.train()
+    epoch_loss, batches, samples, epoch_started = 0.0, 0, 0, time.perf_counter()
+    term_sums: dict[str, float] = {}
+    for batch in prepared.train_loader:
+        loss, terms = objective(prepared.model(batch["children"], batch["mask"]), batch, config.train)
+        if not torch.isfinite(loss):
+            raise TrainingDiverged(
+                f"non-finite loss at epoch {epoch + 1}, step {state['step']}; the checkpoints in {config.out} are "
+                f"from epoch {state['epoch']}. Lower train.lr (now {config.train.lr}) or check the data.")
+        accelerator.backward(loss)
+        accelerator.clip_grad_norm_(prepared.model.parameters(), config.train.grad_clip)
+        prepared.optimizer.step()
+        prepared.scheduler.step()
+        prepared.optimizer.zero_grad()
+        epoch_loss, batches, state["step"] = epoch_loss + loss.item(), batches + 1, state["step"] + 1
+        for name, value in terms.items():
+            term_sums[name] = term_sums.get(name, 0.0) + value
+        samples += len(batch["target"]) * accelerator.num_processes
+        advance()
+    return {"epoch": epoch + 1, "train_loss": epoch_loss / max(batches, 1),
+            **{f"train_{k}": v / max(batches, 1) for k, v in term_sums.items()},
+            "lr": prepared.scheduler.get_last_lr()[0],
+            "samples_per_s": round(samples / (time.perf_counter() - epoch_started), 1),
+            **evaluate(prepared.model, prepared.val_loader, accelerator, config.train)}
+
+
+def save_best(prepared: Setup, config: CompressorJobConfig, accelerator: Accelerator, state: dict, metrics: dict,
+              tracker) -> None:
+    """``out/best``: the compressor of the epoch with the lowest validation objective so far."""
+    state["best_val_mse"], state["best_val_objective"] = metrics["val_mse"], metrics["val_objective"]
+    if accelerator.is_main_process:
+        save_checkpoint(accelerator.unwrap_model(prepared.model), Path(config.out) / "best", {
+            "config": to_dict(config), "data": config.data,
+            "data_sha256": hashlib.sha256(Path(config.data).read_bytes()).hexdigest()[:16],
+            "n_train": prepared.n_train, "n_val": prepared.n_val, "metrics": metrics,
+            "tracking_run": tracker.id if tracker else None})
+
+
+def save_last(config: CompressorJobConfig, accelerator: Accelerator, state: dict) -> None:
+    """The full training state (accelerate's: model, optimizer, schedule, RNG) staged and swapped into ``out/last``
+    whole, the JSON state last: a kill leaves the last whole epoch."""
+    last = Path(config.out) / "last"
+    if accelerator.is_main_process:
+        checkpoint_state.start_step(last)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(checkpoint_state.staging_path(last)))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        checkpoint_state.commit(last, state, STATE_FILE)
+    accelerator.wait_for_everyone()
+
+
+def summarise(config: CompressorJobConfig, prepared: Setup, state: dict, started: float, tracker,
+              accelerator: Accelerator) -> dict:
+    """The run's summary and ``metrics.json`` (with the per-epoch history)."""
+    history = state["history"]
     summary = {"objective": config.train.objective, "best_val_objective": state["best_val_objective"],
-               "initial_val_objective": state["history"][0]["val_objective"],
-               "best_val_mse": state["best_val_mse"], "initial_val_mse": state["history"][0]["val_mse"],
-               "epochs": state["epoch"], "n_train": len(train_records),
-               "n_val": len(val_records), "seconds": round(time.perf_counter() - started, 1),
-               **{k: v for k, v in state["history"][-1].items() if k.startswith(("val_", "mean_pool"))}}
+               "initial_val_objective": history[0]["val_objective"],
+               "best_val_mse": state["best_val_mse"], "initial_val_mse": history[0]["val_mse"],
+               "epochs": state["epoch"], "n_train": prepared.n_train, "n_val": prepared.n_val,
+               "seconds": round(time.perf_counter() - started, 1),
+               **{k: v for k, v in history[-1].items() if k.startswith(("val_", "mean_pool"))}}
     if tracker is not None:
         tracker.summary(summary)
         tracker.finish()
-        (out / "metrics.json").write_text(json.dumps({**summary, "history": state["history"]}, indent=2))
+        (Path(config.out) / "metrics.json").write_text(json.dumps({**summary, "history": history}, indent=2))
         accelerator.print(json.dumps(summary, indent=2))
     return summary
+
+
+def run(config: CompressorJobConfig) -> dict:
+    # --- setup -------------------------------------------------------------------------------------
+    accelerator = Accelerator(kwargs_handlers=accelerator_handlers())
+    set_seed(config.train.seed)
+    prepared = setup(config, accelerator)
+    state = resume(config, prepared, accelerator)
+    tracker = start_run(config.tracking, "train compressor", config) if accelerator.is_main_process else None
+    started = time.perf_counter()
+    if not state["history"]:
+        # The untrained compressor is the mean of its children: the first candidate for "best", so a
+        # run that only overfits never leaves a checkpoint worse than the mean_pool baseline.
+        initial = {"epoch": 0, "train_loss": None, "lr": prepared.scheduler.get_last_lr()[0],
+                   **evaluate(prepared.model, prepared.val_loader, accelerator, config.train)}
+        state["history"].append(initial)
+        save_best(prepared, config, accelerator, state, initial, tracker)
+
+    # --- train, and save every epoch ---------------------------------------------------------------
+    epochs, per_epoch = config.train.epochs, len(prepared.train_loader)
+    with Progress(disable=not accelerator.is_main_process) as progress:
+        task = progress.add_task(f"epoch {state['epoch'] + 1}/{epochs}", total=epochs * per_epoch,
+                                 completed=state["epoch"] * per_epoch)
+        for epoch in range(state["epoch"], epochs):
+            metrics = train_epoch(prepared, config, accelerator, state, epoch, lambda: progress.advance(task))
+            state["history"].append(metrics)
+            state["epoch"] = epoch + 1
+            if metrics["val_objective"] < state["best_val_objective"]:
+                save_best(prepared, config, accelerator, state, metrics, tracker)
+            save_last(config, accelerator, state)
+            if tracker is not None:
+                tracker.log(metrics, step=state["step"])
+            progress.update(task, description=f"epoch {epoch + 1}/{epochs}: val_objective "
+                                              f"{metrics['val_objective']:.4f}")
+
+    # --- evaluate ----------------------------------------------------------------------------------
+    return summarise(config, prepared, state, started, tracker, accelerator)

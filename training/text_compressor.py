@@ -9,7 +9,8 @@ hierarchy they were made from (kept next to them), so each record becomes (child
 e_gt). The training loop is sentence-transformers' ``SentenceTransformerTrainer`` with its
 embedding-distillation loss (``MSELoss``, or cosine distance), i.e. the Hugging Face Trainer: it runs
 under ``accelerate launch`` and DeepSpeed unchanged, evaluates and checkpoints every epoch, keeps the
-best epoch, and resumes from the newest checkpoint in ``out/checkpoints`` when rerun.
+best epoch, and resumes from the newest checkpoint in ``out/checkpoints`` when rerun (refusing other settings
+than those recorded in ``out/initial_metrics.json``; only ``train.epochs`` may grow).
 
 Same split by document as the set compressor (the same hash), so both designs are validated on the
 same held-out documents. The untrained encoder (``direct_encode``) is evaluated first and kept when no
@@ -35,7 +36,9 @@ from overstory.data_pipeline.hierarchy import load_hierarchies, stored_hierarchy
 from overstory.data_pipeline.splits import split_by_document
 from overstory.models.registry import load_sentence_encoder
 from overstory.models.text_compressor import join_children, save_text_compressor
+from overstory.training import checkpoint_state
 from overstory.training.callbacks import StopOnNonFiniteLoss, TrackingCallback
+from overstory.training.common import newest_checkpoint
 from overstory.training.distributed import process_group_backend
 
 
@@ -93,14 +96,82 @@ def embedding_metrics(model, texts: list[str], targets: np.ndarray) -> dict[str,
     return {"val_mse": float(np.mean(np.sum((vectors - targets) ** 2, axis=1))), "val_cosine": float(np.mean(cosine))}
 
 
+def training_args(config: TextCompressorJobConfig, n_train: int):
+    """sentence-transformers' (the Hugging Face Trainer's) arguments: evaluate and checkpoint every epoch, keep
+    the best by validation loss."""
+    from sentence_transformers import SentenceTransformerTrainingArguments
+
+    train, steps_per_epoch = config.train, math.ceil(n_train / config.train.batch_size)
+    return SentenceTransformerTrainingArguments(
+        output_dir=str(Path(config.out) / "checkpoints"), num_train_epochs=train.epochs,
+        per_device_train_batch_size=train.batch_size, per_device_eval_batch_size=train.batch_size,
+        learning_rate=train.lr, weight_decay=train.weight_decay,
+        warmup_steps=int(train.warmup_ratio * steps_per_epoch * train.epochs),
+        max_grad_norm=train.max_grad_norm, eval_strategy="epoch", save_strategy="epoch",
+        load_best_model_at_end=True, metric_for_best_model="eval_loss", greater_is_better=False,
+        save_total_limit=2, logging_steps=train.logging_steps, logging_nan_inf_filter=False,
+        seed=train.seed, data_seed=train.seed, bf16=train.bf16, deepspeed=train.deepspeed or None,
+        report_to="none", disable_tqdm=False, ddp_backend=process_group_backend())
+
+
+def resume_settings(config: TextCompressorJobConfig) -> dict:
+    """What decides a text-compressor run: the config but its length (``train.epochs``), output and tracking."""
+    settings = to_dict(config)
+    for key in ("out", "tracking"):
+        settings.pop(key)
+    settings["train"].pop("epochs")
+    return settings
+
+
+def initial_metrics(config: TextCompressorJobConfig, trainer, model, val_texts: list[str], val_targets: np.ndarray,
+                    main_process: bool) -> dict:
+    """The untrained encoder (= direct_encode) on the validation split, measured once and kept (written whole, with
+    the settings) in ``out/initial_metrics.json``: what a rerun resumes against, refused under other settings."""
+    path = Path(config.out) / "initial_metrics.json"
+    if path.exists():
+        initial = json.loads(path.read_text())
+        checkpoint_state.check_settings(initial, resume_settings(config), config.out)
+        return initial
+    initial = {"eval_loss": trainer.evaluate()["eval_loss"], **embedding_metrics(model, val_texts, val_targets),
+               "settings": resume_settings(config)}
+    if main_process:
+        checkpoint_state.atomic_write_text(path, json.dumps(initial, indent=2))
+    return initial
+
+
+def save_best(config: TextCompressorJobConfig, trainer, initial: dict, val_texts: list[str], val_targets: np.ndarray,
+              split: tuple[int, int], encoder: str, tracker, started: float) -> dict:
+    """``out/best`` (the best epoch, or the untrained encoder when no epoch beat it), ``metrics.json``; the summary."""
+    best_loss = trainer.state.best_metric
+    improved = best_loss is not None and best_loss < initial["eval_loss"]
+    best_model = trainer.model if improved else load_sentence_encoder(encoder)
+    metrics = {"eval_loss": best_loss if improved else initial["eval_loss"],
+               **embedding_metrics(best_model, val_texts, val_targets)}
+    summary = {"best_val_mse": metrics["val_mse"], "best_val_cosine": metrics["val_cosine"],
+               "initial_val_mse": initial["val_mse"], "initial_val_cosine": initial["val_cosine"],
+               "improved": improved, "best_checkpoint": trainer.state.best_model_checkpoint,
+               "epochs": config.train.epochs, "n_train": split[0], "n_val": split[1],
+               "seconds": round(time.perf_counter() - started, 1)}
+    if tracker is not None:
+        out = Path(config.out)
+        save_text_compressor(best_model, out / "best", encoder, {
+            "config": to_dict(config), "data": config.data,
+            "data_sha256": hashlib.sha256(Path(config.data).read_bytes()).hexdigest()[:16],
+            "n_train": split[0], "n_val": split[1], "metrics": metrics, "tracking_run": tracker.id})
+        history = [row for row in trainer.state.log_history if "eval_loss" in row]
+        (out / "metrics.json").write_text(json.dumps({**summary, "history": history}, indent=2))
+        tracker.summary(summary)
+        tracker.finish()
+        print(json.dumps(summary, indent=2))
+    return summary
+
+
 def run(config: TextCompressorJobConfig) -> dict:
     from datasets import Dataset
-    from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+    from sentence_transformers import SentenceTransformerTrainer
     from sentence_transformers.sentence_transformer.losses import EmbedDistillLoss
-    from transformers.trainer_utils import get_last_checkpoint
 
     # --- setup -------------------------------------------------------------------------------------
-    out = Path(config.out)
     records = list(read_jsonl(config.data, SummaryRecord))
     if not records:
         raise ValueError(f"{config.data} holds no summary records; run `overstory data summaries` first")
@@ -117,61 +188,20 @@ def run(config: TextCompressorJobConfig) -> dict:
     def dataset(texts: list[str], rows: list[SummaryRecord]) -> Dataset:
         return Dataset.from_dict({"text": texts, "label": [r.target_embedding for r in rows]})
 
-    # sentence-transformers' embedding-distillation loss: MSE (mean over dimensions) or cosine distance to e_gt
-    loss = EmbedDistillLoss(model, distance_metric=config.train.loss)
-    steps_per_epoch = math.ceil(len(train_records) / config.train.batch_size)
-    args = SentenceTransformerTrainingArguments(
-        output_dir=str(out / "checkpoints"), num_train_epochs=config.train.epochs,
-        per_device_train_batch_size=config.train.batch_size, per_device_eval_batch_size=config.train.batch_size,
-        learning_rate=config.train.lr, weight_decay=config.train.weight_decay,
-        warmup_steps=int(config.train.warmup_ratio * steps_per_epoch * config.train.epochs),
-        max_grad_norm=config.train.max_grad_norm, eval_strategy="epoch", save_strategy="epoch",
-        load_best_model_at_end=True, metric_for_best_model="eval_loss", greater_is_better=False,
-        save_total_limit=2, logging_steps=config.train.logging_steps, logging_nan_inf_filter=False,
-        seed=config.train.seed, data_seed=config.train.seed, bf16=config.train.bf16,
-        deepspeed=config.train.deepspeed or None, report_to="none", disable_tqdm=False,
-        ddp_backend=process_group_backend())
+    args = training_args(config, len(train_records))
     tracker = start_run(config.tracking, "train text_compressor", config) if args.process_index == 0 else None
+    # sentence-transformers' embedding-distillation loss: MSE (mean over dimensions) or cosine distance to e_gt
     trainer = SentenceTransformerTrainer(
         model=model, args=args, train_dataset=dataset(train_texts, train_records),
-        eval_dataset=dataset(val_texts, val_records), loss=loss,
+        eval_dataset=dataset(val_texts, val_records), loss=EmbedDistillLoss(model, distance_metric=config.train.loss),
         callbacks=[StopOnNonFiniteLoss(f"lower train.lr (now {config.train.lr}) or check the data"),
                    *([TrackingCallback(tracker)] if tracker else [])])
 
     # --- train -------------------------------------------------------------------------------------
     started = time.perf_counter()
-    initial_path = out / "initial_metrics.json"  # the untrained encoder = direct_encode, measured once
-    if not initial_path.exists():
-        initial = {"eval_loss": trainer.evaluate()["eval_loss"], **embedding_metrics(model, val_texts, val_targets)}
-        if args.process_index == 0:
-            out.mkdir(parents=True, exist_ok=True)
-            initial_path.write_text(json.dumps(initial, indent=2))
-    initial = json.loads(initial_path.read_text())
-    last = get_last_checkpoint(args.output_dir) if Path(args.output_dir).exists() else None
-    if last:
-        print(f"resuming from {last}")
-    trainer.train(resume_from_checkpoint=last)
+    initial = initial_metrics(config, trainer, model, val_texts, val_targets, args.process_index == 0)
+    trainer.train(resume_from_checkpoint=newest_checkpoint(args.output_dir))
 
     # --- save --------------------------------------------------------------------------------------
-    best_loss = trainer.state.best_metric
-    improved = best_loss is not None and best_loss < initial["eval_loss"]
-    best_model = trainer.model if improved else load_sentence_encoder(encoder)
-    metrics = {"eval_loss": best_loss if improved else initial["eval_loss"],
-               **embedding_metrics(best_model, val_texts, val_targets)}
-    summary = {"best_val_mse": metrics["val_mse"], "best_val_cosine": metrics["val_cosine"],
-               "initial_val_mse": initial["val_mse"], "initial_val_cosine": initial["val_cosine"],
-               "improved": improved, "best_checkpoint": trainer.state.best_model_checkpoint,
-               "epochs": config.train.epochs, "n_train": len(train_records), "n_val": len(val_records),
-               "seconds": round(time.perf_counter() - started, 1)}
-    if args.process_index == 0:
-        save_text_compressor(best_model, out / "best", encoder, {
-            "config": to_dict(config), "data": config.data,
-            "data_sha256": hashlib.sha256(Path(config.data).read_bytes()).hexdigest()[:16],
-            "n_train": len(train_records), "n_val": len(val_records), "metrics": metrics,
-            "tracking_run": tracker.id})
-        history = [row for row in trainer.state.log_history if "eval_loss" in row]
-        (out / "metrics.json").write_text(json.dumps({**summary, "history": history}, indent=2))
-        tracker.summary(summary)
-        tracker.finish()
-        print(json.dumps(summary, indent=2))
-    return summary
+    return save_best(config, trainer, initial, val_texts, val_targets, (len(train_records), len(val_records)),
+                     encoder, tracker, started)

@@ -8,9 +8,11 @@ import pandas as pd
 import pytest
 
 from overstory.cli import main
+from overstory.core.config import ConfigError, load_config
 from overstory.models.planner import plan_json
 from overstory.models.registry import load_tokenizer
 from overstory.training.rewards import align_reward, format_reward, make_cost_reward, make_length_reward
+from overstory.training.verl.export import VerlExportConfig
 from overstory.training.verl.reward import compute_score
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,3 +54,15 @@ def test_launch_script_names_the_reward_entry_and_dapo_settings() -> None:
                     "data.train_batch_size=256", "actor_rollout_ref.actor.ppo_mini_batch_size=64"):
         assert setting in script, setting
     assert (ROOT / "training/verl/reward.py").exists() and "training/verl/reward.py" in script
+
+
+def test_r_qa_is_refused_by_the_export_and_the_reward_entry() -> None:
+    """verl's reward entry has no generator for R_QA: a weight on it is refused, not stored and dropped."""
+    with pytest.raises(ConfigError, match="rewards.qa .1.0.: verl's reward entry"):
+        load_config(VerlExportConfig, ROOT / "configs/verl/planner_export.yaml", ["rewards.qa=1.0"])
+    truth = {"level_min": "sentence", "level_max": "paragraph"}
+    with pytest.raises(ValueError, match="cannot compute R_QA"):
+        compute_score("overstory/smartchunk_planner", plan_json("sentence", "paragraph"), truth,
+                      {"reward_weights": {"format": 1.0, "qa": 0.5}})
+    assert compute_score("overstory/smartchunk_planner", plan_json("sentence", "paragraph"), truth,
+                         {"reward_weights": {"format": 1.0, "qa": 0.0}})["score"] == 1.0
