@@ -26,16 +26,17 @@ from pathlib import Path
 
 from rich.progress import Progress
 
-from overstory.core.config import ConfigError, record_settings, to_dict
+from overstory.core.config import ConfigError, to_dict
 from overstory.core.records import JsonlAppender, read_jsonl
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
+from overstory.data_pipeline.fanout import SettingsRecord
 from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies
 from overstory.retrieval.fable.builder import ForestBuilder, ForestConfig
 from overstory.retrieval.fable.forest import Forest
 from overstory.serving.client import Client
 from overstory.serving.config import ServeConfig
-from overstory.serving.launch import stack_in_background
+from overstory.serving.launch import client_for
 
 
 @dataclass(frozen=True)
@@ -62,8 +63,8 @@ class FableForestConfig:
 def run(config: FableForestConfig) -> dict:
     with ExitStack() as stack:
         tracker = stack.enter_context(start_run(config.tracking, "data fable-forest", config))
-        url = config.server_url or stack.enter_context(stack_in_background(config.serve))
-        report = build_forest(config, Client.from_url(url, timeout_s=config.request_timeout_s))
+        client = stack.enter_context(client_for(config.serve, config.server_url, timeout_s=config.request_timeout_s))
+        report = build_forest(config, client)
         tracker.summary({"documents": report["documents"], "built": report["built"],
                          "llm_calls": report["cost"]["llm_calls"], "seconds": report["cost"]["seconds"]})
     nodes = ", ".join(f"{n} {kind}" for kind, n in report["nodes"].items())
@@ -114,8 +115,7 @@ def _check_settings(out: Path, config: FableForestConfig) -> None:
     more documents of the same corpus adds their trees."""
     settings = {"corpus_kind": config.corpus.kind, "hierarchy": to_dict(config.hierarchy),
                 "forest": to_dict(config.forest)}
-    record_settings(out / "settings.json", settings, results=out / "trees.jsonl",
-                    remedy="choose another out= or delete the folder to rebuild")
+    SettingsRecord(out / "trees.jsonl", settings, out / "settings.json")
 
 
 def _report(forest: Forest, skipped: int, built: int, totals: Counter, client: Client, seconds: float) -> dict:

@@ -4,8 +4,9 @@
 
 Writes one JSONL of chunks (``Chunk`` records, smallest level first, the document node last). The
 job appends document by document and skips documents already complete in the file, so a killed run
-resumes where it stopped. The hierarchy settings are kept beside the output (``<out>.config.json``);
-resuming with different settings is a config error rather than a file mixing two chunkings.
+resumes where it stopped. The hierarchy settings are kept beside the output (``<out>.settings.json``, the data
+jobs' settings record in ``data_pipeline/fanout.py``); resuming with different settings is a config error rather
+than a file mixing two chunkings.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from rich.console import Console
 from rich.progress import track
 from rich.table import Table
 
-from overstory.core.config import ConfigError, record_settings, to_dict
+from overstory.core.config import ConfigError, to_dict
 from overstory.core.records import LEVEL_RANK, LEVELS, Chunk, JsonlAppender, read_jsonl, write_jsonl
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
+from overstory.data_pipeline.fanout import SettingsRecord, settings_path
 from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchy, cached_tokenizer, load_hierarchies
 
 
@@ -76,9 +78,8 @@ def _complete_documents(path: Path) -> set[str]:
 
 def _check_settings(out: Path, config: HierarchyJobConfig) -> None:
     """Record the hierarchy settings beside ``out``, or check them against those already recorded."""
-    settings = {"corpus_kind": config.corpus.kind, "hierarchy": to_dict(config.hierarchy)}
-    record_settings(out.with_name(out.name + ".config.json"), settings, results=out,
-                    remedy="choose another out= or delete it to rebuild")
+    SettingsRecord(out, {"corpus_kind": config.corpus.kind, "hierarchy": to_dict(config.hierarchy)},
+                   settings_path(out))
 
 
 def run(config: HierarchyJobConfig) -> dict:

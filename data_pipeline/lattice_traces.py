@@ -21,7 +21,6 @@ search can reach and gives a best-case trace set.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
@@ -39,14 +38,8 @@ from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies
 from overstory.retrieval.lattice.scorers import LLMSlateScorer, OracleSlateScorer, SlateScorer
 from overstory.retrieval.lattice.search import SearchConfig, SearchResult, check_reach, search
 from overstory.retrieval.lattice.tree import Tree
-from overstory.serving.client import ClientError
 from overstory.serving.config import ServeConfig
 from overstory.serving.launch import client_for, served_models
-
-# how the scorers keep a slate whose request failed: "<request failed: STATUS: reason>" (a ClientError's text; a
-# transport failure or timeout reads "transport error" instead of a status)
-REQUEST_FAILED = re.compile(r"<request failed: (\d{3}|transport error)")
-TRANSIENT_STATUS = {408, 429}  # with every 5xx and every transport failure: worth asking again
 
 
 @dataclass(frozen=True)
@@ -201,28 +194,9 @@ def _write_question(question: QAExample, result: SearchResult, tree: Tree, gold:
 
 
 def transient_failures(result: SearchResult) -> list[str]:
-    """The raw replies of the slates whose request failed on a transient error (a timeout, a 5xx, 408, 429, the
-    server down). A refused request (any other 4xx) is a mistake no rerun mends: it raises ClientError.
-
-    >>> from overstory.retrieval.lattice.search import SlateRecord
-    >>> slate = lambda raw: SlateRecord("s", 0, "r", [], [], False, [], [], raw_reply=raw, parsed=False)
-    >>> transient_failures(SearchResult("q", [], [slate("<request failed: transport error: ReadTimeout>")]))
-    ['<request failed: transport error: ReadTimeout>']
-    >>> transient_failures(SearchResult("q", [], [slate("<request failed: 400: bad role>")]))
-    Traceback (most recent call last):
-    ...
-    overstory.serving.client.ClientError: 400: a slate's request was refused: <request failed: 400: bad role>
-    """
-    lost = []
-    for slate in result.slates:
-        failed = REQUEST_FAILED.match(slate.raw_reply)
-        if failed is None:
-            continue
-        status = 0 if failed.group(1) == "transport error" else int(failed.group(1))
-        if 400 <= status < 500 and status not in TRANSIENT_STATUS:
-            raise ClientError(status, f"a slate's request was refused: {slate.raw_reply}")
-        lost.append(slate.raw_reply)
-    return lost
+    """The errors of the slates lost to a transient request failure (a timeout, a 5xx, the server down); the
+    scorers raise on a refused request (a 4xx other than 408 and 429), which no rerun mends."""
+    return [slate.failure for slate in result.slates if slate.failure]
 
 
 def discard_unfinished_slates(out: Path, finished: set[str]) -> int:

@@ -36,7 +36,7 @@ from overstory.retrieval.lattice.top_down import TopDownBuilder
 from overstory.retrieval.lattice.tree import Node, Tree
 from overstory.serving.client import Client
 from overstory.serving.config import ServeConfig
-from overstory.serving.launch import stack_in_background
+from overstory.serving.launch import client_for
 
 
 @dataclass(frozen=True)
@@ -137,8 +137,7 @@ def run(config: LatticeTreeConfig) -> dict:
     out_dir = Path(config.out)
     with ExitStack() as stack:
         tracker = stack.enter_context(start_run(config.tracking, "data lattice-tree", config))
-        url = config.server_url or stack.enter_context(stack_in_background(config.serve))
-        client = Client.from_url(url, timeout_s=config.request_timeout_s)
+        client = stack.enter_context(client_for(config.serve, config.server_url, timeout_s=config.request_timeout_s))
         if config.method == "top-down":
             leaves = corpus_leaves(config)
             tree, report = _top_down(config, client, leaves, stack, out_dir)

@@ -29,17 +29,18 @@ from pathlib import Path
 
 from rich.progress import Progress
 
-from overstory.core.config import ConfigError, record_settings
+from overstory.core.config import ConfigError
 from overstory.core.records import Chunk, Document, JsonlAppender, write_jsonl
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
+from overstory.data_pipeline.fanout import SettingsRecord
 from overstory.models.registry import MINILM
 from overstory.retrieval.orion.strategy import OrionConfig, OrionStrategy
 from overstory.retrieval.orion.tagger import ChunkingConfig, Tagged, Tagger, TaggingConfig, chunk_document
 from overstory.retrieval.orion.tags import CHUNKS_FILE, MASTERS_FILE, DocumentTags, load_tags
 from overstory.serving.client import Client
 from overstory.serving.config import RoleConfig, ServeConfig
-from overstory.serving.launch import stack_in_background
+from overstory.serving.launch import client_for
 
 CHUNKING_FILE, FAILURES_FILE, REPORT_FILE = "chunking.json", "failures.jsonl", "build.json"
 
@@ -68,8 +69,7 @@ def run(config: OrionTagsConfig) -> dict:
         raise ConfigError(f"corpus: {config.corpus.path!r} holds no documents")
     with ExitStack() as stack:
         tracker = stack.enter_context(start_run(config.tracking, "data orion-tags", config))
-        url = config.server_url or stack.enter_context(stack_in_background(config.serve))
-        client = Client.from_url(url, timeout_s=config.request_timeout_s)
+        client = stack.enter_context(client_for(config.serve, config.server_url, timeout_s=config.request_timeout_s))
         report = tag_and_index(documents, client, config.out, config.chunking, config.tagging)
         tracker.summary({"documents": report["documents"], "chunks": report["chunks"],
                          "llm_calls": report["tagging"]["llm_calls"], "embedded": report["index"]["embedded"]})
@@ -106,8 +106,7 @@ def tag_and_index(documents: Sequence[Document], client: Client, out: str | Path
 def check_chunking(out: Path, chunking: ChunkingConfig) -> None:
     """Record the chunking settings beside the tags; refuse others than those of the tags there (chunk ids number
     windows, so tags of other windows would land on the wrong text)."""
-    record_settings(out / CHUNKING_FILE, asdict(chunking), results=out / CHUNKS_FILE,
-                    remedy="use the recorded chunking settings or another out folder")
+    SettingsRecord(out / CHUNKS_FILE, asdict(chunking), out / CHUNKING_FILE)
 
 
 def tag_missing(documents: Sequence[Document], chunks: Sequence[Chunk], client: Client, out: Path,
@@ -170,9 +169,8 @@ def run_edit(config: OrionTagEditConfig) -> dict:
     """Check the edit against the stored tags, then apply it with an embedder (started here unless server_url)."""
     folder = tags_folder(config.tags)
     edited = edited_master(load_tags(folder)[0], config)
-    with ExitStack() as stack:
-        url = config.server_url or stack.enter_context(stack_in_background(config.serve))
-        report = apply_edit(folder, edited, Client.from_url(url, timeout_s=config.request_timeout_s))
+    with client_for(config.serve, config.server_url, timeout_s=config.request_timeout_s) as client:
+        report = apply_edit(folder, edited, client)
     print(f"orion tags of {report['document']}: {report['before']} -> {report['after']}; {report['embedded']} "
           f"paths embedded again, {report['chunks']} chunks -> {folder}")
     return report

@@ -23,6 +23,7 @@ from overstory.core.config import ConfigError, load_config
 from overstory.data_pipeline.corpora import CorpusError
 from overstory.data_pipeline.fanout import TooManyFailures
 from overstory.jobs import GROUP_HELP, JOBS, job_config_class
+from overstory.retrieval.strategy import RequestRefused
 from overstory.serving.client import ClientError
 
 # Flags that are shorthand for the override of the same name, for the jobs whose config has the key.
@@ -130,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     except TooManyFailures as exc:  # a data job whose failed items exceed its max_failure_share
         print(f"job failed: {exc}", file=sys.stderr)
         return 1
-    except ClientError as exc:  # a request no retry mends (a refused role or request, a server that is not there)
+    except (ClientError, RequestRefused) as exc:  # a request no retry mends (a refused role, no server there)
         print(f"request failed: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -4,11 +4,16 @@ The tree is the session's k-means tree over the first 150 HotpotQA paragraphs (`
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
 from overstory.cli import main
 from overstory.core.records import read_jsonl
+from overstory.serving.launch import serve_in_background
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = [f"corpus.path={ROOT / 'data/hotpotqa'}", "corpus.limit_docs=150"]  # 11 questions
@@ -50,23 +55,80 @@ def test_a_tree_of_another_corpus_is_refused(lattice_tree: Path, tmp_path: Path,
     assert code == 2 and "has evidence in the tree's leaves" in capsys.readouterr().err
 
 
-def test_request_timeout_reaches_the_client(lattice_tree: Path, tmp_path: Path) -> None:
-    """A server that accepts connections and never answers: with ``request_timeout_s=0.2`` each slate fails on
-    the client's timeout (recorded with the reason), and the question is still logged, not lost."""
-    import socket
+def _stand_in_scorer(answer) -> FastAPI:
+    """Stand-in for a scorer server that lists its model and answers every slate with ``answer()``: a real server
+    cannot be made to time out or refuse on purpose, and those failure paths are what is under test."""
+    app = FastAPI()
 
-    with socket.socket() as silent:
-        silent.bind(("127.0.0.1", 0))
-        silent.listen(64)
-        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
-        out = tmp_path / "traces.jsonl"
-        assert main(["data", "lattice-traces", "--config", str(ROOT / "configs/data/lattice_traces.yaml"),
-                     f"tree={lattice_tree}", f"out={out}", *CORPUS, "scorer=llm", f"server_url={url}", "limit=1",
-                     "search.iterations=4", "request_timeout_s=0.2", "max_attempts=1", "tracking.backend=none"]) == 0
-    (query,) = read_jsonl(tmp_path / "traces.queries.jsonl")
-    assert query["failed_slates"] >= 1
+    @app.get("/v1/models")
+    def models() -> dict:
+        return {"object": "list", "data": [{"id": "scorer", "object": "model", "root": "model-x"}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat() -> JSONResponse:
+        return await answer()
+
+    return app
+
+
+async def _never() -> JSONResponse:
+    await asyncio.sleep(30)
+    return JSONResponse({})
+
+
+async def _refuse() -> JSONResponse:
+    return JSONResponse(status_code=400, content={"error": {"message": "unknown role", "code": 400}})
+
+
+def _llm_run(tree: Path, out: Path, url: str) -> int:
+    return main(["data", "lattice-traces", "--config", str(ROOT / "configs/data/lattice_traces.yaml"), f"tree={tree}",
+                 f"out={out}", *CORPUS, "scorer=llm", f"server_url={url}", "limit=1", "search.iterations=4",
+                 "request_timeout_s=0.2", "max_attempts=1", "tracking.backend=none"])
+
+
+def test_a_timed_out_slate_fails_its_question_for_a_rerun(lattice_tree: Path, tmp_path: Path, capsys) -> None:
+    """A server that never answers a slate: with ``request_timeout_s=0.2`` each request times out, the question is
+    not logged as done but listed as failed (a rerun searches it again), and the job exits 1 naming the count."""
+    out = tmp_path / "traces.jsonl"
+    with serve_in_background(_stand_in_scorer(_never)) as url:
+        assert _llm_run(lattice_tree, out, url) == 1
+    assert "lattice-traces: 1 of 1 items failed" in capsys.readouterr().err
+    assert not list(read_jsonl(out)) and not list(read_jsonl(tmp_path / "traces.queries.jsonl"))
+    (failure,) = read_jsonl(tmp_path / "traces.failures.jsonl")
+    assert "lost to a request failure" in failure["error"] and "ReadTimeout" in failure["error"]
+    assert json.loads((tmp_path / "traces.settings.json").read_text())["served"] == {"scorer": "model-x"}
+
+
+def test_a_refused_slate_stops_the_job(lattice_tree: Path, tmp_path: Path, capsys) -> None:
+    with serve_in_background(_stand_in_scorer(_refuse)) as url:
+        assert _llm_run(lattice_tree, tmp_path / "traces.jsonl", url) == 1
+    assert "request failed: LATTICE's slate scorer (role 'scorer'): the server refused" in capsys.readouterr().err
+    assert not (tmp_path / "traces.queries.jsonl").read_text()
+
+
+def test_a_killed_question_is_searched_again_from_scratch(lattice_tree: Path, tmp_path: Path) -> None:
+    """A run killed between a question's slates and its summary: the rerun drops those slates and searches it again,
+    so the file holds one search's slates per question."""
+    out = tmp_path / "traces.jsonl"
+    assert _run(lattice_tree, out, "limit=2") == 0
+    queries = tmp_path / "traces.queries.jsonl"
+    first, second = queries.read_text().splitlines()
+    queries.write_text(first + "\n")  # the second question's summary never written
+    orphan = {**json.loads(out.read_text().splitlines()[-1]), "id": "stale-slate-of-an-earlier-search"}
+    with out.open("a") as fh:
+        fh.write(json.dumps(orphan) + "\n")
+    assert _run(lattice_tree, out, "limit=2") == 0
     slates = list(read_jsonl(out))
-    assert slates and all("ReadTimeout" in s["raw_reply"] and not s["parsed"] for s in slates)
+    assert "stale-slate-of-an-earlier-search" not in {s["id"] for s in slates}
+    assert len(slates) == len({s["id"] for s in slates}) and len({s["query_id"] for s in slates}) == 2
+    assert [q["id"] for q in read_jsonl(queries)] == [json.loads(first)["id"], json.loads(second)["id"]]
+
+
+def test_a_rerun_with_other_settings_is_refused(lattice_tree: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "traces.jsonl"
+    assert _run(lattice_tree, out, "limit=1") == 0
+    assert _run(lattice_tree, out, "limit=2", "search.beam=3") == 2
+    assert "search.beam differ" in capsys.readouterr().err
 
 
 def test_a_non_positive_request_timeout_names_the_key(lattice_tree: Path, tmp_path: Path, capsys) -> None:
