@@ -71,6 +71,7 @@ from overstory.evaluation.planner_metrics import (
     summarize,
 )
 from overstory.evaluation.plots import plot_chunk_size_by_dataset, plot_planner_comparison, plot_training_curves
+from overstory.evaluation.repairs import repairs_cell
 from overstory.models.registry import base_model_of, load_lm_checkpoint
 from overstory.retrieval.answer import clean_answer
 from overstory.retrieval.judge import CorrectnessConfig, is_correct
@@ -360,8 +361,9 @@ def _print(report: dict) -> None:
     rows.append((f"always {'..'.join(majority['label'])}", majority))
     for name, ranges in [("fixed " + k, v) for k, v in report.get("fixed_ranges", {}).get("ranges", {}).items()]:
         rows.append((name, ranges))
+    table.add_column(f"repairs (answered from {'..'.join(report['fallback_range'])})")
     for name, metrics in rows:
-        table.add_row(name, *(_fmt(metrics, key) for key, _ in columns))
+        table.add_row(name, *(_fmt(metrics, key) for key, _ in columns), repairs_cell(metrics.get("repairs")))
     console.print(table)
     if "best" in report.get("fixed_ranges", {}):
         best = report["fixed_ranges"]["best"]

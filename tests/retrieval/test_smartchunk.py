@@ -7,17 +7,30 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from overstory.core.config import ConfigError, build
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
 from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies
 from overstory.models.compressor import SetCompressor, SetCompressorConfig, save_checkpoint
 from overstory.models.registry import MINILM, SMOLLM2
 from overstory.retrieval.metrics import mean, recall_at_k
-from overstory.retrieval.smartchunk import SmartChunkRetriever
+from overstory.retrieval.smartchunk import FALLBACK_RANGE, SmartChunkConfig, SmartChunkRetriever
 from overstory.serving.config import RoleConfig, ServeConfig
 from overstory.serving.engine import EmbeddedEngine
 from overstory.serving.in_process import in_process_client
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_fallback_range_is_one_setting_checked_by_name() -> None:
+    """The runtime's range for an unreadable plan is the shared default (eval planner reads the same), and a range
+    that is not level_min..level_max is refused naming the key."""
+    assert SmartChunkConfig().fallback_range == FALLBACK_RANGE == ("sentence", "paragraph")
+    loaded = build(SmartChunkConfig, {"fallback_range": ["sentence", "section"]}, prefix="smartchunk")
+    assert loaded.fallback_range == ("sentence", "section")
+    with pytest.raises(ConfigError, match="smartchunk.fallback_range: level_min 'document' is larger"):
+        SmartChunkConfig(fallback_range=("document", "sentence"))
+    with pytest.raises(ConfigError, match="smartchunk.fallback_range: unknown level"):
+        SmartChunkConfig(fallback_range=("sentences", "paragraph"))
 
 
 @pytest.fixture(scope="module")
