@@ -73,7 +73,7 @@ from overstory.training.compressor import CompressorJobConfig, CompressorTrainCo
 from overstory.training.compressor import run as run_training
 from overstory.training.distill_scorer import DistillScorerConfig
 from overstory.training.distill_scorer import run as run_distill_scorer
-from overstory.training.planner_common import GrpoSettings
+from overstory.training.planner_common import GrpoUpdateSettings, RewardSettings
 from overstory.training.planner_sft import PlannerSftConfig
 from overstory.training.planner_sft import run as run_sft
 from overstory.training.sft import SftTrainSettings
@@ -400,9 +400,8 @@ def _planner_stage(config: QuickstartConfig, folder: Path, server_url: str) -> d
     stitch = run_stitch(StitchConfig(
         data=data, traces=str(traces), out=str(folder / "stitch"), model=str(folder / "sft" / "final"),
         stitch=StitchSettings(steps=stage.stitch_steps, questions_per_step=2, num_generations=generations,
-                              imitation_threshold=2, max_completion_tokens=96),
-        grpo=GrpoSettings(num_generations=generations, batch_size=generations, lr=1e-4, max_completion_length=96),
-        tracking=quiet))
+                              imitation_threshold=2),
+        rewards=RewardSettings(max_completion_tokens=96), grpo=GrpoUpdateSettings(lr=1e-4), tracking=quiet))
     finish()
     finish = _step(steps, "eval", 5, 5, "base / sft / stitch on the held-out article's questions"
                                         + (" with SmartChunk QA" if stage.qa else ""))
