@@ -109,10 +109,10 @@ def test_flag_a_job_lacks_is_refused(capsys: pytest.CaptureFixture) -> None:
 
 
 def test_unknown_key_fails_before_work(capsys: pytest.CaptureFixture) -> None:
-    code = main(["eval", "rag", "--config", "configs/eval/rag.yaml", "retrieval.kk=3"])
+    code = main(["eval", "rag", "--config", "configs/eval/rag.yaml", "answer.max_tokenz=3"])
     err = capsys.readouterr().err
     assert code == 2
-    assert "retrieval.kk" in err and "retrieval.k" in err
+    assert "'answer.max_tokenz'; did you mean 'answer.max_tokens'?" in err
 
 
 def test_a_missing_corpus_file_is_a_short_error(tmp_path, capsys: pytest.CaptureFixture) -> None:
