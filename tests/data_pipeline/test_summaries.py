@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 from overstory.cli import main
 from overstory.core.config import ConfigError
 from overstory.core.records import Chunk, SummaryRecord, read_jsonl, write_jsonl
+from overstory.data_pipeline.fanout import settings_path
 from overstory.data_pipeline.hierarchy import load_hierarchies, stored_hierarchy_path
 from overstory.data_pipeline.summaries import (
     SummariesConfig,
@@ -19,6 +21,9 @@ from overstory.data_pipeline.summaries import (
     failures_path,
     summarise,
 )
+from overstory.models.registry import MINILM
+from overstory.serving.config import ServeConfig
+from overstory.serving.launch import serve_in_background
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,6 +54,19 @@ def test_real_summaries_and_resume(tmp_path: Path) -> None:
     again = list(read_jsonl(out, SummaryRecord))
     assert [r.id for r in again[:3]] == [r.id for r in records] and len(again) == 4
     assert [r["id"] for r in read_jsonl(failures_path(out))] == ["never-written"]
+
+
+@pytest.mark.slow
+def test_records_name_the_model_the_server_serves(tmp_path: Path) -> None:
+    """The job's config says one generator; the server at server_url serves SmolLM2: the records say SmolLM2."""
+    with serve_in_background(ServeConfig.local(port=0)) as url:
+        out = tmp_path / "summaries.jsonl"
+        assert _run(out, "limit=1", f"server_url={url}",
+                    "serve.roles.generator.model=Qwen/Qwen2.5-7B-Instruct") == 0
+    (record,) = read_jsonl(out, SummaryRecord)
+    assert record.generator == "builtin:smollm2-135m-instruct" and record.encoder == MINILM
+    assert json.loads(settings_path(out).read_text())["served"]["generator"] == "builtin:smollm2-135m-instruct"
+    assert _run(out, "limit=2", "max_summary_tokens=32") == 2  # other settings are refused, naming the key
 
 
 class EmptyGenerator:

@@ -46,7 +46,7 @@ def test_teacher_pool_keeps_matching_traces_records_failures_and_resumes(labels:
     out = tmp_path / "traces.jsonl"
     teachers = ("teachers={template: {kind: template}, smollm2: {kind: llm, style: concise, max_tokens: 48}, "
                 "offline: {kind: llm, server_url: 'http://127.0.0.1:9'}}")
-    assert _traces(labels, out, teachers) == 0
+    assert _traces(labels, out, teachers) == 1  # the offline teacher's three requests failed: counted, exit 1
     traces = list(read_jsonl(out, PlannerTrace))
     kept = {t.teacher for t in traces}
     assert "template" in kept and "offline" not in kept
@@ -56,16 +56,20 @@ def test_teacher_pool_keeps_matching_traces_records_failures_and_resumes(labels:
         assert plan.levels == (trace.label["level_min"], trace.label["level_max"]) and trace.n_tokens <= 128
         # the student's prompt: the planner's system prompt, the document's beginning, the question
         assert trace.prompt[0]["role"] == "system" and trace.prompt[1]["content"].startswith("Document (beginning):")
-    failures = [json.loads(line) for line in out.with_name("traces.failures.jsonl").read_text().splitlines()]
+    rejected = [json.loads(line) for line in out.with_name("traces.rejected.jsonl").read_text().splitlines()]
     # measured: SmolLM2-135M never writes the JSON plan, so its traces are rejected with the raw text kept
-    assert all(f["raw"] and f["id"].endswith("/smollm2") for f in failures)
-    assert len(failures) + sum(t.teacher == "smollm2" for t in traces) == 3
+    assert all(f["raw"] and f["id"].endswith("/smollm2") for f in rejected)
+    assert len(rejected) + sum(t.teacher == "smollm2" for t in traces) == 3
+    failed = [json.loads(line) for line in out.with_name("traces.failures.jsonl").read_text().splitlines()]
+    assert sorted(f["id"].rsplit("/", 1)[1] for f in failed) == ["offline"] * 3
+    settings = json.loads(out.with_name("traces.settings.json").read_text())
+    assert settings["served"]["teacher/smollm2"] == "builtin:smollm2-135m-instruct"
 
-    # the unreachable teacher wrote nothing; pointed at nothing new, a rerun retries only its three jobs
+    # a rerun asks only the failed teacher again (nothing else is regenerated); other settings are refused
     lines = out.read_text()
-    assert _traces(labels, out, teachers.replace("server_url: 'http://127.0.0.1:9'", "kind: template")) == 0
-    rerun = list(read_jsonl(out, PlannerTrace))
-    assert out.read_text().startswith(lines) and sum(t.teacher == "offline" for t in rerun) == 3
+    assert _traces(labels, out, teachers, "max_failure_share=1") == 0
+    assert out.read_text() == lines and len(out.with_name("traces.failures.jsonl").read_text().splitlines()) == 3
+    assert _traces(labels, out, teachers, "max_trace_tokens=64") == 2
 
 
 @pytest.mark.slow
