@@ -30,10 +30,11 @@ import uuid
 from typing import Any
 
 import torch
-from pydantic import BaseModel, Field, model_validator
+from pydantic import Field, model_validator
 
 from overstory.serving.errors import BadRequest
 from overstory.serving.model_thread import ModelThread
+from overstory.serving.protocol import StrictRequest, label, refused
 
 # The four spellings of a /score request vLLM accepts (one pydantic model each there), in the order its
 # request union tries them: first field holds the queries, second the texts they are scored against.
@@ -112,11 +113,19 @@ def _request_id() -> str:
     return f"{uuid.uuid4().int & (2**64 - 1):016x}"
 
 
-class _ScoringRequest(BaseModel):
-    """What vLLM's ``ScoringRequestMixin`` carries that the embedded scorer honours or must refuse."""
+class _ScoringRequest(StrictRequest):
+    """What vLLM's ``ScoringRequestMixin`` carries that the embedded scorer honours or must refuse; a field
+    in neither schema gets OpenAI's "Unrecognized request argument" 400 (``serving/protocol.py``)."""
 
     model: str
-    user: str | None = None
+    user: str | None = label()
+    cache_salt: str | None = label()  # salts vLLM's prefix cache; nothing is cached across requests here
+    priority: Any = refused("the embedded engine schedules requests first come, first served", 0)
+    instruction: Any = refused("pairs are scored as the cross-encoder was trained, without an instruction")
+    chat_template_kwargs: Any = refused("a cross-encoder reads the pair without a chat template", {})
+    mm_processor_kwargs: Any = refused("text-only models", {})
+    padding: Any = refused("pairs are padded per batch by sentence-transformers")
+    truncation_side: Any = refused("pairs are truncated longest-first, as CrossEncoder.predict does")
     request_id: str = Field(default_factory=_request_id)  # becomes the response id, "score-<request_id>"
     use_activation: bool | None = None
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)

@@ -270,7 +270,7 @@ class EmbeddedEngine:
 
     def embedding_dimension(self, role: str) -> int:
         """The length of an embedding role's vectors."""
-        return int(self._get(role, _EmbeddingModel).encoder.get_sentence_embedding_dimension())
+        return int(self._get(role, _EmbeddingModel).encoder.get_embedding_dimension())
 
     def chat_role(self, role: str | None) -> str:
         """``role``, or the first chat role when none is named (vLLM's tokenizer endpoints make ``model``
@@ -362,7 +362,7 @@ class EmbeddedEngine:
         truncated by sentence-transformers, exactly as when the encoder is used directly."""
         model = self._get(role, _EmbeddingModel)
         if not texts:
-            return EmbeddingResult(np.zeros((0, model.encoder.get_sentence_embedding_dimension()), np.float32), 0)
+            return EmbeddingResult(np.zeros((0, model.encoder.get_embedding_dimension()), np.float32), 0)
 
         def forward() -> tuple[np.ndarray, dict]:
             with torch.inference_mode():

@@ -9,7 +9,8 @@ refused by name, never ignored. Fields that only label a request (``user``, ``me
 ``request_id``, ...) are declared with ``label()`` and accepted. Schemas followed: OpenAI's (the ``openai``
 package's ``*CreateParams``) and vLLM 0.32's ``chat_completion/protocol.py``, ``completion/protocol.py`` and
 ``pooling/embed/protocol.py``; vLLM's removed ``guided_*`` fields are refused with a pointer to
-``response_format``. Nested objects (messages, tools, stream options) keep their own lenient models.
+``response_format``. Stream options are checked the same way; messages and tools keep lenient models, so
+that a client's round-tripped assistant message (with its null ``refusal``, ``audio``, ...) still parses.
 """
 
 from __future__ import annotations
@@ -72,9 +73,9 @@ def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
         plural = "s" if len(unknown) > 1 else ""
         return f"Unrecognized request argument{plural} supplied: {', '.join(unknown)}", unknown[0]
     first = errors[0] if errors else {}
-    if first.get("type") == UNSUPPORTED:
-        return first["msg"], first["ctx"]["param"]
     where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+    if first.get("type") == UNSUPPORTED:  # located at the model holding the field: stream_options, or the body
+        return first["msg"], ".".join(filter(None, (where, first["ctx"]["param"])))
     if first.get("type") == "json_invalid":
         return f"request body is not valid JSON: {first.get('ctx', {}).get('error', first.get('msg'))}", None
     return f"{where or 'body'}: {first.get('msg', 'invalid request')}", where or None
@@ -113,8 +114,10 @@ class ChatMessage(BaseModel):
         return message
 
 
-class StreamOptions(BaseModel):
+class StreamOptions(StrictRequest):
     include_usage: bool = False
+    include_obfuscation: Any = refused("no obfuscation padding is added to streamed chunks", False)
+    continuous_usage_stats: Any = refused("usage comes once, in the last chunk (include_usage)", False)
 
 
 NOT_BATCHED = "not available with batched transformers generation"

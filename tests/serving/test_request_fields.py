@@ -71,6 +71,9 @@ def test_a_made_up_field_is_refused_as_openai_refuses_it() -> None:
         "Unrecognized request argument supplied: foo", "foo")
     message, _ = _errors(EmbeddingRequest, {"model": "m", "input": "x", "foo": 1, "bar": 2})
     assert message == "Unrecognized request arguments supplied: foo, bar"
+    nested = {"model": "m", "messages": QUESTION, "stream": True, "stream_options": {"include_usage": True, "x": 1}}
+    assert _errors(ChatRequest, nested) == ("Unrecognized request argument supplied: stream_options.x",
+                                            "stream_options.x")
 
 
 @pytest.mark.parametrize("model,payload,field", [
@@ -82,13 +85,15 @@ def test_a_made_up_field_is_refused_as_openai_refuses_it() -> None:
     (ChatRequest, {"chat_template_kwargs": {"enable_thinking": True}}, "chat_template_kwargs"),
     (ChatRequest, {"reasoning_effort": "low"}, "reasoning_effort"),
     (ChatRequest, {"service_tier": "flex"}, "service_tier"),
+    (ChatRequest, {"stream": True, "stream_options": {"continuous_usage_stats": True}},
+     "stream_options.continuous_usage_stats"),
     (EmbeddingRequest, {"embed_dtype": "float16"}, "embed_dtype"),
 ])
 def test_an_unsupported_value_is_refused_by_name(model, payload, field) -> None:
     base = {"model": "m", "messages": QUESTION} if model is ChatRequest else {"model": "m"}
     base |= {"prompt": "x"} if model is CompletionRequest else {"input": "x"} if model is EmbeddingRequest else {}
     message, param = _errors(model, base | payload)
-    assert param == field and message.startswith(f"{field}=") and "not supported" in message
+    assert param == field and message.startswith(f"{field.split('.')[-1]}=") and "not supported" in message
 
 
 def test_neutral_values_and_labels_are_accepted() -> None:
@@ -205,6 +210,8 @@ def test_embeddings_in_base64_and_dimensions(http: httpx.Client) -> None:
     ("/v1/completions", {"model": "generator", "prompt": "x", "best_of": 3}, "best_of"),
     ("/v1/embeddings", {"model": "embedder", "input": "x", "messages": QUESTION}, "messages"),
     ("/tokenize", {"prompt": "x", "bogus": True}, "bogus"),
+    ("/score", {"model": "scorer", "queries": "q", "documents": ["d"], "foo": 1}, "foo"),
+    ("/v1/rerank", {"model": "scorer", "query": "q", "documents": ["d"], "instruction": "Judge."}, "instruction"),
 ])
 def test_refusals_over_http_and_in_process(http: httpx.Client, engine, path, body, field) -> None:
     response = http.post(path, json=body)
