@@ -7,7 +7,9 @@ strategy spends on that question, split by role, are counted without the strateg
 
 A strategy never raises for one bad question: a reply it cannot use becomes ``failure`` (a short kind, counted
 by the harness) with the raw text kept in ``failure_detail``, and the prediction is whatever answer it could
-still give ("" if none). Only a broken setup (no server, a bad config) raises.
+still give ("" if none). Only a broken setup raises: no server, a bad config, or a request the server refuses for
+a reason no retry mends (``RequestRefused``: a 4xx other than 408 and 429, such as a wrong role or model name).
+Transient request failures (``transient``) are counted where they happen, so a rerun can ask again.
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from overstory.core.records import Chunk
-from overstory.serving.client import Client
+from overstory.serving.client import Client, ClientError
+
+# 4xx statuses that a later try can get through: a request timeout, too many requests
+TRANSIENT_4XX = frozenset({408, 429})
 
 
 @dataclass
@@ -38,3 +43,30 @@ class Strategy(Protocol):
     def answer(self, question: str, client: Client) -> StrategyAnswer:
         """Retrieve for ``question`` and let the ``generator`` role answer, every call through ``client``."""
         ...
+
+
+class RequestRefused(RuntimeError):
+    """The server refused a strategy's request for a reason retrying will not fix (``transient`` is False): every
+    question would fail the same way, so the strategy raises instead of answering from a failed slate or an empty
+    selection. Not a ClientError, so a handler of transient request failures does not swallow it."""
+
+    def __init__(self, what: str, exc: ClientError):
+        super().__init__(f"{what}: the server refused the request with {exc} (HTTP {exc.status}); a 4xx does not go "
+                         "away by retrying: check the stack's roles and model names (server_url / serve)")
+        self.status = exc.status
+
+
+def transient(exc: ClientError) -> bool:
+    """Whether a failed request may go through on a later try: a transport failure or timeout (status 0), a 408 or
+    429, or a server error (5xx) left after the client's retries. Any other 4xx is a refusal (``RequestRefused``).
+
+    >>> [transient(ClientError(s, "x")) for s in (0, 408, 429, 500, 503, 400, 401, 404, 422)]
+    [True, True, True, True, True, False, False, False, False]
+    """
+    return exc.status == 0 or exc.status >= 500 or exc.status in TRANSIENT_4XX
+
+
+def raise_if_refused(exc: ClientError, what: str) -> None:
+    """Raise ``RequestRefused`` (from ``exc``) unless ``exc`` is transient; ``what`` names the request."""
+    if not transient(exc):
+        raise RequestRefused(what, exc) from exc

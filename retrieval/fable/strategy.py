@@ -52,7 +52,7 @@ from overstory.retrieval.fable.paths import (
     vector_documents,
 )
 from overstory.retrieval.fable.replies import numbered, parse_ids
-from overstory.retrieval.strategy import StrategyAnswer
+from overstory.retrieval.strategy import StrategyAnswer, raise_if_refused
 from overstory.serving.client import Client, ClientError
 
 # The paper's Table 1 variants, and "fable" for the full adaptive algorithm:
@@ -156,7 +156,8 @@ class FableStrategy:
         return cls(Forest.load(forest_path), config, answer)
 
     def answer(self, question: str, client: Client) -> StrategyAnswer:
-        """Retrieve (Algorithm 1) and answer from the returned nodes; never raises for a bad reply or request."""
+        """Retrieve (Algorithm 1) and answer from the returned nodes; never raises for a bad reply or a transient
+        request failure (a selection call the server refuses raises ``RequestRefused``)."""
         asked = question[: self.config.max_question_chars]
         try:
             evidence, details = self.retrieve(asked, client)
@@ -170,8 +171,8 @@ class FableStrategy:
 
     def retrieve(self, question: str, client: Client) -> tuple[list[Chunk], dict[str, Any]]:
         """The nodes to read, in reading order, within the budget, and what the retrieval did (``details``).
-        Only a failed query embedding raises (ClientError); a failed or unusable selection call leaves that path
-        empty and is counted."""
+        A failed query embedding raises (ClientError); an unusable selection reply, or a selection call failed for a
+        transient reason, leaves that path empty and is counted; a refused selection call raises ``RequestRefused``."""
         config, forest, state = self.config, self.forest, _Question()
         cosine = forest.similarities(client.embed("embedder", [question])[0])
         vector_docs = vector_documents(forest, cosine, config.top_k)
@@ -229,8 +230,10 @@ class FableStrategy:
     def _select(self, question: str, step: str, node_ids: list[str], client: Client, state: _Question) -> list[str]:
         """One selection call over ``node_ids`` (the first ``llm_max_nodes``, numbered): the ids it names, in its
         order. An unusable reply counts under ``<step>_selection_unparsed``, ids out of range under
-        ``<step>_selection_id_failures``, a failed request under ``request_failures``; ``<step>_nodes_hidden`` says
-        how many nodes the prompt had no room for."""
+        ``<step>_selection_id_failures``, a request failed for a transient reason under ``request_failures``;
+        ``<step>_nodes_hidden`` says how many nodes the prompt had no room for. A refused request (a 4xx other than
+        408 and 429: a wrong role, a bad request) raises ``RequestRefused``: answering without the LLM path would
+        hide it."""
         shown = node_ids[: self.config.llm_max_nodes]
         state.counts[f"{step}_nodes_hidden"] = len(node_ids) - len(shown)
         if not shown:
@@ -245,6 +248,7 @@ class FableStrategy:
                               temperature=0, response_format=selection_response_format(
                                   len(shown), self.config.llm_max_selected)).text
         except ClientError as exc:
+            raise_if_refused(exc, f"FABLE's {step} selection (role 'generator')")
             state.counts["request_failures"] += 1
             state.unparsed.append({"step": step, "raw": f"<request failed: {exc}>"})
             return []

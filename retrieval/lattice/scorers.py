@@ -4,6 +4,11 @@ Each takes a batch of slates (from every query of a lockstep iteration) and retu
 per slate with scores 0-100 by slate position, the reply's reasoning and raw text, and its cost (calls,
 tokens from the server's ``usage``, seconds). The LLM scorer sends a batch's slates concurrently, so a
 batching server (vLLM, the embedded engine) sees them together.
+
+A request that fails for a transient reason (a timeout, the server down, a 5xx, 408 or 429: ``transient``) leaves a
+failed slate, its error in ``SlateScore.failure``, so a rerun of the traces job asks again; a request the server
+refuses for good (any other 4xx: a wrong role or model name, a bad request) raises ``RequestRefused``, since every
+slate would fail the same way and a search of failed slates still ranks, from no scores at all.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Protocol
 
 from overstory.models.scorer import parse_slate_reply, slate_prompt, slate_response_format
 from overstory.retrieval.lattice.tree import Tree
+from overstory.retrieval.strategy import raise_if_refused
 from overstory.serving.client import Client, ClientError
 
 
@@ -32,7 +38,9 @@ class Slate:
 
 @dataclass
 class SlateScore:
-    """A scorer's answer for one slate; ``scores`` keys are slate positions, values 0-100."""
+    """A scorer's answer for one slate; ``scores`` keys are slate positions, values 0-100. ``failure`` is "" when the
+    slate's last request got a reply (usable or not), else that request's transient error: the slate is lost to a
+    request failure and worth asking again."""
 
     scores: dict[int, float]
     reasoning: str = ""
@@ -43,6 +51,7 @@ class SlateScore:
     input_tokens: int = 0
     output_tokens: int = 0
     seconds: float = 0.0
+    failure: str = ""
 
 
 class SlateScorer(Protocol):
@@ -56,8 +65,9 @@ class SlateScorer(Protocol):
 
 class LLMSlateScorer:
     """Listwise scoring by the served ``role`` (the teacher, or the distilled LoRA student) through
-    grammar-constrained JSON; a reply without usable scores is asked again up to ``max_attempts`` times,
-    then kept as a failed slate with its raw text."""
+    grammar-constrained JSON; a reply without usable scores, or a transient request failure, is asked again up to
+    ``max_attempts`` times, then kept as a failed slate with its raw text (and the request's error in ``failure``
+    when the last try failed that way). A refused request raises ``RequestRefused``."""
 
     listwise = True
 
@@ -89,8 +99,10 @@ class LLMSlateScorer:
                                          response_format=slate_response_format(len(slate.texts),
                                                                                        self.max_reasoning_chars))
             except ClientError as exc:
-                total.raw = f"<request failed: {exc}>"
+                raise_if_refused(exc, f"LATTICE's slate scorer (role {self.role!r})")
+                total.raw, total.failure = f"<request failed: {exc}>", str(exc)
                 continue
+            total.failure = ""
             total.input_tokens += reply.usage.get("prompt_tokens", 0)
             total.output_tokens += reply.usage.get("completion_tokens", 0)
             parsed = parse_slate_reply(reply.text, len(slate.texts))
@@ -104,7 +116,8 @@ class LLMSlateScorer:
 
 class CrossEncoderSlateScorer:
     """Pointwise scoring by a served cross-encoder (``/score``): one batched request per slate, the
-    relevance in [0, 1] scaled to 0-100 (the distilled student is trained on teacher score / 100)."""
+    relevance in [0, 1] scaled to 0-100 (the distilled student is trained on teacher score / 100). A transient
+    request failure leaves a failed slate (``failure``); a refused request raises ``RequestRefused``."""
 
     listwise = False
 
@@ -122,8 +135,9 @@ class CrossEncoderSlateScorer:
         try:
             values = self.client.score(self.role, slate.query, slate.texts)
         except ClientError as exc:
+            raise_if_refused(exc, f"LATTICE's cross-encoder scorer (role {self.role!r})")
             return SlateScore(scores={}, raw=f"<request failed: {exc}>", parsed=False,
-                              seconds=time.perf_counter() - started)
+                              seconds=time.perf_counter() - started, failure=str(exc))
         scores = {i: min(max(float(v), 0.0), 1.0) * 100.0 for i, v in enumerate(values)}
         return SlateScore(scores=scores, seconds=time.perf_counter() - started)
 

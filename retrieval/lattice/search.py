@@ -19,7 +19,13 @@ Where this follows the paper and where the released code (github.com/nilesh2797/
   expanded node itself); for leaf children, ``calibration_leaves`` scored leaves are drawn without
   replacement with weight 16^s_hat (the code's weighting, without its Gaussian-mixture threshold).
 * a damaged reply keeps its valid scores; candidates it leaves out stay unscored (relevance 0 in the
-  ranking, no fake observation in the fit) and are counted. The code drops the whole reply.
+  ranking, no fake observation in the fit) and are counted. The code drops the whole reply. An unscored node
+  has no ``s_hat`` (it is no calibration anchor either), its path relevance is 0 rather than its parent's
+  share, and it ranks after every scored node, in the frontier and in the final ranking: a calibrated path
+  relevance can be below 0, and no evidence must never outrank weak evidence. A later slate that scores it
+  makes it an ordinary node.
+* a slate whose request failed for a transient reason keeps the error in ``SlateRecord.failure`` (a rerun of
+  the traces job asks again); a refused request (a 4xx other than 408 and 429) raises from the scorer.
 * ``calibration=False`` uses each node's mean raw score as ``s_hat``: the setting for pointwise scorers
   (cross-encoder, oracle), which have no slate bias to remove.
 """
@@ -83,6 +89,8 @@ class SlateRecord:
     raw_reply: str = ""
     parsed: bool = True
     problems: dict[str, int] = field(default_factory=dict)
+    # "" when the slate's request got a reply; else the transient request error that lost it (worth asking again)
+    failure: str = ""
 
 
 @dataclass
@@ -116,9 +124,13 @@ class _QueryState:
         self.problems: Counter[str] = Counter()
         self.rng = np.random.default_rng([config.seed, zlib.crc32(query_id.encode())])
 
+    def rank_key(self, node_id: str) -> tuple[bool, float, str]:
+        """Best first: scored nodes by path relevance, then unscored ones (relevance 0); ties by id."""
+        return node_id in self.unscored, -self.path_rel[node_id], node_id
+
     def frontier(self) -> list[str]:
         candidates = [n for n in self.path_rel if n not in self.expanded and not self.tree.nodes[n].leaf]
-        candidates.sort(key=lambda n: (-self.path_rel[n], n))
+        candidates.sort(key=self.rank_key)
         return candidates[: self.config.beam]
 
     def slate_for(self, node_id: str) -> tuple[Slate, list[str]]:
@@ -167,7 +179,7 @@ class _QueryState:
                              texts=slate.texts, leaf=slate.leaf, calibration_ids=calibration,
                              raw_scores=[score.scores.get(i) for i in range(len(slate.node_ids))],
                              reasoning=score.reasoning, raw_reply=score.raw, parsed=score.parsed,
-                             problems=dict(score.problems))
+                             problems=dict(score.problems), failure=score.failure)
         result.slates.append(record)
         return record
 
@@ -176,20 +188,18 @@ class _QueryState:
             self.s_hat = fit_latent_scores(self.observations, self.config.bias_ridge).node_scores
         else:
             self.s_hat = {n: float(np.mean(v)) for n, v in self.raw.items()}
-        for node_id in self.unscored:
-            self.s_hat.setdefault(node_id, 0.0)
         alpha = self.config.alpha
-        self.path_rel = {self.tree.root: 1.0}
+        self.path_rel = {self.tree.root: 1.0, **dict.fromkeys(self.unscored, 0.0)}
         for node_id in sorted(self.s_hat, key=self.tree.depth):  # parents before children
             parent = self.tree.parent(node_id)
             parent_rel = self.path_rel.get(parent, 0.0) if parent is not None else 1.0
             self.path_rel[node_id] = alpha * parent_rel + (1.0 - alpha) * self.s_hat[node_id]
         for record in new_records:
-            record.latent_scores = [self.s_hat.get(n) if n not in self.unscored else None for n in record.node_ids]
+            record.latent_scores = [self.s_hat.get(n) for n in record.node_ids]
 
     def finish(self) -> SearchResult:
         leaves = [n for n in self.path_rel if self.tree.nodes[n].leaf]
-        leaves.sort(key=lambda n: (-self.path_rel[n], n))
+        leaves.sort(key=self.rank_key)
         self.result.ranking = [(n, self.path_rel[n]) for n in leaves[: self.config.top_k]]
         self.problems["unscored_candidates"] = len(self.unscored)
         self.result.problems = dict(self.problems)

@@ -314,10 +314,11 @@ def test_the_built_in_models_answer_hotpotqa_questions(engines):
     for question in questions[:2]:
         own = client.fork()
         answer = strategy.answer(question.question, own)
-        assert answer.prediction or answer.failure, answer
+        # the in-process engine fails no request, and the model gives an answer (a tool call, then text)
+        assert answer.failure == "" and answer.prediction, answer
         turns, stopped_by = answer.details["turns"], answer.details["stopped_by"]
         assert answer.details["calls"], answer.details  # the first reply is constrained to a tool call
         forced = stopped_by in ("max_turns", "budget")
         # every generator request is a turn, or the forced answer
-        assert own.stats.roles["generator"].requests == turns + forced or answer.failure == "request_failed"
+        assert own.stats.roles["generator"].requests == turns + forced
         assert all(c in strategy.chunks for c in answer.evidence)

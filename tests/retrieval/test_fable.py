@@ -25,6 +25,7 @@ from overstory.retrieval.fable.replies import parse_ids, parse_summary
 from overstory.retrieval.fable.runs import parse_starts
 from overstory.retrieval.fable.strategy import MODES, FableConfig, FableStrategy
 from overstory.retrieval.metrics import recall_at_k
+from overstory.retrieval.strategy import RequestRefused
 from overstory.serving.client import Client, ClientError
 from overstory.serving.config import RoleConfig, ServeConfig
 from overstory.serving.in_process import in_process_client
@@ -506,6 +507,26 @@ def test_failed_requests_are_recorded_not_raised(strategy):
     assert answer.evidence and answer.details["unparsed_replies"][0]["raw"].startswith("<request failed")
 
 
+@pytest.mark.parametrize("status", [0, 408, 429, 502])
+def test_a_transient_selection_failure_is_counted_and_the_vector_path_answers(strategy, status):
+    backend = StandIn(selection=[ClientError(status, "try later")])
+    answer = strategy.answer(QUESTION, Client(backend))
+    assert (answer.prediction, answer.failure) == ("The Nile", "")
+    assert answer.details["request_failures"] == 1 and answer.details["llm_documents"] == []
+    assert answer.details["vector_documents"] and answer.evidence
+
+
+@pytest.mark.parametrize("status", [400, 401, 404, 422])
+@pytest.mark.parametrize("step, replies", [("documents", []), ("nodes", ['{"ids": [0]}'])])
+def test_a_refused_selection_raises_before_any_answer(strategy, step, replies, status):
+    """A 4xx (a wrong role or model name, a bad request) fails every question the same way: the strategy raises
+    rather than answer from the vector path alone, at the document and at the node level."""
+    backend = StandIn(selection=[*replies, ClientError(status, "no model named 'generator'")])
+    with pytest.raises(RequestRefused, match=f"FABLE's {step} selection .*{status}"):
+        with_config(strategy, mode="nodes").answer(QUESTION, Client(backend))
+    assert [name for name, _ in backend.chats] == ["selection"] * (len(replies) + 1)  # no answer was asked for
+
+
 # ------------------------------------------------------------------------------------------- real models
 
 
@@ -532,7 +553,8 @@ def test_the_built_in_models_build_a_forest_and_answer_a_hotpotqa_question(engin
     assert {len(n.embedding) for n in forest.nodes.values()} == {384}
     own = client.fork()
     answer = strategy.answer(question.question, own)
-    assert answer.prediction or answer.failure, answer
+    # the in-process engine fails no request (selection or answer), and the model answers from the documents
+    assert answer.failure == "" and answer.prediction, answer
     # two paragraphs fit the budget: both documents come back whole (the LLM's pick first)
     assert answer.details["route"] == "documents" and sorted(c.doc_id for c in answer.evidence) == sorted(forest.roots)
     assert recall_at_k(answer.evidence, question.evidence, 5) == 1.0

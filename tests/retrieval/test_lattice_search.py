@@ -1,5 +1,7 @@
 """LATTICE's search over a tree of the shipped HotpotQA sample: the oracle reaches the gold (the tree and the
 search lose no gold leaf), damaged replies keep their valid scores, and the real built-in model drives it end to end.
+Over a five-node tree with known scores: path relevance by hand, and where an unscored candidate ranks. A request the
+server refuses raises; one that fails for a transient reason is a failed slate marked for a rerun.
 
 The tree here is built top-down with ``token_budget=0``: no summary level fits, so every split is k-means on
 the real MiniLM embeddings and the test needs no LLM call (the LLM clustering has its own test).
@@ -15,12 +17,20 @@ import pytest
 
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
 from overstory.models.registry import MINILM, SMOLLM2, load_sentence_encoder
+from overstory.retrieval.lattice.calibration import Observation, fit_latent_scores
 from overstory.retrieval.lattice.insert import insert_leaf, overfull_nodes, split_overfull
 from overstory.retrieval.lattice.keywords import fallback_keywords
-from overstory.retrieval.lattice.scorers import LLMSlateScorer, OracleSlateScorer, SlateScore
+from overstory.retrieval.lattice.scorers import (
+    CrossEncoderSlateScorer,
+    LLMSlateScorer,
+    OracleSlateScorer,
+    SlateScore,
+)
 from overstory.retrieval.lattice.search import SearchConfig, search
 from overstory.retrieval.lattice.top_down import TopDownBuilder
-from overstory.retrieval.lattice.tree import Node
+from overstory.retrieval.lattice.tree import Node, Tree
+from overstory.retrieval.strategy import RequestRefused
+from overstory.serving.client import Client, ClientError
 from overstory.serving.config import RoleConfig, ServeConfig
 from overstory.serving.in_process import in_process_client
 
@@ -145,3 +155,108 @@ def test_insert_places_a_leaf_by_search_and_splits_an_overfull_cluster(hotpot_tr
     assert split_overfull(tree, [cluster.id], splitter, {}) >= 1  # k-means groups of 2+ become new clusters
     tree.validate(max_branching=10, expected_leaves=leaves_before)
     assert overfull_nodes(tree, 10) == []
+
+
+# ------------------------------------------------------------------------------ path relevance, by hand
+
+
+def small_tree() -> Tree:
+    """root -> A -> (a1, a2), root -> B -> (b1, b2)."""
+    nodes = {"root": Node("root", children=["A", "B"]), "A": Node("A", name="A", children=["a1", "a2"]),
+             "B": Node("B", name="B", children=["b1", "b2"])}
+    nodes.update({leaf: Node(leaf, leaf=True, text=leaf) for leaf in ("a1", "a2", "b1", "b2")})
+    return Tree("root", nodes)
+
+
+class TableScorer:
+    """Stands in for a listwise LLM with known scores (a real model gives no chosen score on demand): a slate's
+    candidate gets ``TABLE[(the slate's first node, candidate)]``, and a candidate without an entry is left out of
+    the reply, as a damaged reply leaves one out. The same leaf a1 gets 60 in its own slate and 90 as B's
+    calibration leaf: the slate bias that calibration removes."""
+
+    listwise = True
+    TABLE = {("A", "A"): 80, ("A", "B"): 0, ("a1", "a1"): 60, ("b1", "b1"): 0, ("b1", "b2"): 100, ("b1", "a1"): 90}
+
+    def score(self, slates):
+        return [SlateScore(scores={i: self.TABLE[(s.node_ids[0], n)] for i, n in enumerate(s.node_ids)
+                                   if (s.node_ids[0], n) in self.TABLE}) for s in slates]
+
+
+@pytest.mark.parametrize("calibration", [True, False])
+def test_path_relevance_by_hand_and_an_unscored_candidate_ranks_last(calibration):
+    """p(v) = alpha * p(parent) + (1 - alpha) * s_hat(v), p(root) = 1, with s_hat the calibrated fit of every score
+    (or each node's mean raw score without calibration). a2, left out of its slate's reply, has relevance 0 and ranks
+    after every scored leaf, even after b1, whose calibrated path relevance is below 0 (its slate is biased up by
+    0.3 through a1, and B scored 0), and it is no calibration leaf for B's slate."""
+    alpha = 0.2
+    [result] = search(small_tree(), [("q", "query")], TableScorer(),
+                      SearchConfig(beam=1, iterations=3, alpha=alpha, calibration=calibration))
+    assert [(s.expanded, s.node_ids) for s in result.slates] == [
+        ("root", ["A", "B"]), ("A", ["a1", "a2"]), ("B", ["b1", "b2", "a1"] if calibration else ["b1", "b2"])]
+    observed = [Observation(s.slate_id, n, v / 100) for s in result.slates for n, v in zip(s.node_ids, s.raw_scores)
+                if v is not None]
+    if calibration:
+        s_hat = fit_latent_scores(observed, SearchConfig().bias_ridge).node_scores
+    else:
+        s_hat = {n: float(np.mean([o.score for o in observed if o.node == n])) for n in {o.node for o in observed}}
+    assert "a2" not in s_hat and s_hat["a1"] == pytest.approx(0.75 if calibration else 0.6)
+    p = {"A": alpha + (1 - alpha) * s_hat["A"], "B": alpha + (1 - alpha) * s_hat["B"]}
+    p.update({leaf: alpha * p[leaf[0].upper()] + (1 - alpha) * s_hat[leaf] for leaf in ("a1", "b1", "b2")})
+    expected = sorted(["a1", "b1", "b2"], key=lambda n: -p[n])
+    assert [n for n, _ in result.ranking] == [*expected, "a2"]
+    assert [v for _, v in result.ranking] == pytest.approx([*(p[n] for n in expected), 0.0])
+    if calibration:
+        assert p["b1"] < 0 and s_hat["b1"] == pytest.approx(-0.1485, abs=1e-4)
+    assert result.slates[1].latent_scores[1] is None and result.problems["unscored_candidates"] == 1
+
+
+# ------------------------------------------------------------------------------ failed requests
+
+
+class FailingServer:
+    """Stands in for the server's chat and score endpoints (the ``Backend`` of serving/client.py): every request
+    raises the next of ``errors``, then each gets an unusable reply. A real engine cannot be made to time out, be
+    overloaded or throttle on demand."""
+
+    def __init__(self, *errors: ClientError):
+        self.errors, self.requests = list(errors), 0
+
+    def post(self, path, payload):
+        self.requests += 1
+        if self.errors:
+            raise self.errors.pop(0)
+        return {"choices": [{"index": 0, "message": {"role": "assistant", "content": "not json"},
+                             "finish_reason": "stop"}], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}, 0
+
+    def get(self, path):
+        return [{}]
+
+    def close(self):
+        pass
+
+
+def test_a_refused_scorer_request_raises(engines):
+    """A real engine that serves no ``scorer`` role refuses the slate with a 404: every slate would fail the same
+    way, so the search raises instead of ranking from zero scores."""
+    engine = engines(ServeConfig(port=0, roles={"embedder": RoleConfig(model=MINILM, kind="embedding")}))
+    client = in_process_client(engine)
+    for scorer in (LLMSlateScorer(client), CrossEncoderSlateScorer(client)):
+        with pytest.raises(RequestRefused, match=r"role 'scorer'.*404") as refused:
+            search(small_tree(), [("q", "query")], scorer, SearchConfig(iterations=2))
+        assert refused.value.status == 404 and isinstance(refused.value.__cause__, ClientError)
+    with pytest.raises(RequestRefused, match="400"):  # a bad request, from a stand-in server
+        search(small_tree(), [("q", "query")], LLMSlateScorer(Client(FailingServer(ClientError(400, "bad")))))
+
+
+@pytest.mark.parametrize("errors, failure", [
+    ((ClientError(503, "busy"),), ""),  # the second try got a reply: not a request failure (the reply is unusable)
+    ((ClientError(0, "ReadTimeout"), ClientError(429, "slow down")), "429: slow down"),
+    ((ClientError(408, "request timeout"), ClientError(502, "bad gateway")), "502: bad gateway")])
+def test_a_transient_request_failure_is_a_failed_slate_marked_for_a_rerun(errors, failure):
+    server = FailingServer(*errors)
+    [result] = search(small_tree(), [("q", "query")], LLMSlateScorer(Client(server), max_attempts=2),
+                      SearchConfig(iterations=1))
+    [slate] = result.slates
+    assert server.requests == 2 and result.failed_slates == 1 and not slate.parsed
+    assert slate.failure == failure
+    assert slate.raw_reply == (f"<request failed: {failure}>" if failure else "not json")
