@@ -56,6 +56,10 @@ HOSTILE = [
      "stream_options"),
     ("stream with logprobs", "POST", CHAT, chat(stream=True, logprobs=True), 400, "logprobs"),
     ("echo", "POST", COMPLETIONS, {"model": "generator", "prompt": "x", "echo": True}, 400, "echo"),
+    ("made-up field", "POST", CHAT, chat(temprature=0.5), 400, "Unrecognized request argument supplied: temprature"),
+    ("best_of", "POST", COMPLETIONS, {"model": "generator", "prompt": "x", "best_of": 2}, 400, "best_of"),
+    ("logit_bias key", "POST", CHAT, chat(logit_bias={"banana": 5}), 400, "logit_bias"),
+    ("top_k below -1", "POST", CHAT, chat(top_k=-2), 400, "top_k"),
     ("empty prompt", "POST", COMPLETIONS, {"model": "generator", "prompt": ""}, 400, "empty"),
     ("token id out of range", "POST", COMPLETIONS, {"model": "generator", "prompt": [1, 99999999]}, 400, "token"),
     ("mixed prompt list", "POST", COMPLETIONS, {"model": "generator", "prompt": ["a", 3]}, 400, "prompt"),
@@ -88,6 +92,8 @@ def test_hostile_request_gets_a_clear_4xx(http: httpx.Client, name, method, path
     chat(messages=[{"role": "developer", "content": "Be brief."}, *HELLO]),
     chat(messages=[{"role": "user", "content": "\u0000 nul, emoji \U0001f600 and accents \u00e9"}]),
     chat(stop="x", seed=3, temperature=0.7, top_p=0.9, user="someone", parallel_tool_calls=False),
+    chat(seed=3, temperature=0.7, top_k=5, min_p=0.05, presence_penalty=0.5, frequency_penalty=-0.5,
+         repetition_penalty=1.2, logit_bias={"0": -100}, metadata={"k": "v"}, store=False),
 ])
 def test_unusual_but_valid_requests_are_answered(http: httpx.Client, body: dict) -> None:
     response = http.post(CHAT, json=body)
