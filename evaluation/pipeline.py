@@ -69,7 +69,7 @@ from overstory.retrieval.naive import NaiveConfig, NaiveStrategy
 from overstory.retrieval.orion.strategy import OrionConfig, OrionStrategy
 from overstory.retrieval.orion.tagger import ChunkingConfig, TaggingConfig
 from overstory.retrieval.smartchunk import SmartChunkConfig, SmartChunkStrategy
-from overstory.retrieval.strategy import Strategy, StrategyAnswer
+from overstory.retrieval.strategy import RequestRefused, Strategy, StrategyAnswer
 from overstory.serving.client import Client
 from overstory.serving.config import ServeConfig
 from overstory.serving.launch import stack_in_background
@@ -186,6 +186,8 @@ def answer_question(strategy: Strategy, question: QAExample, client: Client, rec
     started = time.perf_counter()
     try:
         result = strategy.answer(question.question, own)
+    except RequestRefused:  # the server refuses what every question asks (a 4xx): the run stops, naming it
+        raise
     except Exception as exc:  # a strategy bug must not lose the question: it is recorded, with the error
         result = StrategyAnswer("", "", failure="strategy_error", failure_detail=f"{type(exc).__name__}: {exc}")
     seconds = time.perf_counter() - started

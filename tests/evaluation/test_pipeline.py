@@ -13,8 +13,16 @@ from overstory.cli import main
 from overstory.core.config import ConfigError
 from overstory.core.records import Document, QAExample
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
-from overstory.evaluation.pipeline import JudgeConfig, judge_sanity, markdown_table, qasper_predictions, summarise
-from overstory.serving.client import Client
+from overstory.evaluation.pipeline import (
+    JudgeConfig,
+    answer_question,
+    judge_sanity,
+    markdown_table,
+    qasper_predictions,
+    summarise,
+)
+from overstory.retrieval.strategy import RequestRefused
+from overstory.serving.client import Client, ClientError
 from tests.conftest import HOTPOTQA_150, ROOT
 
 CONFIG = str(ROOT / "configs/eval/pipeline.yaml")
@@ -159,6 +167,32 @@ def test_failures_repairs_and_failed_slates_reach_the_row_and_the_table() -> Non
     assert ("| 1/3 (request_failed 1) | failed_slates 3, missing 2, all_slates_failed 1, "
             "tool_failures.truncated_call 1 | 3/5 | - |") in table
     assert "| failed | repairs | failed slates | costs add up |" in table
+
+
+class Refused:
+    """A strategy whose server refuses its request (a 4xx): what a wrong role name gives every question."""
+
+    name = "refused"
+
+    def answer(self, question, client):
+        raise RequestRefused("slate scores", ClientError(404, "no role 'scorer'"))
+
+
+class Broken:
+    """A strategy with a bug: one question's error is recorded, the run goes on."""
+
+    name = "broken"
+
+    def answer(self, question, client):
+        raise KeyError("chunk 7")
+
+
+def test_a_refused_request_stops_the_run_and_a_strategy_bug_is_recorded() -> None:
+    question = QAExample("q1", "Who?", ["Ada"], [], "stand-in")
+    with pytest.raises(RequestRefused, match="HTTP 404"):
+        answer_question(Refused(), question, Client(SaysNo()), 5)
+    record = answer_question(Broken(), question, Client(SaysNo()), 5)
+    assert (record["failure"], record["failure_detail"]) == ("strategy_error", "KeyError: 'chunk 7'")
 
 
 class SaysNo:
