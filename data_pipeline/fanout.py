@@ -14,8 +14,9 @@ The skeleton does the rest, the same way for every job:
   server error, a refused request) is appended to ``<stem>.failures.jsonl`` with the reason and counted; once a
   later run writes it, it leaves that file, which therefore lists what is still missing;
 - progress (a rich bar), counters by kind (``skipped``, ``failed`` and the job's own kinds), and the end:
-  :meth:`Fanout.raise_if_failed` raises :class:`TooManyFailures` when more than ``max_failure_share`` of the items
-  this run attempted failed (default 0: any failure), which ``overstory`` turns into exit code 1 with the count.
+  :meth:`Fanout.raise_if_failed` raises ``TooManyFailures`` (``overstory/core/failures.py``) when more than
+  ``max_failure_share`` of the items this run attempted failed (default 0: any failure), which ``overstory`` turns
+  into exit code 1 with the count.
 
 The runner is a seam: ``RUNNERS`` maps a name to a function that maps ``work`` over the items and yields each
 item's result or exception as it completes. Local threads are the one runner today; Ray Data slots in beside them
@@ -34,6 +35,7 @@ from typing import Any, TypeVar
 from rich.progress import Progress
 
 from overstory.core.config import ConfigError, differing_keys, to_dict
+from overstory.core.failures import check_failure_share, raise_if_too_many
 from overstory.core.records import FailureRecord, JsonlAppender, drop_records, read_jsonl, write_jsonl
 from overstory.serving.client import ClientError
 
@@ -47,15 +49,6 @@ OPERATIONAL_KEYS = frozenset({"out", "limit", "concurrency", "server_url", "requ
 CORPUS_OPERATIONAL_KEYS = frozenset({"path", "limit_docs"})
 
 Runner = Callable[[Callable[[T], Any], Sequence[T], int], Iterator[tuple[T, Any, BaseException | None]]]
-
-
-class TooManyFailures(RuntimeError):
-    """More than the job's ``max_failure_share`` of the items it attempted failed; ``counts`` are the job's
-    counters (the outputs written so far are kept, and a rerun retries the failed items)."""
-
-    def __init__(self, message: str, counts: dict[str, int]):
-        super().__init__(message)
-        self.counts = counts
 
 
 def thread_runner(work: Callable[[T], Any], items: Sequence[T], concurrency: int
@@ -151,8 +144,7 @@ class Fanout:
                  runner: str = "threads", beside: str | Path | None = None):
         """``out`` is the JSONL whose ids mark the items done; the settings and failures files are named after
         ``beside`` (default ``out``: a job whose main output is another file keeps them next to that one)."""
-        if not 0.0 <= max_failure_share <= 1.0:
-            raise ConfigError(f"max_failure_share must be between 0 and 1, got {max_failure_share}")
+        check_failure_share(max_failure_share)
         self.job, self.concurrency, self.max_failure_share = job, concurrency, max_failure_share
         self.failure_types, self.runner = failure_types, RUNNERS[runner]
         self.record = SettingsRecord(Path(out), settings, settings_path(beside or out))
@@ -161,11 +153,13 @@ class Fanout:
         self.counts: Counter[str] = Counter()
         self.attempted = 0
         self.failed_ids: list[str] = []  # this run's failed items, for jobs that count failures by kind
+        self.also_done: list[Collection[str]] = []  # ids of final outcomes kept elsewhere (see ``todo``)
 
     def todo(self, items: Iterable[T], key: Callable[[T], str], *also_done: Collection[str]) -> list[T]:
         """The items whose id is neither in the output nor in ``also_done`` (ids of final outcomes kept elsewhere);
         the rest are counted as ``skipped``. Failed items of earlier runs are in the todo: a rerun retries them."""
         items = list(items)
+        self.also_done += also_done
         todo = [item for item in items if key(item) not in self.out and not any(key(item) in d for d in also_done)]
         self.counts["skipped"] += len(items) - len(todo)
         return todo
@@ -199,11 +193,11 @@ class Fanout:
         self.counts[kind] += 1
         self.attempted += 1
 
-    def fail(self, item_id: str, error: BaseException | str) -> None:
-        """Record a failed item (retried by a rerun): its id, the reason, and the raw output when the error holds a
-        ``FailureRecord`` (``error.record``)."""
+    def fail(self, item_id: str, error: BaseException | str | FailureRecord) -> None:
+        """Record a failed item (retried by a rerun): its id, the reason, and the raw output when the error is or
+        holds a ``FailureRecord`` (``error.record``)."""
         self.attempted += 1
-        record = getattr(error, "record", None)
+        record = error if isinstance(error, FailureRecord) else getattr(error, "record", None)
         if not isinstance(record, FailureRecord):
             record = FailureRecord(item_id, self.job, str(error), "", 1)
         self.failures.write(record)
@@ -211,21 +205,18 @@ class Fanout:
         self.failed_ids.append(item_id)
 
     def finish(self) -> dict[str, int]:
-        """Close the files, drop the failures that have since been written, and return the counters (``failed``,
-        ``skipped`` and ``resolved`` always among them)."""
+        """Close the files, drop the failures that have since been written (to the output, or as a final outcome
+        kept elsewhere), and return the counters (``failed``, ``skipped`` and ``resolved`` always among them)."""
         self.out.close()
         self.failures.close()
-        self.counts["resolved"] = drop_records(self.failures.path, self.out.done)
+        self.counts["resolved"] = drop_records(self.failures.path, set(self.out.done).union(*self.also_done))
         _keep_last_per_id(self.failures.path)
         return {"failed": 0, "skipped": 0, **self.counts}
 
     def raise_if_failed(self) -> None:
         """TooManyFailures when more than ``max_failure_share`` of the items attempted this run failed."""
-        failed = self.counts["failed"]
-        if failed and failed > self.max_failure_share * self.attempted:
-            raise TooManyFailures(f"{self.job}: {failed} of {self.attempted} items failed (max_failure_share "
-                                  f"{self.max_failure_share:g}; they are listed in {self.failures.path} and a "
-                                  f"rerun retries them)", {"failed": 0, "skipped": 0, **self.counts})
+        raise_if_too_many(self.job, {"failed": 0, "skipped": 0, **self.counts}, self.attempted,
+                          self.max_failure_share, str(self.failures.path))
 
     def __enter__(self) -> Fanout:
         return self

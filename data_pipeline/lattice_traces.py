@@ -2,26 +2,26 @@
 
     overstory data lattice-traces --config configs/data/lattice_traces.yaml
 
-The distillation data of the scorer students. Questions come from the corpus the tree was built over; their
-gold leaves are the tree's leaf chunks that overlap the question's evidence (HotpotQA: the supporting
-paragraphs; QASPER: the evidence paragraphs). ``batch_queries`` questions are searched together (their slates
-go to the server concurrently); when a batch finishes, each question's slates are appended to ``out`` (query,
-candidate ids and texts, the teacher's raw scores and reasoning, the latent scores after the refit, whether each
-candidate leads to gold), then its summary (ranking, recall@10, calls, tokens, seconds) to ``<out>.queries.jsonl``,
-which marks it done. Finished questions are skipped on restart, so a killed run resumes; slates of a question
-without a summary (a run killed between the two) are discarded on restart and the question is searched again from
-scratch, so two searches' slates never mix. A question whose search lost a slate to a transient request failure
-(a timeout, a 5xx, the server down) is not written: it goes to ``<out>.failures.jsonl`` and a rerun searches it
-again; a refused request (4xx: a wrong role, a bad request) stops the job. The job runs on the fan-out skeleton
-(``data_pipeline/fanout.py``): its settings and the scorer's served model are kept in ``<out>.settings.json`` (a
-rerun with others is refused), and it fails (exit code 1) when more than ``max_failure_share`` of its questions
-failed. ``scorer: oracle`` scores from the gold labels instead of an LLM (no server needed): it checks what the
-search can reach and gives a best-case trace set.
+The distillation data of the scorer students. Questions come from the corpus the tree was built over; their gold
+leaves are the tree's leaf chunks that overlap the question's evidence (HotpotQA: the supporting paragraphs; QASPER:
+the evidence paragraphs; ``data_pipeline/lattice_leaves.py``). ``batch_queries`` questions are searched together
+(their slates go to the server concurrently); when a batch finishes, each question's slates are appended to ``out``
+(query, candidate ids and texts, the teacher's raw scores and reasoning, the latent scores after the refit, whether
+each candidate leads to gold), then its summary (ranking, recall@10, calls, tokens, seconds) to
+``<out>.queries.jsonl``, which marks it done. Finished questions are skipped on restart, so a killed run resumes;
+slates of a question without a summary (a run killed between the two) are discarded on restart and the question is
+searched again from scratch, so two searches' slates never mix. A question whose search lost a slate to a transient
+request failure (a timeout, a 5xx, the server down; the slate's ``failure`` field says so) is not written: it goes to
+``<out>.failures.jsonl`` and a rerun searches it again; a refused request (4xx: a wrong role, a bad request) raises
+``RequestRefused`` (``retrieval/strategy.py``) and stops the job. The job runs on the fan-out skeleton
+(``data_pipeline/fanout.py``): its settings and the scorer's served model are kept in ``<out>.settings.json`` (a rerun
+with others is refused), and it fails (exit code 1) when more than ``max_failure_share`` of its questions failed.
+``scorer: oracle`` scores from the gold labels instead of an LLM (no server needed): it checks what the search can
+reach and gives a best-case trace set.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -30,11 +30,12 @@ from typing import Literal
 from rich.progress import Progress
 
 from overstory.core.config import ConfigError
-from overstory.core.records import Chunk, Document, JsonlAppender, QAExample, read_jsonl, write_jsonl
+from overstory.core.records import JsonlAppender, QAExample, read_jsonl, write_jsonl
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
 from overstory.data_pipeline.fanout import Fanout, job_settings
-from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies, chunks_at_levels
+from overstory.data_pipeline.hierarchy import HierarchyConfig
+from overstory.data_pipeline.lattice_leaves import gold_leaves, tree_leaf_chunks
 from overstory.retrieval.lattice.scorers import LLMSlateScorer, OracleSlateScorer, SlateScorer
 from overstory.retrieval.lattice.search import SearchConfig, SearchResult, check_reach, search
 from overstory.retrieval.lattice.tree import Tree
@@ -74,28 +75,6 @@ class LatticeTracesConfig:
             raise ConfigError(f"request_timeout_s must be positive, got {self.request_timeout_s}")
         if self.limit < 0:
             raise ConfigError(f"limit must be >= 0, got {self.limit}")
-
-
-def gold_leaves(questions: Iterable[QAExample], leaves: Iterable[Chunk]) -> dict[str, set[str]]:
-    """Question id -> the leaf chunks overlapping its evidence spans (questions without any are left out)."""
-    by_doc: dict[str, list[Chunk]] = {}
-    for chunk in leaves:
-        by_doc.setdefault(chunk.doc_id, []).append(chunk)
-    gold = {}
-    for question in questions:
-        hits = {c.id for span in question.evidence for c in by_doc.get(span.doc_id, [])
-                if c.start < span.end and span.start < c.end}
-        if hits:
-            gold[question.id] = hits
-    return gold
-
-
-def tree_leaf_chunks(tree: Tree, documents: Iterable[Document], hierarchy: HierarchyConfig,
-                     leaf_level: str) -> list[Chunk]:
-    """The corpus's chunks at ``leaf_level`` that are leaves of ``tree`` (rebuilt with the tree's hierarchy
-    settings, so their spans locate the evidence)."""
-    tree_leaves = {n.id for n in tree.nodes.values() if n.leaf}
-    return [c for c in chunks_at_levels(build_hierarchies(documents, hierarchy), leaf_level) if c.id in tree_leaves]
 
 
 def leads_to_gold(tree: Tree, node_ids: list[str], gold: set[str]) -> list[bool]:
@@ -194,8 +173,9 @@ def _write_question(question: QAExample, result: SearchResult, tree: Tree, gold:
 
 
 def transient_failures(result: SearchResult) -> list[str]:
-    """The errors of the slates lost to a transient request failure (a timeout, a 5xx, the server down); the
-    scorers raise on a refused request (a 4xx other than 408 and 429), which no rerun mends."""
+    """The errors of the slates lost to a transient request failure (a timeout, a 5xx, the server down), read from
+    each slate's ``failure`` field ("" when its request got a reply); a refused request (a 4xx other than 408 and
+    429), which no rerun mends, never gets here: the scorers raise ``RequestRefused`` for it."""
     return [slate.failure for slate in result.slates if slate.failure]
 
 

@@ -5,8 +5,9 @@
 For every chunk of the configured levels, the ``generator`` role summarises it with the SmartChunk
 prompt ("Summarize the following text in at most n tokens"), the ``embedder`` role embeds the
 summary (the compressor's target e_gt) and the chunk's children (its input), and one
-``SummaryRecord`` is appended to ``out``. A summary that comes back empty, or not in the source's
-script, is retried; after ``max_attempts`` it goes to ``<out>.failures.jsonl`` with the raw text.
+``SummaryRecord`` is appended to ``out`` (the one-chunk step is ``data_pipeline/summarize.py``).
+A summary that comes back empty, or not in the source's script, is retried; after ``max_attempts`` it goes to
+``<out>.failures.jsonl`` with the raw text.
 Finished ids are skipped on restart, so a killed run resumes; failures (rejected summaries, failed requests) are
 retried on restart, and those written since leave the failures file (it lists what is still missing). The job runs
 on the fan-out skeleton (``data_pipeline/fanout.py``): its settings and the models that served it are kept in
@@ -17,13 +18,11 @@ that was summarised is kept in ``<out>.hierarchy.jsonl`` for resumes and later j
 
 from __future__ import annotations
 
-import unicodedata
-from collections.abc import Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 from overstory.core.config import ConfigError
-from overstory.core.records import Chunk, FailureRecord, SummaryRecord, check_level
+from overstory.core.records import Chunk, check_level
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
 from overstory.data_pipeline.fanout import Fanout, failures_path, job_settings
@@ -34,12 +33,10 @@ from overstory.data_pipeline.hierarchy import (
     save_hierarchies,
     stored_hierarchy_path,
 )
-from overstory.serving.client import Client, ClientError
+from overstory.data_pipeline.summarize import SummaryFailed, summarise
+from overstory.serving.client import ClientError
 from overstory.serving.config import ServeConfig
 from overstory.serving.launch import client_for, served_models
-
-# SmartChunk, section 4 (compression encoder): summaries of at most n = 128 tokens.
-SUMMARY_PROMPT = "Summarize the following text in at most {n} tokens: {text}"
 
 
 @dataclass(frozen=True)
@@ -72,71 +69,6 @@ class SummariesConfig:
             raise ConfigError("levels: sentences have no children to compress; start at paragraph")
         if self.max_attempts < 1 or self.concurrency < 1 or self.max_summary_tokens < 1:
             raise ConfigError("max_attempts, concurrency and max_summary_tokens must be positive")
-
-
-class SummaryRejected(ValueError):
-    """The generator's summary is unusable (empty, or not in the source text's script)."""
-
-
-def latin_share(text: str) -> float:
-    """Share of letters in ``text`` that are Latin-script (1.0 when there are no letters).
-
-    >>> latin_share("Normandy"), latin_share("诺曼底 Normandy") < 0.9
-    (1.0, True)
-    """
-    letters = [ch for ch in text if ch.isalpha()]
-    if not letters:
-        return 1.0
-    return sum("LATIN" in unicodedata.name(ch, "") for ch in letters) / len(letters)
-
-
-def check_summary(summary: str, source: str) -> str:
-    """The cleaned summary, or SummaryRejected when it is empty or drifts into another script."""
-    cleaned = summary.strip()
-    for prefix in ("Summary:", "Here is a summary:", "Sure, here is a summary:"):
-        cleaned = cleaned.removeprefix(prefix).strip()
-    if not cleaned:
-        raise SummaryRejected("empty summary")
-    if latin_share(source) > 0.9 and latin_share(cleaned) < 0.7:
-        raise SummaryRejected("summary is not in the language (script) of the source text")
-    return cleaned
-
-
-def summarise(chunk: Chunk, children: list[Chunk], client: Client, config: SummariesConfig,
-              served: Mapping[str, str] | None = None) -> SummaryRecord:
-    """Summarise one chunk (retrying rejected summaries) and embed the summary and the children; ``served`` (role
-    -> model, from ``served_models``) names the generator and encoder in the record ("" where not given)."""
-    served = served or {}
-    prompt = SUMMARY_PROMPT.format(n=config.max_summary_tokens, text=chunk.text[: config.max_input_chars])
-    error, raw = "", ""
-    for attempt in range(1, config.max_attempts + 1):
-        # a retry samples: the greedy reply would just come back again
-        temperature = config.temperature if attempt == 1 else max(config.temperature, 0.7)
-        try:
-            reply = client.chat("generator", [{"role": "user", "content": prompt}],
-                                max_tokens=config.max_summary_tokens, temperature=temperature, seed=attempt)
-            raw = reply.text
-            summary = check_summary(reply.text, chunk.text)
-        except (SummaryRejected, ClientError) as exc:
-            error = str(exc)
-            continue
-        target = client.embed("embedder", [summary])[0]
-        child_vectors = client.embed("embedder", [c.text for c in children])
-        return SummaryRecord(
-            id=chunk.id, doc_id=chunk.doc_id, level=chunk.level, child_ids=[c.id for c in children],
-            child_embeddings=child_vectors.round(6).tolist(), summary=summary,
-            target_embedding=target.round(6).tolist(), generator=served.get("generator", ""),
-            encoder=served.get("embedder", ""), prompt_tokens=reply.usage["prompt_tokens"],
-            completion_tokens=reply.usage["completion_tokens"], attempts=attempt)
-    raise SummaryFailed(FailureRecord(chunk.id, "summaries", error, raw, config.max_attempts))
-
-
-class SummaryFailed(Exception):
-    """Every attempt failed; ``record`` holds the last error and the model's raw output."""
-
-    def __init__(self, record: FailureRecord):
-        super().__init__(record.error)
-        self.record = record
 
 
 def run(config: SummariesConfig) -> dict:

@@ -43,7 +43,8 @@ from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
 from overstory.data_pipeline.hierarchy import load_hierarchies, stored_hierarchy_path
 from overstory.data_pipeline.splits import split_by_document
-from overstory.data_pipeline.summaries import SummariesConfig, SummaryFailed, summarise
+from overstory.data_pipeline.summaries import SummariesConfig
+from overstory.data_pipeline.summarize import SummaryFailed, summarise
 from overstory.evaluation.plots import plot_recall_vs_cost
 from overstory.evaluation.repairs import repairs_cell
 from overstory.models.text_compressor import checkpoint_kind

@@ -43,7 +43,7 @@ from overstory.core.config import ConfigError
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
 from overstory.data_pipeline.hierarchy import HierarchyConfig
-from overstory.data_pipeline.lattice_traces import gold_leaves, tree_leaf_chunks
+from overstory.data_pipeline.lattice_leaves import gold_leaves, tree_leaf_chunks
 from overstory.evaluation.plots import plot_quality_vs_cost
 from overstory.evaluation.repairs import repair_counts, repairs_cell
 from overstory.models.registry import MINILM, base_model_of, load_sentence_encoder

@@ -20,8 +20,8 @@ from typing import Any, Literal
 
 from overstory.config_help import describe_config, source_notes
 from overstory.core.config import ConfigError, load_config
+from overstory.core.failures import TooManyFailures
 from overstory.data_pipeline.corpus_files import CorpusError
-from overstory.data_pipeline.fanout import TooManyFailures
 from overstory.jobs import GROUP_HELP, JOBS, job_config_class
 from overstory.retrieval.strategy import RequestRefused
 from overstory.serving.client import ClientError

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from overstory.core.config import ConfigError
+from overstory.core.failures import TooManyFailures
 from overstory.core.records import read_jsonl
 from overstory.data_pipeline.corpora import CorpusConfig
 from overstory.data_pipeline.fanout import (
     Fanout,
-    TooManyFailures,
     failures_path,
     job_settings,
     settings_path,

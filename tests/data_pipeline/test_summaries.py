@@ -13,14 +13,8 @@ from overstory.core.config import ConfigError
 from overstory.core.records import Chunk, SummaryRecord, read_jsonl, write_jsonl
 from overstory.data_pipeline.fanout import settings_path
 from overstory.data_pipeline.hierarchy import load_hierarchies, stored_hierarchy_path
-from overstory.data_pipeline.summaries import (
-    SummariesConfig,
-    SummaryFailed,
-    SummaryRejected,
-    check_summary,
-    failures_path,
-    summarise,
-)
+from overstory.data_pipeline.summaries import SummariesConfig, failures_path
+from overstory.data_pipeline.summarize import SummaryFailed, SummaryRejected, check_summary, summarise
 from overstory.models.registry import MINILM
 from overstory.serving.config import ServeConfig
 from overstory.serving.launch import serve_in_background
