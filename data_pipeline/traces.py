@@ -17,7 +17,8 @@ only when its JSON parses to exactly the label; one longer than ``max_trace_toke
 rewritten by the ``planner`` role and kept if the rewrite still matches and fits.
 
 Each kept trace is a ``PlannerTrace``: the planner's own prompt (what the student will see), the
-teacher's completion, the label and the teacher's name; SFT trains on exactly these pairs. Rejected
+teacher's completion, the label, the teacher's name and the model behind it as its server reports it
+(``served_model``); SFT trains on exactly these pairs. Rejected
 traces go to ``<out>.rejected.jsonl`` with the raw text and are not retried (a teacher's reply is its yield); a
 request that fails (timeout, server down) goes to ``<out>.failures.jsonl``, and a rerun asks that teacher again and
 skips finished ids. The job runs on the fan-out skeleton (``data_pipeline/fanout.py``): its settings and the model
@@ -157,8 +158,9 @@ def template_trace(level_min: str, level_max: str, question: str = "") -> str:
 
 
 def trace_for(label: PseudoLabel, teacher_name: str, teacher: TeacherConfig, prompt: list[dict[str, str]],
-              clients: dict[str, Client], config: TracesConfig, count_tokens) -> PlannerTrace:
-    """One teacher's trace for one label, rewritten when too long; TraceRejected when it does not match."""
+              clients: dict[str, Client], config: TracesConfig, count_tokens, served_model: str = "") -> PlannerTrace:
+    """One teacher's trace for one label, rewritten when too long; TraceRejected when it does not match.
+    ``served_model`` (the model behind the teacher, from ``served_teachers``) goes into the record."""
     trace_id = f"{label.id}/{teacher_name}"
 
     def reject(error: str, raw: str) -> TraceRejected:
@@ -196,7 +198,7 @@ def trace_for(label: PseudoLabel, teacher_name: str, teacher: TeacherConfig, pro
     return PlannerTrace(id=trace_id, question_id=label.id, doc_id=label.doc_id, teacher=teacher_name,
                         prompt=prompt, completion=text,
                         label={"level_min": label.level_min, "level_max": label.level_max},
-                        n_tokens=count_tokens(text), rewritten=rewritten)
+                        n_tokens=count_tokens(text), rewritten=rewritten, served_model=served_model)
 
 
 def run(config: TracesConfig) -> dict:
@@ -219,14 +221,15 @@ def run(config: TracesConfig) -> dict:
         jobs = fanout.todo([(label, name) for label in labels for name in config.teachers],
                            lambda job: f"{job[0].id}/{job[1]}", rejected.done)
         clients = teacher_clients(config, jobs, stack)
-        fanout.record_served(served_teachers(config, clients))
+        served = served_teachers(config, clients)
+        fanout.record_served(served)
 
         def trace(job: tuple[PseudoLabel, str]) -> PlannerTrace | TraceRejected:
             label, name = job
             try:
                 return trace_for(label, name, config.teachers[name],
                                  planner_messages(label.question, metadata[label.doc_id]), clients, config,
-                                 count_tokens)
+                                 count_tokens, served.get(f"teacher/{name}", ""))
             except TraceRejected as rejection:  # an outcome (the teacher's yield), not a failure to retry
                 return rejection
 

@@ -148,6 +148,9 @@ class PlannerTrace:
     label: dict[str, str]  # {"level_min": ..., "level_max": ...}
     n_tokens: int  # completion length in planner-tokenizer tokens
     rewritten: bool = False
+    # the model behind the teacher, as its server reports it ("" for the template teacher, a server that does not
+    # say, and files written before the field existed)
+    served_model: str = ""
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+from fastapi import FastAPI
 
 from overstory.cli import main
 from overstory.core.config import ConfigError, load_config
@@ -16,6 +17,7 @@ from overstory.data_pipeline.hierarchy import save_hierarchies, stored_hierarchy
 from overstory.data_pipeline.pseudo_labels import single_document_questions
 from overstory.data_pipeline.traces import TracesConfig, template_trace
 from overstory.models.planner import normalise_level, parse_plan
+from overstory.serving.launch import serve_in_background
 from overstory.training.stitch import StitchSettings, hint_length, trace_sentences
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,6 +75,43 @@ def test_teacher_pool_keeps_matching_traces_records_failures_and_resumes(labels:
 
 
 @pytest.mark.slow
+def _labelled_teacher(model: str) -> FastAPI:
+    """Stand-in for a teacher's server that reports ``model`` behind its generator and answers with the label the
+    instruction gives: a real tiny model does not write label-matching traces (SmolLM2's are rejected, above), and a
+    kept LLM trace is what is under test."""
+    app = FastAPI()
+
+    @app.get("/v1/models")
+    def models() -> dict:
+        return {"object": "list", "data": [{"id": "generator", "object": "model", "root": model}]}
+
+    @app.post("/v1/chat/completions")
+    def chat(payload: dict) -> dict:
+        low, high = re.search(r"smallest_chunk_size = (\w+) and largest_chunk_size = (\w+)",
+                              payload["messages"][-1]["content"]).groups()
+        reply = json.dumps({"reasoning": "The answer sits in one place.", "smallest_chunk_size": low,
+                            "largest_chunk_size": high})
+        return {"id": "x", "object": "chat.completion", "model": model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": reply}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 10, "completion_tokens": 20, "total_tokens": 30}}
+
+    return app
+
+
+def test_each_trace_names_the_model_its_teacher_served(labels: Path, tmp_path: Path) -> None:
+    out = tmp_path / "traces.jsonl"
+    with serve_in_background(_labelled_teacher("teacher-7b")) as url:
+        teachers = f"teachers={{template: {{kind: template}}, big: {{kind: llm, server_url: '{url}'}}}}"
+        assert _traces(labels, out, teachers, "rewrite=false") == 0
+    served = {(t.teacher, t.served_model) for t in read_jsonl(out, PlannerTrace)}
+    assert served == {("big", "teacher-7b"), ("template", "")}
+    assert json.loads(out.with_name("traces.settings.json").read_text())["served"] == {"teacher/big": "teacher-7b"}
+    # a file written before the field existed still reads, as served by an unnamed model
+    old = {k: v for k, v in json.loads(out.read_text().splitlines()[0]).items() if k != "served_model"}
+    write_jsonl(tmp_path / "old.jsonl", [old])
+    assert next(read_jsonl(tmp_path / "old.jsonl", PlannerTrace)).served_model == ""
+
+
 def test_empty_pool_and_bad_roles_are_config_errors(labels: Path) -> None:
     with pytest.raises(ConfigError, match="pool is empty"):
         load_config(TracesConfig, ROOT / "configs/data/traces.yaml", ["teachers={}"])
