@@ -15,6 +15,9 @@ the paper). The strategy takes the hierarchy a data job built (``build_hierarchi
 than documents: retrieval sits below data_pipeline (tests/test_layers.py), and data flows from data jobs to
 the runtime (DESIGN.md), so the sentence splits and token counts are the hierarchy's own.
 
+A question with a document scope (QASPER's paper) gets the same tools restricted to those documents: searches
+rank only their chunks, and read_chunk refuses another document's chunk, saying so.
+
 The loop is ReAct over OpenAI tool calling against the ``generator`` role: a text reply is the final answer;
 after ``max_turns`` replies with tools, or once the context the server last reported reaches
 ``max_context_tokens``, a last request without tools forces the answer. The paper executes one tool call per
@@ -333,6 +336,7 @@ class _Question:
     """What one question's loop has done so far."""
 
     messages: list[dict[str, Any]]
+    scope: Sequence[str] | None = None  # the documents the question is about; None: the whole corpus
     read: list[int] = field(default_factory=list)  # chunks read in full, in reading order
     found: list[int] = field(default_factory=list)  # chunks returned by searches, in order, repeats included
     failures: Counter = field(default_factory=Counter)
@@ -351,6 +355,9 @@ class ARagStrategy:
         self.chunks = [chunk for chunk, _ in chunks]  # chunk id N (what the model sees) is self.chunks[N]
         self.sentences = [sentences for _, sentences in chunks]
         self.chunk_of = {s.id: n for n, sentences in enumerate(self.sentences) for s in sentences}
+        self.chunks_of_document: dict[str, list[int]] = {}
+        for n, chunk in enumerate(self.chunks):
+            self.chunks_of_document.setdefault(chunk.doc_id, []).append(n)
         self.index = index  # the embedded sentences
         self.config = config
 
@@ -368,9 +375,17 @@ class ARagStrategy:
 
     # ---- the tools
 
-    def keyword_search(self, keywords: Sequence[str], top_k: int = DEFAULT_TOP_K) -> ToolResult:
-        scores = [keyword_score(chunk.text, keywords) for chunk in self.chunks]
-        ranked = sorted((n for n, score in enumerate(scores) if score > 0), key=lambda n: -scores[n])[:top_k]
+    def in_scope(self, scope: Sequence[str] | None) -> list[int]:
+        """The chunk ids of the documents ``scope`` names, in corpus order; every chunk id when it is None."""
+        if scope is None:
+            return list(range(len(self.chunks)))
+        return sorted(n for doc_id in set(scope) for n in self.chunks_of_document.get(doc_id, []))
+
+    def keyword_search(self, keywords: Sequence[str], top_k: int = DEFAULT_TOP_K,
+                       scope: Sequence[str] | None = None) -> ToolResult:
+        """The chunks (of ``scope``'s documents, when given) with the highest keyword score, with snippets."""
+        scores = {n: keyword_score(self.chunks[n].text, keywords) for n in self.in_scope(scope)}
+        ranked = sorted((n for n, score in scores.items() if score > 0), key=lambda n: -scores[n])[:top_k]
         if not ranked:
             return ToolResult(f"No chunk contains any of the keywords {list(keywords)}.", [], 0)
         lowered = [k.lower() for k in keywords]
@@ -378,10 +393,12 @@ class ARagStrategy:
                     for n in ranked}
         return self._search_result(ranked, snippets, {})
 
-    def semantic_search(self, query: str, client: Client, top_k: int = DEFAULT_TOP_K) -> ToolResult:
-        """The query is embedded through ``client`` (the question's own, so its cost is counted)."""
+    def semantic_search(self, query: str, client: Client, top_k: int = DEFAULT_TOP_K,
+                        scope: Sequence[str] | None = None) -> ToolResult:
+        """The chunks (of ``scope``'s documents, when given) by their best sentence; the query is embedded through
+        ``client`` (the question's own, so its cost is counted)."""
         hits = self.index.search([query], SENTENCES_PER_RESULT * top_k,
-                                 embed=lambda texts: client.embed("embedder", texts))[0]
+                                 embed=lambda texts: client.embed("embedder", texts), doc_ids=scope)[0]
         ranked = rank_by_best_sentence([(self.chunk_of[hit.chunk.id], hit.score) for hit in hits], top_k)
         if not ranked:
             return ToolResult(f"No results for {query!r}.", [], 0)
@@ -398,13 +415,18 @@ class ARagStrategy:
         tokens = sum(s.n_tokens for n in ranked for s in snippets[n])
         return ToolResult("\n\n".join(lines), ranked, tokens)
 
-    def read_chunk(self, chunk_ids: Sequence[int], already_read: Sequence[int] = ()) -> ToolResult:
+    def read_chunk(self, chunk_ids: Sequence[int], already_read: Sequence[int] = (),
+                   scope: Sequence[str] | None = None) -> ToolResult:
         """Full texts of ``chunk_ids``; those in ``already_read`` (or earlier in ``chunk_ids``) are only named,
-        and cost no tokens; an id outside the corpus gets a message saying so."""
+        and cost no tokens; an id outside the corpus, or outside ``scope``'s documents when given, gets a message
+        saying so."""
         seen, parts, new = set(already_read), [], []
+        allowed = None if scope is None else set(self.in_scope(scope))
         for n in chunk_ids:
             if not 0 <= n < len(self.chunks):
                 parts.append(f"Chunk {n} does not exist: chunk ids run from 0 to {len(self.chunks) - 1}.")
+            elif allowed is not None and n not in allowed:
+                parts.append(f"Chunk {n} is not in the document this question is about.")
             elif n in seen:
                 parts.append(f"Chunk {n} was already read.")
             else:
@@ -419,10 +441,11 @@ class ARagStrategy:
 
     # ---- the loop
 
-    def answer(self, question: str, client: Client) -> StrategyAnswer:
-        """Run the agent on ``question``, every request through ``client``; never raises for a bad reply or a
-        failed request (``failure`` says what went wrong)."""
-        state = _Question([{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}])
+    def answer(self, question: str, client: Client, scope: Sequence[str] | None = None) -> StrategyAnswer:
+        """Run the agent on ``question`` (its tools restricted to ``scope``'s documents, when given), every request
+        through ``client``; never raises for a bad reply or a failed request (``failure`` says what went wrong)."""
+        state = _Question([{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}],
+                          scope)
         try:
             raw, stopped_by = self._react(state, client)
         except ClientError as exc:
@@ -491,11 +514,11 @@ class ARagStrategy:
 
     def _run_tool(self, state: _Question, name: str, arguments: dict[str, Any], client: Client) -> str:
         if name == "read_chunk":
-            result = self.read_chunk(arguments["chunk_ids"], state.read)
+            result = self.read_chunk(arguments["chunk_ids"], state.read, state.scope)
             state.read += result.chunk_ids
         else:
-            result = (self.keyword_search(**arguments) if name == "keyword_search"
-                      else self.semantic_search(arguments["query"], client, arguments["top_k"]))
+            result = (self.keyword_search(**arguments, scope=state.scope) if name == "keyword_search"
+                      else self.semantic_search(arguments["query"], client, arguments["top_k"], state.scope))
             state.found += result.chunk_ids
         state.retrieved_tokens += result.tokens
         return result.text

@@ -5,12 +5,17 @@ Each index holds the chunks it was built over (chosen levels of the hierarchies)
 those chunks, so a saved index is self-contained. Dense indexes embed through an ``embed``
 callable, normally ``lambda texts: client.embed("embedder", texts)``: the retrieval runtime
 reaches models only through the serving client (DESIGN.md).
+
+Every ``search`` takes ``doc_ids``, a question's document scope (QASPER asks about one paper): only the chunks of
+those documents compete, scored as in the whole index (BM25 keeps its corpus-wide statistics), so a scoped ranking
+is the corpus ranking with the other documents' chunks left out. The rows of each document are found once, at
+construction; a scoped search scores only those rows. ``None`` searches everything.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -20,6 +25,7 @@ import numpy as np
 from overstory.core.records import Chunk, read_jsonl, write_jsonl
 
 EmbedFn = Callable[[list[str]], np.ndarray]
+Scope = Collection[str] | None  # the document ids a search is restricted to; None: every document
 
 
 @dataclass(frozen=True)
@@ -31,6 +37,40 @@ class Hit:
 def chunk_text_for_index(chunk: Chunk) -> str:
     """What gets indexed: the document title gives the chunk its context (as in HotpotQA's setup)."""
     return f"{chunk.title}\n{chunk.text}" if chunk.title else chunk.text
+
+
+def document_rows(chunks: Sequence[Chunk]) -> dict[str, np.ndarray]:
+    """Each document's row positions in ``chunks``, ascending: what a scoped search scores.
+
+    >>> a, b, c = (Chunk(i, d, "paragraph", i, None, [], 0, 1, 1) for i, d in (("a", "x"), ("b", "y"), ("c", "x")))
+    >>> {d: rows.tolist() for d, rows in document_rows([a, b, c]).items()}
+    {'x': [0, 2], 'y': [1]}
+    """
+    rows: dict[str, list[int]] = {}
+    for i, chunk in enumerate(chunks):
+        rows.setdefault(chunk.doc_id, []).append(i)
+    return {doc_id: np.asarray(found, dtype=np.int64) for doc_id, found in rows.items()}
+
+
+def scope_rows(rows: dict[str, np.ndarray], doc_ids: Collection[str]) -> np.ndarray:
+    """The ascending rows of the documents ``doc_ids`` (a document without chunks here adds none).
+
+    >>> scope_rows({"x": np.array([0, 2]), "y": np.array([1])}, ["y", "x", "z"]).tolist()
+    [0, 1, 2]
+    """
+    found = [rows[d] for d in dict.fromkeys(doc_ids) if d in rows]
+    return np.sort(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
+
+
+def top_rows(scores: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per query, the ``k`` best of ``rows`` given their ``scores`` (queries x len(rows)), ties in row order:
+    (rows, scores), each queries x k.
+
+    >>> top_rows(np.array([[0.9, 0.5, 0.9]]), np.array([1, 2, 3]), 2)
+    (array([[1, 3]]), array([[0.9, 0.9]]))
+    """
+    order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    return rows[order], np.take_along_axis(scores, order, axis=1)
 
 
 def _save_chunks(folder: Path, kind: str, chunks: Sequence[Chunk], extra: dict) -> None:
@@ -66,6 +106,7 @@ class DenseIndex:
         self.embeddings = _normalise(np.asarray(embeddings, dtype=np.float32))
         self.embed = embed
         self.backend = backend
+        self.rows = document_rows(self.chunks)
         self._faiss = None
         if backend == "faiss":
             import faiss
@@ -80,19 +121,21 @@ class DenseIndex:
         parts = [np.asarray(embed(texts[i:i + batch_size])) for i in range(0, len(texts), batch_size)]
         return cls(chunks, np.concatenate(parts) if parts else np.zeros((0, 1), np.float32), embed, backend)
 
-    def search(self, queries: Sequence[str], k: int = 10, embed: EmbedFn | None = None) -> list[list[Hit]]:
-        """Top-k chunks per query; ``embed`` overrides the index's own query encoder for this call (the
-        evaluation harness passes one that goes through the question's own client, so its cost is counted)."""
+    def search(self, queries: Sequence[str], k: int = 10, embed: EmbedFn | None = None,
+               doc_ids: Scope = None) -> list[list[Hit]]:
+        """Top-k chunks per query (of the documents ``doc_ids`` only, when given); ``embed`` overrides the index's
+        own query encoder for this call (the evaluation harness passes one that goes through the question's own
+        client, so its cost is counted). A scoped search is exact over its rows, whatever the backend."""
         if not queries:
             return []
         q = _normalise(np.asarray((embed or self.embed)(list(queries)), dtype=np.float32))
-        k = min(k, len(self.chunks))
-        if self._faiss is not None:
-            scores, idx = self._faiss.search(q, k)
+        if doc_ids is not None:
+            rows = scope_rows(self.rows, doc_ids)
+            idx, scores = top_rows(q @ self.embeddings[rows].T, rows, min(k, len(rows)))
+        elif self._faiss is not None:
+            scores, idx = self._faiss.search(q, min(k, len(self.chunks)))
         else:
-            sims = q @ self.embeddings.T
-            idx = np.argsort(-sims, axis=1, kind="stable")[:, :k]
-            scores = np.take_along_axis(sims, idx, axis=1)
+            idx, scores = top_rows(q @ self.embeddings.T, np.arange(len(self.chunks)), min(k, len(self.chunks)))
         return [[Hit(self.chunks[j], float(s)) for j, s in zip(row_i, row_s)] for row_i, row_s in zip(idx, scores)]
 
     def save(self, folder: str | Path) -> None:
@@ -119,6 +162,7 @@ class BM25Index:
     def __init__(self, chunks: Sequence[Chunk], model):
         self.chunks = list(chunks)
         self.model = model
+        self.rows = document_rows(self.chunks)
 
     @staticmethod
     def _tokenize(texts: list[str], return_ids: bool):
@@ -136,15 +180,19 @@ class BM25Index:
         model.index(cls._tokenize([chunk_text_for_index(c) for c in chunks], True), show_progress=False)
         return cls(chunks, model)
 
-    def search(self, queries: Sequence[str], k: int = 10, embed: EmbedFn | None = None) -> list[list[Hit]]:
-        """Top-k chunks per query by BM25; ``embed`` is ignored (taken so every index kind searches alike)."""
+    def search(self, queries: Sequence[str], k: int = 10, embed: EmbedFn | None = None,
+               doc_ids: Scope = None) -> list[list[Hit]]:
+        """Top-k chunks per query by BM25 (of the documents ``doc_ids`` only, when given); ``embed`` is ignored
+        (taken so every index kind searches alike)."""
         if not queries:
             return []
-        k = min(k, len(self.chunks))
         vocab = self.model.vocab_dict
         # Words the corpus never saw carry no BM25 weight; dropping them keeps bm25s from failing
         # on queries made only of unseen words (those then rank by the empty query, all zeros).
         known = [[t for t in toks if t in vocab] for toks in self._tokenize(list(queries), False)]
+        if doc_ids is not None:
+            return self._scoped(known, scope_rows(self.rows, doc_ids), k)
+        k = min(k, len(self.chunks))
         empty = [not toks for toks in known]
         tokens = [toks or [next(iter(vocab))] for toks in known]
         idx, scores = self.model.retrieve(tokens, k=k, show_progress=False, n_threads=1)
@@ -152,6 +200,13 @@ class BM25Index:
             [Hit(self.chunks[int(j)], 0.0 if blank else float(s)) for j, s in zip(row_i, row_s)]
             for row_i, row_s, blank in zip(idx, scores, empty)
         ]
+
+    def _scoped(self, known: list[list[str]], rows: np.ndarray, k: int) -> list[list[Hit]]:
+        """Per query, the top-k of ``rows`` by the corpus-wide BM25 scores (a query of unseen words scores 0)."""
+        scores = np.stack([self.model.get_scores(toks) if toks else np.zeros(len(self.chunks), np.float32)
+                           for toks in known])
+        idx, top = top_rows(scores[:, rows], rows, min(k, len(rows)))
+        return [[Hit(self.chunks[int(j)], float(s)) for j, s in zip(row_i, row_s)] for row_i, row_s in zip(idx, top)]
 
     def save(self, folder: str | Path) -> None:
         folder = Path(folder)
@@ -181,10 +236,13 @@ class HybridIndex:
         self.dense, self.bm25, self.rrf_k, self.depth = dense, bm25, rrf_k, depth
         self.chunks = dense.chunks
 
-    def search(self, queries: Sequence[str], k: int = 10, embed: EmbedFn | None = None) -> list[list[Hit]]:
+    def search(self, queries: Sequence[str], k: int = 10, embed: EmbedFn | None = None,
+               doc_ids: Scope = None) -> list[list[Hit]]:
+        """Top-k chunks per query by RRF of both sides' rankings (of the documents ``doc_ids`` only, when given)."""
         depth = max(self.depth, k)
         fused = []
-        for dense_hits, bm25_hits in zip(self.dense.search(queries, depth, embed), self.bm25.search(queries, depth)):
+        for dense_hits, bm25_hits in zip(self.dense.search(queries, depth, embed, doc_ids),
+                                         self.bm25.search(queries, depth, doc_ids=doc_ids)):
             fused.append(reciprocal_rank_fusion([dense_hits, bm25_hits], self.rrf_k)[:k])
         return fused
 

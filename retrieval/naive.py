@@ -48,10 +48,11 @@ class NaiveStrategy:
         return cls(build_index(config.index, indexed, embed=lambda texts: client.embed("embedder", texts)),
                    config, answer)
 
-    def answer(self, question: str, client: Client) -> StrategyAnswer:
+    def answer(self, question: str, client: Client, scope: Sequence[str] | None = None) -> StrategyAnswer:
+        """The top-k chunks (of the documents ``scope`` names, when given) go to the generator."""
         try:
             hits = self.index.search([question], self.config.k,
-                                     embed=lambda texts: client.embed("embedder", texts))[0]
+                                     embed=lambda texts: client.embed("embedder", texts), doc_ids=scope)[0]
         except ClientError as exc:
             return StrategyAnswer("", "", failure="request_failed", failure_detail=str(exc))
         return generate_answer(question, [h.chunk for h in hits], client, self.answer_config)

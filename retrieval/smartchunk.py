@@ -141,9 +141,12 @@ class SmartChunkConfig:
 class SmartChunkStrategy:
     """Planner, then range search, then the generator.
 
-    Over a corpus of many documents the question does not say which document it is about, while the planner
-    reads one document's beginning (as it was trained). So the document whose embedding is nearest the question
-    is the one the planner reads, and the planned range is searched over the whole corpus.
+    The planner reads one document's beginning (as it was trained: SmartChunk is QA over a given document). A
+    question with a document scope (QASPER's paper) names it: the planner reads that document and the planned
+    range is searched among its chunks only. Over an open corpus the question does not say which document it is
+    about, so the document whose embedding is nearest the question is the one the planner reads, and the planned
+    range is searched over the whole corpus (over a scope of several documents: the nearest of them, and their
+    chunks).
     """
 
     name = "smartchunk"
@@ -161,19 +164,33 @@ class SmartChunkStrategy:
         return cls(SmartChunkRetriever(chunks, client, upper=config.upper), {d.id: d for d in documents}, config,
                    answer)
 
-    def answer(self, question: str, client: Client) -> StrategyAnswer:
+    def planner_document(self, question: str, scope: Sequence[str] | None, embed) -> Document:
+        """The document the planner reads: the scope's one document, else the one (of the scope's, when given)
+        whose document-level embedding is nearest the question. A scope naming a document outside the corpus is a
+        ConfigError."""
+        if scope is not None:
+            if missing := [d for d in scope if d not in self.documents]:
+                raise ConfigError(f"smartchunk: the question's document(s) {', '.join(missing)} are not in the corpus")
+            if len(set(scope)) == 1:
+                return self.documents[scope[0]]
+        (top,) = self.retriever.index("document", "document").search([question], 1, embed=embed, doc_ids=scope)[0]
+        return self.documents[top.chunk.doc_id]
+
+    def answer(self, question: str, client: Client, scope: Sequence[str] | None = None) -> StrategyAnswer:
+        """Plan on the question's document (``scope``'s, when given), search the planned range (among ``scope``'s
+        chunks, when given) and answer from the top k."""
         def embed(texts: list[str]):
             return client.embed("embedder", texts)
 
         try:
-            (top_document,) = self.retriever.index("document", "document").search([question], 1, embed=embed)[0]
-            document = self.documents[top_document.chunk.doc_id]
+            document = self.planner_document(question, scope, embed)
             metadata = document_metadata(document.title, document.text, self._tokenizer, self.config.metadata_tokens)
             reply = client.chat("planner", planner_messages(question, metadata),
                                 max_tokens=self.config.planner_max_tokens, temperature=0)
             plan = parse_plan(reply.text)
             level_min, level_max = plan.levels or self.config.fallback_range
-            hits = self.retriever.index(level_min, level_max).search([question], self.config.k, embed=embed)[0]
+            hits = self.retriever.index(level_min, level_max).search([question], self.config.k, embed=embed,
+                                                                     doc_ids=scope)[0]
         except ClientError as exc:
             return StrategyAnswer("", "", failure="request_failed", failure_detail=str(exc))
         details = {"plan": [level_min, level_max], "planner_document": document.id}

@@ -5,6 +5,12 @@ cost is its own business, reported by its data job) and then answers questions o
 it is handed. The harness hands each question a client of its own (``Client.fork``) so the calls and tokens the
 strategy spends on that question, split by role, are counted without the strategy doing anything.
 
+A question may come with its document scope: the ids of the documents it is about (QASPER asks about one paper,
+NarrativeQA about one story, SQuAD about one article), and the strategy then retrieves from those documents only:
+its index search, its tree or its tools restricted to them. ``None`` is the open corpus (HotpotQA, or an
+open-corpus variant of a document-scoped dataset), where it searches everything. The evaluation harness decides
+which (``scope`` in ``eval pipeline``'s config).
+
 A strategy never raises for one bad question: a reply it cannot use becomes ``failure`` (a short kind, counted
 by the harness) with the raw text kept in ``failure_detail``, and the prediction is whatever answer it could
 still give ("" if none). Only a broken setup raises: no server, a bad config, or a request the server refuses for
@@ -14,6 +20,7 @@ Transient request failures (``transient``) are counted where they happen, so a r
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -40,8 +47,9 @@ class Strategy(Protocol):
 
     name: str
 
-    def answer(self, question: str, client: Client) -> StrategyAnswer:
-        """Retrieve for ``question`` and let the ``generator`` role answer, every call through ``client``."""
+    def answer(self, question: str, client: Client, scope: Sequence[str] | None = None) -> StrategyAnswer:
+        """Retrieve for ``question`` (from the documents ``scope`` names only, when given) and let the ``generator``
+        role answer, every call through ``client``."""
         ...
 
 

@@ -6,7 +6,7 @@ fable-forest`` saves it as JSON, and the strategy (``strategy.FableStrategy``) r
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +54,9 @@ class Forest:
             raise ValueError(f"forest: document {missing[0]!r} has no root node")
         self.ids = list(self.nodes)
         self.position = {node_id: i for i, node_id in enumerate(self.ids)}  # forest order breaks score ties
+        self.rows: dict[str, list[int]] = {}  # each document's nodes as positions in ids (a scoped search's rows)
+        for i, node_id in enumerate(self.ids):
+            self.rows.setdefault(self.nodes[node_id].doc_id, []).append(i)
         vectors = np.array([self.nodes[i].embedding for i in self.ids], dtype=np.float32).reshape(len(self.ids), -1) \
             if self.ids else np.zeros((0, 0), dtype=np.float32)
         norms = np.linalg.norm(vectors, axis=1, keepdims=True)
@@ -114,9 +117,14 @@ class Forest:
     def toc_path(self, node_id: str) -> str:
         return " > ".join(self.nodes[i].title for i in [*reversed(self.ancestors(node_id)), node_id])
 
-    def similarities(self, vector: Sequence[float]) -> dict[str, float]:
-        """Cosine of every node's embedding with ``vector``."""
+    def similarities(self, vector: Sequence[float], doc_ids: Collection[str] | None = None) -> dict[str, float]:
+        """Cosine of every node's embedding with ``vector``, in forest order; only the nodes of the documents
+        ``doc_ids`` (a question's scope) when given, so every path that starts from these scores stays in them."""
         query = np.asarray(vector, dtype=np.float32)
         norm = float(np.linalg.norm(query))
-        scores = self.matrix @ (query / (norm or 1.0))
-        return dict(zip(self.ids, scores.tolist()))
+        if doc_ids is None:
+            rows = np.arange(len(self.ids))
+        else:
+            rows = np.asarray(sorted(i for d in set(doc_ids) for i in self.rows.get(d, [])), dtype=np.int64)
+        scores = self.matrix[rows] @ (query / (norm or 1.0))
+        return {self.ids[i]: score for i, score in zip(rows.tolist(), scores.tolist())}

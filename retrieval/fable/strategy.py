@@ -15,6 +15,9 @@
   read whole (the budget, not the answer config's chunk count, bounds the context). A question longer than
   ``max_question_chars`` is cut for the embedding and every prompt (``question_truncated`` in the details).
 
+A question with a document scope (QASPER's paper) is retrieved from those documents' trees only: the vector path
+scores their nodes alone, so both paths, TreeExpansion and the budget see nothing else.
+
 Deviation from the paper: its questions come with their own small document set; here the forest covers a whole
 corpus (hundreds of documents), which no small generator can read in one prompt. The document-level LLM path is
 therefore shown the ``llm_candidates`` documents the vector path ranks highest (in corpus order, so the ranking
@@ -155,12 +158,15 @@ class FableStrategy:
         """The strategy over a forest saved by ``overstory data fable-forest`` (``<out>/forest.json``)."""
         return cls(Forest.load(forest_path), config, answer)
 
-    def answer(self, question: str, client: Client) -> StrategyAnswer:
-        """Retrieve (Algorithm 1) and answer from the returned nodes; never raises for a bad reply or a transient
-        request failure (a selection call the server refuses raises ``RequestRefused``)."""
+    def answer(self, question: str, client: Client, scope: Sequence[str] | None = None) -> StrategyAnswer:
+        """Retrieve (Algorithm 1; from ``scope``'s documents only, when given) and answer from the returned nodes;
+        never raises for a bad reply or a transient request failure (a selection call the server refuses raises
+        ``RequestRefused``; a scope naming a document the forest lacks raises ConfigError)."""
         asked = question[: self.config.max_question_chars]
+        if scope is not None and (missing := [d for d in scope if d not in self.forest.documents]):
+            raise ConfigError(f"fable_forest has no tree of {', '.join(missing)}: build it over the corpus evaluated")
         try:
-            evidence, details = self.retrieve(asked, client)
+            evidence, details = self.retrieve(asked, client, scope)
         except ClientError as exc:  # the question could not be embedded: there is nothing to retrieve with
             return StrategyAnswer("", "", failure="request_failed", failure_detail=str(exc),
                                   details={"mode": self.config.mode, "request_failures": 1})
@@ -169,12 +175,14 @@ class FableStrategy:
                             max_chunk_chars=max((len(c.text) for c in evidence), default=1))
         return generate_answer(asked, evidence, client, read, **details)
 
-    def retrieve(self, question: str, client: Client) -> tuple[list[Chunk], dict[str, Any]]:
-        """The nodes to read, in reading order, within the budget, and what the retrieval did (``details``).
+    def retrieve(self, question: str, client: Client, scope: Sequence[str] | None = None
+                 ) -> tuple[list[Chunk], dict[str, Any]]:
+        """The nodes to read, in reading order, within the budget, and what the retrieval did (``details``); only
+        nodes of ``scope``'s documents when given.
         A failed query embedding raises (ClientError); an unusable selection reply, or a selection call failed for a
         transient reason, leaves that path empty and is counted; a refused selection call raises ``RequestRefused``."""
         config, forest, state = self.config, self.forest, _Question()
-        cosine = forest.similarities(client.embed("embedder", [question])[0])
+        cosine = forest.similarities(client.embed("embedder", [question])[0], scope)
         vector_docs = vector_documents(forest, cosine, config.top_k)
         llm_docs = self._select_documents(question, cosine, client, state)
         fused = llm_docs if config.mode == "llm-docs" else fuse_documents(llm_docs, vector_docs)
@@ -214,7 +222,7 @@ class FableStrategy:
         for node_id, value in cosine.items():
             doc_id = self.forest.nodes[node_id].doc_id
             best[doc_id] = max(best.get(doc_id, value), value)
-        corpus_order = list(self.forest.documents)
+        corpus_order = [d for d in self.forest.documents if d in best]  # the scope's documents, when it has one
         candidates = set(sorted(corpus_order, key=lambda d: -best[d])[: self.config.llm_candidates])
         shown = [n for d in corpus_order if d in candidates for n in self.forest.subtree(self.forest.roots[d])
                  if self.forest.nodes[n].kind != "leaf" and self.forest.nodes[n].depth <= self.config.llm_depth]

@@ -2,11 +2,13 @@
 
 The tree comes from ``overstory data lattice-tree`` over the same corpus (its leaves are that corpus's chunks at
 ``leaf_level``, rebuilt with the tree's hierarchy settings). The scorer is whatever the served ``scorer`` role is:
-the LLM teacher, a distilled LoRA student, or a cross-encoder student (``scorer: cross_encoder``).
+the LLM teacher, a distilled LoRA student, or a cross-encoder student (``scorer: cross_encoder``). A question with
+a document scope is searched in the tree cut to its documents' leaves (``Tree.restricted``, made once per scope).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -47,6 +49,24 @@ class LatticeStrategy:
             raise ConfigError(f"lattice.tree: {len(missing)} of its leaves (e.g. {missing[0]}) are not chunks of this "
                               "corpus; build the tree over the same corpus and hierarchy settings")
         check_reach(tree, config.search.iterations, "lattice.search.iterations")
+        self._scoped: dict[frozenset[str], Tree] = {}
+        self._lock = threading.Lock()
+
+    def tree_for(self, scope: Sequence[str] | None) -> Tree:
+        """The tree a question is searched in: the whole tree, or the one cut to the documents of ``scope`` (made
+        once per scope, shared by the harness's threads). A scope without a leaf in the tree is a tree built over
+        another corpus: a ConfigError."""
+        if scope is None:
+            return self.tree
+        key = frozenset(scope)
+        with self._lock:
+            if key not in self._scoped:
+                cut = self.tree.restricted(key)
+                if cut is None:
+                    raise ConfigError(f"lattice.tree has no leaf of the document(s) {', '.join(sorted(key))}; build "
+                                      "the tree over the corpus evaluated")
+                self._scoped[key] = cut
+            return self._scoped[key]
 
     def _scorer(self, client: Client):
         if self.config.scorer == "cross_encoder":
@@ -54,8 +74,9 @@ class LatticeStrategy:
         return LLMSlateScorer(client, max_tokens=self.config.max_tokens, max_attempts=self.config.max_attempts,
                               max_candidate_chars=self.config.max_candidate_chars)
 
-    def answer(self, question: str, client: Client) -> StrategyAnswer:
-        (result,) = search(self.tree, [("q", question)], self._scorer(client), self.config.search)
+    def answer(self, question: str, client: Client, scope: Sequence[str] | None = None) -> StrategyAnswer:
+        """Search the tree (cut to ``scope``'s documents, when given) and answer from the ranked leaves."""
+        (result,) = search(self.tree_for(scope), [("q", question)], self._scorer(client), self.config.search)
         ranked = [self.leaves[node_id] for node_id, _ in result.ranking]
         details = {"slates": len(result.slates), "failed_slates": result.failed_slates, **result.problems}
         if result.slates and result.failed_slates == len(result.slates):

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Collection, Iterator
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +109,44 @@ class Tree:
         self.nodes[child.id] = child
         parent.children.append(child.id)
         self._parent[child.id] = parent_id
+
+    def restricted(self, doc_ids: Collection[str]) -> Tree | None:
+        """The tree cut to the leaves of the documents ``doc_ids`` (a question's document scope); None when it has
+        none. An internal node left without leaves goes; one left with a single child is replaced by that child,
+        so the search spends no scorer call on a slate of one candidate (a root left with one internal child
+        hands the root over to it; with one leaf, it stays). ``meta["scope"]`` records the documents; the original
+        tree is not changed.
+
+        >>> tree = Tree("r", {"r": Node("r", children=["a", "b"]), "a": Node("a", children=["x", "y"]),
+        ...                   "b": Node("b", children=["z"]), "x": Node("x", leaf=True, doc_id="d1"),
+        ...                   "y": Node("y", leaf=True, doc_id="d2"), "z": Node("z", leaf=True, doc_id="d1")})
+        >>> cut = tree.restricted({"d1"})
+        >>> cut.root, cut.nodes["r"].children, sorted(cut.nodes), tree.restricted({"d9"})
+        ('r', ['x', 'z'], ['r', 'x', 'z'], None)
+        >>> only = tree.restricted(["d2"])
+        >>> only.root, only.nodes["r"].children, cut.validate(), tree.nodes["r"].children
+        ('r', ['y'], None, ['a', 'b'])
+        """
+        scope = set(doc_ids)
+        kept: dict[str, Node] = {}
+
+        def keep(node_id: str) -> str | None:
+            node = self.nodes[node_id]
+            if node.leaf:
+                if node.doc_id not in scope:
+                    return None
+                kept[node_id] = node
+                return node_id
+            children = [k for k in (keep(c) for c in node.children) if k is not None]
+            if len(children) > 1 or (node_id == self.root and children and kept[children[0]].leaf):
+                kept[node_id] = replace(node, children=children)
+                return node_id
+            return children[0] if children else None
+
+        top = keep(self.root)
+        if top is None:
+            return None
+        return Tree(top, kept, {**self.meta, "scope": sorted(scope)})
 
     # --- checks and statistics --------------------------------------------------------------------
     def validate(self, max_branching: int | None = None, expected_leaves: set[str] | None = None) -> None:

@@ -1,6 +1,7 @@
 """Orion-RAG's strategy: ``OrionStrategy`` indexes a tagged corpus three ways (dense over the semantic paths,
 dense over the texts, BM25 over the texts; vectors cached in vectors.npz and checked against the embedder now
-serving) and answers a question: rewrite, retrieve and fuse per sub-query, prune, answer (``query``).
+serving) and answers a question: rewrite, retrieve and fuse per sub-query, prune, answer (``query``). A question
+with a document scope (QASPER's paper) is retrieved from those documents' chunks only, in all three indexes.
 """
 
 from __future__ import annotations
@@ -180,13 +181,16 @@ class OrionStrategy:
 
     # ---- a question
 
-    def answer(self, question: str, client: Client) -> StrategyAnswer:
-        """Rewrite, retrieve and fuse per sub-query, prune, answer from the evidence grouped per sub-query; every call
-        through ``client``. Never raises for a bad reply or a failed request."""
+    def answer(self, question: str, client: Client, scope: Sequence[str] | None = None) -> StrategyAnswer:
+        """Rewrite, retrieve (from ``scope``'s documents only, when given) and fuse per sub-query, prune, answer from
+        the evidence grouped per sub-query; every call through ``client``. Never raises for a bad reply or a failed
+        request; a scope naming a document the tags lack raises ConfigError."""
+        if scope is not None and (missing := [d for d in scope if d not in self.masters]):
+            raise ConfigError(f"orion.tags has no document {', '.join(missing)}: tag the corpus evaluated")
         question = question[: self.config.max_query_chars]
         sub_queries, details = self._sub_queries(question, client)
         try:
-            fused = self.retrieve(sub_queries, client)
+            fused = self.retrieve(sub_queries, client, scope)
         except ClientError as exc:
             return StrategyAnswer("", "", failure="request_failed", failure_detail=str(exc), details=details)
         evidence = self._best_first(fused)
@@ -237,14 +241,16 @@ class OrionStrategy:
         details["sub_queries"] = [question, *rewrites]
         return [question, *rewrites], details
 
-    def retrieve(self, sub_queries: Sequence[str], client: Client) -> list[list[tuple[str, float]]]:
-        """Per sub-query, the top ``top_k`` chunk ids with their fused scores. The sub-queries are embedded in one
-        request through ``client``; BM25 hits of score 0 (no query word in the chunk) are no ranking at all."""
+    def retrieve(self, sub_queries: Sequence[str], client: Client, scope: Sequence[str] | None = None
+                 ) -> list[list[tuple[str, float]]]:
+        """Per sub-query, the top ``top_k`` chunk ids (of ``scope``'s documents only, when given) with their fused
+        scores. The sub-queries are embedded in one request through ``client``; BM25 hits of score 0 (no query word
+        in the chunk) are no ranking at all."""
         vectors = client.embed("embedder", list(sub_queries))
         depth = max(self.config.depth, self.config.top_k)
-        tag = self.path_index.search(sub_queries, depth, embed=lambda texts: vectors)
-        semantic = self.text_index.search(sub_queries, depth, embed=lambda texts: vectors)
-        sparse = self.bm25.search(sub_queries, depth)
+        tag = self.path_index.search(sub_queries, depth, embed=lambda texts: vectors, doc_ids=scope)
+        semantic = self.text_index.search(sub_queries, depth, embed=lambda texts: vectors, doc_ids=scope)
+        sparse = self.bm25.search(sub_queries, depth, doc_ids=scope)
         weights = asdict(self.config.weights)
         return [weighted_rrf({"tag": [h.chunk.id for h in t], "semantic": [h.chunk.id for h in s],
                               "sparse": [h.chunk.id for h in b if h.score > 0]}, weights, self.config.rrf_k)
