@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from overstory.core.config import ConfigError
-from overstory.serving import launch, vllm
+from overstory.serving import launch
 from overstory.serving.config import RoleConfig, ServeConfig
 from overstory.serving.engine import EmbeddedEngine
 from overstory.serving.launch import run, serve_in_background, vllm_stack
@@ -114,8 +114,8 @@ ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
 
 
 def test_a_vllm_stack_has_one_front_door(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(vllm, "require_vllm", lambda python="": sys.executable)
-    monkeypatch.setattr(vllm, "vllm_command", lambda server, host, extra_args=(), python="": [
+    monkeypatch.setattr(launch, "require_vllm", lambda python="": sys.executable)
+    monkeypatch.setattr(launch, "vllm_command", lambda server, host, extra_args=(), python="": [
         sys.executable, "-c", STAND_IN, str(server.port), ",".join(server.roles)])
     shared, own = free_port(), free_port()
     config = ServeConfig(engine="vllm", port=0, api_key="k", log_dir=str(tmp_path), roles={
@@ -139,9 +139,9 @@ def test_a_vllm_stack_has_one_front_door(monkeypatch: pytest.MonkeyPatch, tmp_pa
 
 
 def test_a_vllm_stack_fails_on_a_taken_front_port_before_starting_anything(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(vllm, "require_vllm", lambda python="": sys.executable)
+    monkeypatch.setattr(launch, "require_vllm", lambda python="": sys.executable)
     started: list = []
-    monkeypatch.setattr(vllm, "start_server", lambda *args, **kwargs: started.append(args))
+    monkeypatch.setattr(launch, "start_server", lambda *args, **kwargs: started.append(args))
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
