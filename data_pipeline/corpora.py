@@ -33,6 +33,11 @@ from overstory.data_pipeline.qasper import load_qasper
 log = logging.getLogger(__name__)
 
 CorpusKind = Literal["hotpotqa", "squad", "text", "jsonl", "qasper", "narrativeqa"]
+# Whether a kind's questions are each about one given document (``metadata["doc_id"]``: QASPER's paper, NarrativeQA's
+# story, SQuAD's article), so retrieval searches that document, or are posed over the open corpus (HotpotQA: the
+# question does not say where its facts are). Text and JSONL corpora have no questions.
+DOCUMENT_SCOPED: dict[str, bool] = {"hotpotqa": False, "squad": True, "text": False, "jsonl": False, "qasper": True,
+                                    "narrativeqa": True}
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,15 @@ class CorpusConfig:
         if self.paragraph_words < 0 or (self.paragraph_words and self.kind != "narrativeqa"):
             raise ConfigError(f"corpus.paragraph_words must be >= 0 and applies to narrativeqa only, got "
                               f"{self.paragraph_words} for {self.kind!r}")
+
+    @property
+    def document_scoped(self) -> bool:
+        """Whether this corpus's questions are each about one given document (``DOCUMENT_SCOPED``).
+
+        >>> CorpusConfig("qasper", "x").document_scoped, CorpusConfig("hotpotqa", "x").document_scoped
+        (True, False)
+        """
+        return DOCUMENT_SCOPED[self.kind]
 
 
 def load_corpus(corpus: CorpusConfig | str, path: str | Path | None = None, limit_docs: int = 0,
