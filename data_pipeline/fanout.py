@@ -54,13 +54,15 @@ Runner = Callable[[Callable[[T], Any], Sequence[T], int], Iterator[tuple[T, Any,
 def thread_runner(work: Callable[[T], Any], items: Sequence[T], concurrency: int
                   ) -> Iterator[tuple[T, Any, BaseException | None]]:
     """``work`` over ``items`` on ``concurrency`` threads; yields (item, result, None) or (item, None, exception) as
-    each completes. Items not yet started are cancelled when the caller stops early (a hard error)."""
+    each completes (of those that complete together, the results first, in the items' order, so that a hard error
+    does not drop a finished result). Items not yet started are cancelled when the caller stops early."""
     pool = ThreadPoolExecutor(max_workers=concurrency)
     try:
         pending: dict[Future, T] = {pool.submit(work, item): item for item in items}
+        order = {future: i for i, future in enumerate(pending)}
         while pending:
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for future in done:
+            for future in sorted(done, key=lambda f: (f.exception() is not None, order[f])):
                 item = pending.pop(future)
                 error = future.exception()
                 yield item, None if error is not None else future.result(), error

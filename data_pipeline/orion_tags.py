@@ -4,14 +4,13 @@ master tags.
     overstory data orion-tags --config configs/data/orion_tags.yaml
     overstory data orion-tags-edit tags=runs/orion/hotpotqa document=hotpotqa/twins-group add=[Cantopop] remove=[music]
 
-The job cuts every document into sliding windows of characters (``chunking``), has the ``generator`` write each
-document's master tags and each chunk's three paragraph tags (``retrieval.orion_tagger.Tagger``), and appends them to
-``<out>/masters.jsonl`` and ``<out>/chunks.jsonl``: finished ids are skipped, so a killed run resumes (a fallback
-counts as finished: delete its line to ask again; ``<out>/failures.jsonl`` keeps the raw replies behind fallbacks).
-It then indexes every chunk (``retrieval.orion.OrionStrategy``), embedding only what ``<out>/vectors.npz`` lacks,
-and writes ``<out>/build.json``: what tagging spent (LLM calls, prompt and completion tokens from the server's
-usage, seconds; a resumed run counts only what it did itself) and what indexing embedded. The chunking settings are
-kept in ``<out>/chunking.json``: chunk ids are window numbers, so a rerun with other settings is refused.
+The job tags and indexes the corpus with ``tag_and_index`` (``data_pipeline/orion_index.py``, whose docstring gives
+the details): the ``generator`` writes each document's master tags and each chunk's paragraph tags
+(``retrieval.orion.tagger.Tagger``) into ``<out>/masters.jsonl`` and ``<out>/chunks.jsonl`` on the fan-out skeleton
+(a killed run resumes; the settings and the served generator are kept in ``<out>/tags.settings.json`` and a rerun
+with others is refused; items whose requests failed are listed in ``<out>/tags.failures.jsonl`` for the rerun, and
+the job fails with exit code 1 when more than ``max_failure_share`` of them failed); then every chunk is indexed
+(``retrieval.orion.strategy.OrionStrategy``) and ``<out>/build.json`` says what it spent.
 
 The edit (the paper's human in the loop) rewrites the document's master tags (``source`` becomes "human") and
 re-indexes that document alone: its semantic paths change, so only they are embedded again.
@@ -19,30 +18,22 @@ re-indexes that document alone: its semantic paths change, so only they are embe
 
 from __future__ import annotations
 
-import json
-import time
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from rich.progress import Progress
-
 from overstory.core.config import ConfigError
-from overstory.core.records import Chunk, Document, JsonlAppender, write_jsonl
+from overstory.core.records import write_jsonl
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
-from overstory.data_pipeline.fanout import SettingsRecord
+from overstory.data_pipeline.orion_index import tag_and_index
 from overstory.models.registry import MINILM
 from overstory.retrieval.orion.strategy import OrionConfig, OrionStrategy
-from overstory.retrieval.orion.tagger import ChunkingConfig, Tagged, Tagger, TaggingConfig, chunk_document
-from overstory.retrieval.orion.tags import CHUNKS_FILE, MASTERS_FILE, DocumentTags, load_tags
+from overstory.retrieval.orion.tagger import ChunkingConfig, TaggingConfig
+from overstory.retrieval.orion.tags import MASTERS_FILE, DocumentTags, load_tags
 from overstory.serving.client import Client
 from overstory.serving.config import RoleConfig, ServeConfig
 from overstory.serving.launch import client_for
-
-CHUNKING_FILE, FAILURES_FILE, REPORT_FILE = "chunking.json", "failures.jsonl", "build.json"
 
 
 @dataclass(frozen=True)
@@ -51,6 +42,7 @@ class OrionTagsConfig:
     out: str = "runs/orion/hotpotqa"
     chunking: ChunkingConfig = field(default_factory=ChunkingConfig)
     tagging: TaggingConfig = field(default_factory=TaggingConfig)
+    max_failure_share: float = 0.0  # the job fails (exit 1) when more of its documents and chunks than this failed
     server_url: str = ""  # empty: start the stack in `serve` for the run
     request_timeout_s: float = 900.0  # per request: tagging replies are short, but a loaded CPU server queues them
     serve: ServeConfig = field(default_factory=lambda: ServeConfig.local(port=0))
@@ -70,74 +62,17 @@ def run(config: OrionTagsConfig) -> dict:
     with ExitStack() as stack:
         tracker = stack.enter_context(start_run(config.tracking, "data orion-tags", config))
         client = stack.enter_context(client_for(config.serve, config.server_url, timeout_s=config.request_timeout_s))
-        report = tag_and_index(documents, client, config.out, config.chunking, config.tagging)
+        report = tag_and_index(documents, client, config.out, config.chunking, config.tagging,
+                               config.max_failure_share)
         tracker.summary({"documents": report["documents"], "chunks": report["chunks"],
                          "llm_calls": report["tagging"]["llm_calls"], "embedded": report["index"]["embedded"]})
     tagging = report["tagging"]
     print(f"orion tags: {report['documents']} documents, {report['chunks']} chunks; tagging {tagging['llm_calls']} "
           f"calls, {tagging['prompt_tokens']} + {tagging['completion_tokens']} tokens, {tagging['seconds']} s "
-          f"({tagging['chunks_fallback']} chunk and {tagging['documents_fallback']} document fallbacks); "
+          f"({tagging['chunks_fallback']} chunk and {tagging['documents_fallback']} document fallbacks, "
+          f"{tagging['failed']} failed, {tagging['chunks_waiting']} chunks waiting for their document); "
           f"{report['index']['embedded']} texts embedded -> {config.out}")
     return report
-
-
-def tag_and_index(documents: Sequence[Document], client: Client, out: str | Path, chunking: ChunkingConfig,
-                  tagging: TaggingConfig) -> dict:
-    """Tag what ``out`` lacks, index every chunk there, write build.json; returns its report."""
-    out = Path(out)
-    check_chunking(out, chunking)
-    chunks = [chunk for document in documents for chunk in chunk_document(document, chunking)]
-    started = time.perf_counter()
-    counts = tag_missing(documents, chunks, client, out, tagging)
-    usage = client.stats.summary().get("generator", {})
-    tagging_cost = {"llm_calls": counts.pop("calls"), "prompt_tokens": usage.get("prompt_tokens", 0),
-                    "completion_tokens": usage.get("completion_tokens", 0),
-                    "seconds": round(time.perf_counter() - started, 2), **counts}
-    started = time.perf_counter()
-    strategy = OrionStrategy.build(client, OrionConfig(tags=str(out)))
-    strategy.save_vectors(out)
-    report = {"documents": len(documents), "chunks": len(chunks), "tagging": tagging_cost,
-              "index": {"chunks": len(strategy.records), "embedded": strategy.embedded,
-                        "seconds": round(time.perf_counter() - started, 2)}}
-    (out / REPORT_FILE).write_text(json.dumps(report, indent=2))
-    return report
-
-
-def check_chunking(out: Path, chunking: ChunkingConfig) -> None:
-    """Record the chunking settings beside the tags; refuse others than those of the tags there (chunk ids number
-    windows, so tags of other windows would land on the wrong text)."""
-    SettingsRecord(out / CHUNKS_FILE, asdict(chunking), out / CHUNKING_FILE)
-
-
-def tag_missing(documents: Sequence[Document], chunks: Sequence[Chunk], client: Client, out: Path,
-                tagging: TaggingConfig) -> dict[str, int]:
-    """Master tags of the documents and paragraph tags of the chunks not yet in ``out``, appended as they come (the
-    documents first: a chunk's path needs its document's tags). Returns the counts by source and the calls made."""
-    tagger = Tagger(client, tagging)
-    counts = {"calls": 0}
-    with ExitStack() as stack, Progress() as progress:
-        masters = stack.enter_context(JsonlAppender(out / MASTERS_FILE))
-        tagged = stack.enter_context(JsonlAppender(out / CHUNKS_FILE))
-        failures = stack.enter_context(JsonlAppender(out / FAILURES_FILE))
-        pool = stack.enter_context(ThreadPoolExecutor(max_workers=tagging.concurrency))
-        for kind, items, done, tag in (("documents", documents, masters, tagger.master),
-                                       ("chunks", chunks, tagged, tagger.paragraph)):
-            todo = [item for item in items if item.id not in done]
-            counts[f"{kind}_skipped_done"] = len(items) - len(todo)
-            counts[f"{kind}_llm"] = counts[f"{kind}_fallback"] = 0
-            task = progress.add_task(f"{kind[:-1]} tags", total=len(todo))
-            for result in pool.map(tag, todo):
-                _write(result, done, failures, counts, kind)
-                progress.advance(task)
-    return counts
-
-
-def _write(result: Tagged, out: JsonlAppender, failures: JsonlAppender, counts: dict[str, int], kind: str) -> None:
-    out.write(result.record)
-    if result.failure is not None:
-        failures.write(result.failure)
-    counts[f"{kind}_{result.record.source}"] += 1
-    counts["calls"] += result.calls
 
 
 # ------------------------------------------------------------------------------------------------------ the edit

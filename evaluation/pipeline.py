@@ -45,7 +45,7 @@ from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
 from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies
 from overstory.data_pipeline.lattice_leaves import tree_leaf_chunks
-from overstory.data_pipeline.orion_tags import tag_and_index
+from overstory.data_pipeline.orion_index import tag_and_index
 from overstory.data_pipeline.qasper import paragraphs_at
 from overstory.evaluation.pipeline_records import StrategyRecords, combined_cost_check
 from overstory.evaluation.plots import plot_quality_vs_cost

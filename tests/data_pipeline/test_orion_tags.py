@@ -12,20 +12,21 @@ import numpy as np
 import pytest
 
 from overstory.core.config import ConfigError, load_config
+from overstory.core.failures import TooManyFailures
 from overstory.core.records import Document, read_jsonl
+from overstory.data_pipeline.fanout import failures_path, settings_path
+from overstory.data_pipeline.orion_index import FALLBACKS_FILE, TAGS_NAME, tag_and_index
 from overstory.data_pipeline.orion_tags import (
-    FAILURES_FILE,
     OrionTagEditConfig,
     OrionTagsConfig,
     apply_edit,
     edited_master,
-    tag_and_index,
     tags_folder,
 )
 from overstory.retrieval.orion.strategy import PROBE, load_vectors
 from overstory.retrieval.orion.tagger import ChunkingConfig, TaggingConfig, chunk_document
 from overstory.retrieval.orion.tags import CHUNKS_FILE, MASTERS_FILE, ChunkTags, DocumentTags, load_tags
-from overstory.serving.client import Client
+from overstory.serving.client import Client, ClientError
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCUMENTS = [
@@ -44,12 +45,13 @@ class KilledRun(KeyboardInterrupt):
 class StandIn:
     """Stands in for the served generator and embedder (the ``Backend`` of serving/client.py): the test kills a run
     after a given number of tagging replies and counts what a rerun asks for, which needs replies on demand, not a
-    model's. Master tags are the title's words; paragraph tags are read off the passage (its first words,
+    model's; and it fails every request whose prompt holds ``down_for``, which a real server does not do on demand.
+Master tags are the title's words; paragraph tags are read off the passage (its first words,
     its first capitalised name); an embedding is the text's
     length and vowel count (distinct enough to tell rows apart). Chat prompts and embedded texts are kept."""
 
-    def __init__(self, kill_after: int | None = None):
-        self.kill_after = kill_after
+    def __init__(self, kill_after: int | None = None, down_for: str = ""):
+        self.kill_after, self.down_for = kill_after, down_for
         self.prompts: list[str] = []
         self.embedded: list[str] = []
 
@@ -63,6 +65,8 @@ class StandIn:
             raise KilledRun()
         prompt = payload["messages"][0]["content"]
         self.prompts.append(prompt)
+        if self.down_for and self.down_for in prompt:  # a request the server never answers (after the retries)
+            raise ClientError(503, "server busy")
         if payload["response_format"]["json_schema"]["name"] == "master_tags":
             title = prompt.split("Title: ")[1].splitlines()[0]
             reply = {"tags": [title, "Geography"]}
@@ -94,6 +98,7 @@ def test_the_config_file_loads_and_bad_values_name_their_key():
         load_config(OrionTagsConfig, ROOT / "configs/data/orion_tags.yaml", ["chunking.chunk_chars=0"])
     with pytest.raises(ConfigError, match="tagging.concurrency"):
         load_config(OrionTagsConfig, ROOT / "configs/data/orion_tags.yaml", ["tagging.concurrency=0"])
+    assert config.max_failure_share == 0.0
 
 
 def test_a_killed_run_resumes_asking_only_for_what_is_missing(tmp_path):
@@ -123,13 +128,41 @@ def test_a_killed_run_resumes_asking_only_for_what_is_missing(tmp_path):
     report = tag_and_index(DOCUMENTS, Client(again), tmp_path, CHUNKING, TAGGING)
     assert again.prompts == [] and again.embedded == [PROBE]  # tags and vectors are all on disk
     assert report["tagging"]["chunks_skipped_done"] == 6 and report["index"]["embedded"] == 0
-    assert not (tmp_path / FAILURES_FILE).read_text()
+    assert not (tmp_path / FALLBACKS_FILE).read_text()
 
 
-def test_other_chunking_settings_are_refused(tmp_path):
+def test_other_chunking_or_tagging_settings_are_refused(tmp_path):
     tag_and_index(DOCUMENTS[:1], Client(StandIn()), tmp_path, CHUNKING, TAGGING)
-    with pytest.raises(ConfigError, match=r"\(chunk_chars differ from .*chunking\.json\)"):
+    assert json.loads(settings_path(tmp_path / TAGS_NAME).read_text())["chunking"]["chunk_chars"] == 40
+    with pytest.raises(ConfigError, match=r"\(chunking\.chunk_chars differ from .*tags\.settings\.json\)"):
         tag_and_index(DOCUMENTS[:1], Client(StandIn()), tmp_path, ChunkingConfig(chunk_chars=41), TAGGING)
+    with pytest.raises(ConfigError, match=r"tagging\.max_master_tags differ"):
+        tag_and_index(DOCUMENTS[:1], Client(StandIn()), tmp_path, CHUNKING, TaggingConfig(max_master_tags=3))
+    tag_and_index(DOCUMENTS[:1], Client(StandIn()), tmp_path, CHUNKING, TaggingConfig(concurrency=3))  # how it runs
+
+
+def test_items_whose_requests_failed_are_listed_not_written_and_tagged_by_the_rerun(tmp_path):
+    """The Nile's master-tag requests fail: the document is listed as failed, its chunks wait for it, nothing is
+    indexed (TooManyFailures); with the failures allowed, the rest is indexed; a rerun tags the Nile and its chunks."""
+    with pytest.raises(TooManyFailures, match=r"orion-tags: 1 of 7 items failed") as failed:
+        tag_and_index(DOCUMENTS, Client(StandIn(down_for="Title: Nile")), tmp_path, CHUNKING, TAGGING)
+    assert failed.value.counts["documents_llm"] == 2 and failed.value.counts["chunks_llm"] == 4
+    (failure,) = read_jsonl(failures_path(tmp_path / TAGS_NAME))
+    assert failure["id"] == "t/nile" and failure["error"] == "2 of 2 requests failed after the client's retries"
+    assert "503: server busy" in failure["raw"] and not (tmp_path / "build.json").exists()
+    assert "t/nile" not in {r["id"] for r in read_jsonl(tmp_path / MASTERS_FILE)}
+    assert not (tmp_path / FALLBACKS_FILE).read_text()  # a failed request is no fallback
+
+    report = tag_and_index(DOCUMENTS, Client(StandIn(down_for="Title: Nile")), tmp_path, CHUNKING, TAGGING,
+                           max_failure_share=1.0)
+    tagging = report["tagging"]
+    assert (tagging["failed"], tagging["chunks_waiting"], tagging["request_failures"]) == (1, 2, 2)
+    assert report["index"]["chunks"] == 4  # Paris's and the Alps' chunks
+
+    backend = StandIn()
+    report = tag_and_index(DOCUMENTS, Client(backend), tmp_path, CHUNKING, TAGGING)
+    assert len(backend.prompts) == 3 and report["tagging"]["failed"] == 0  # the Nile's master tags, its two chunks
+    assert report["index"]["chunks"] == 6 and not failures_path(tmp_path / TAGS_NAME).read_text()
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import xgrammar as xgr
 from overstory.core.config import ConfigError
 from overstory.core.records import Document, Span, read_jsonl, write_jsonl
 from overstory.data_pipeline.corpora import load_corpus
-from overstory.data_pipeline.orion_tags import tag_and_index
+from overstory.data_pipeline.orion_index import tag_and_index
 from overstory.models.registry import MINILM, SMOLLM2, load_tokenizer
 from overstory.retrieval.answer import AnswerConfig
 from overstory.retrieval.metrics import recall_at_k

@@ -1,0 +1,132 @@
+"""Orion-RAG's tagged index of a set of documents, written to a folder: what ``overstory data orion-tags`` runs over a
+corpus and ``eval pipeline`` runs when its Orion strategy has no tags yet.
+
+``tag_and_index`` cuts every document into sliding windows of characters (``chunking``), has the ``generator`` write
+each document's master tags and each chunk's three paragraph tags (``retrieval.orion.tagger.Tagger``), and appends
+them to ``<out>/masters.jsonl`` and ``<out>/chunks.jsonl``. It runs on the fan-out skeleton
+(``data_pipeline/fanout.py``), the documents first, then the chunks of the documents that have their master tags
+(a chunk's semantic path starts with them):
+
+- resume: finished ids are skipped, so a killed run asks only for what is missing; a fallback (no usable tags after
+  ``tagging.max_attempts`` replies) counts as finished, its raw replies kept in ``<out>/fallbacks.jsonl`` (delete its
+  line to ask again);
+- settings: the chunking and tagging settings and the generator the server reports are kept in
+  ``<out>/tags.settings.json``; a rerun with others is refused (chunk ids number windows, so tags of other windows
+  would land on the wrong text);
+- failures: a document or chunk whose requests failed (after the client's retries) would hold fallback tags for
+  replies that never came, so it is not written: it goes to ``<out>/tags.failures.jsonl`` and a rerun tags it again
+  (a failed document's chunks wait for it); more failures than ``max_failure_share`` of the items attempted raise
+  ``TooManyFailures`` before anything is indexed.
+
+Then every chunk there is indexed (``retrieval.orion.strategy.OrionStrategy``), embedding only what
+``<out>/vectors.npz`` lacks, and ``<out>/build.json`` says what tagging spent (LLM calls, failed requests, prompt and
+completion tokens from the server's usage, seconds; a resumed run counts only what it did itself), what failed and
+what indexing embedded.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import TypeVar
+
+from overstory.core.records import Chunk, Document, FailureRecord, JsonlAppender
+from overstory.data_pipeline.fanout import Fanout
+from overstory.retrieval.orion.strategy import OrionConfig, OrionStrategy
+from overstory.retrieval.orion.tagger import ChunkingConfig, Tagged, Tagger, TaggingConfig, chunk_document
+from overstory.retrieval.orion.tags import CHUNKS_FILE, MASTERS_FILE, ChunkTags, DocumentTags
+from overstory.serving.client import Client
+from overstory.serving.launch import served_models
+
+# the fan-out names its settings and failures files after this one: tags.settings.json, tags.failures.jsonl
+TAGS_NAME, FALLBACKS_FILE, REPORT_FILE = "tags.jsonl", "fallbacks.jsonl", "build.json"
+GENERATOR = "generator"  # the role that writes the tags
+
+Item = TypeVar("Item", Document, Chunk)
+
+
+def tag_and_index(documents: Sequence[Document], client: Client, out: str | Path, chunking: ChunkingConfig,
+                  tagging: TaggingConfig, max_failure_share: float = 0.0) -> dict:
+    """Tag what ``out`` lacks, index every chunk there, write build.json; returns its report (see the module
+    docstring). ``TooManyFailures`` when more than ``max_failure_share`` of the items tagged this run failed."""
+    out = Path(out)
+    chunks = [chunk for document in documents for chunk in chunk_document(document, chunking)]
+    started = time.perf_counter()
+    with Fanout("orion-tags", out / CHUNKS_FILE, tags_settings(chunking, tagging), beside=out / TAGS_NAME,
+                concurrency=tagging.concurrency, max_failure_share=max_failure_share) as fanout:
+        skipped, usage = tag_missing(documents, chunks, client, out, tagging, fanout)
+        counts = fanout.finish()
+    fanout.raise_if_failed()
+    tagging_cost = {"llm_calls": usage["requests"], "request_failures": usage["failures"],
+                    "prompt_tokens": usage["prompt_tokens"], "completion_tokens": usage["completion_tokens"],
+                    "seconds": round(time.perf_counter() - started, 2), **skipped, "failed": counts["failed"],
+                    **{f"{kind}_{source}": counts.get(f"{kind}_{source}", 0) for kind in ("documents", "chunks")
+                       for source in ("llm", "fallback")}}
+    started = time.perf_counter()
+    strategy = OrionStrategy.build(client, OrionConfig(tags=str(out)))
+    strategy.save_vectors(out)
+    report = {"documents": len(documents), "chunks": len(chunks), "tagging": tagging_cost,
+              "index": {"chunks": len(strategy.records), "embedded": strategy.embedded,
+                        "seconds": round(time.perf_counter() - started, 2)}}
+    (out / REPORT_FILE).write_text(json.dumps(report, indent=2))
+    return report
+
+
+def tags_settings(chunking: ChunkingConfig, tagging: TaggingConfig) -> dict:
+    """What decides the tags: the chunking (chunk ids number its windows) and the tagging settings, without how many
+    requests run at once."""
+    return {"chunking": asdict(chunking), "tagging": {k: v for k, v in asdict(tagging).items() if k != "concurrency"}}
+
+
+def tag_missing(documents: Sequence[Document], chunks: Sequence[Chunk], client: Client, out: Path,
+                tagging: TaggingConfig, fanout: Fanout) -> tuple[dict[str, int], Counter]:
+    """Master tags of the documents, then paragraph tags of the chunks (of documents with master tags), for those not
+    yet in ``out``, appended as they come (counted in ``fanout`` by kind and source: ``chunks_llm``,
+    ``documents_fallback``...). Returns what was done before or waits for its document, and the generator's usage."""
+    usage: Counter = Counter()
+    with JsonlAppender(out / MASTERS_FILE) as masters, JsonlAppender(out / FALLBACKS_FILE) as fallbacks:
+        todo = fanout.todo(documents, lambda d: d.id, masters.done)
+        if todo or any(c.id not in fanout.out for c in chunks):
+            fanout.record_served(served_models(client, [GENERATOR]))
+
+        def keep_master(record: DocumentTags, kind: str) -> None:
+            masters.write(record)
+            fanout.count(kind)
+
+        _tag(todo, "documents", Tagger.master, keep_master, client, tagging, fanout, fallbacks, usage)
+        ready = [c for c in chunks if c.doc_id in masters]
+        todo_chunks = fanout.todo(ready, lambda c: c.id)
+        _tag(todo_chunks, "chunks", Tagger.paragraph, fanout.write, client, tagging, fanout, fallbacks, usage)
+    return {"documents_skipped_done": len(documents) - len(todo), "chunks_skipped_done": len(ready) - len(todo_chunks),
+            "chunks_waiting": len(chunks) - len(ready)}, usage
+
+
+def _tag(items: Sequence[Item], kind: str, tag: Callable[[Tagger, Item], Tagged],
+         keep: Callable[[DocumentTags | ChunkTags, str], None], client: Client, tagging: TaggingConfig,
+         fanout: Fanout, fallbacks: JsonlAppender, usage: Counter) -> None:
+    """Tag ``items`` on the fan-out's workers, each through a client of its own (a fork, so that its failed requests
+    are told apart), and ``keep`` each tagged record under ``<kind>_<source>``; an item whose tags fell back after a
+    failed request is listed as failed instead."""
+
+    def work(item: Item) -> tuple[Tagged, dict]:
+        own = client.fork()
+        tagged = tag(Tagger(own, tagging, GENERATOR), item)
+        return tagged, own.stats.summary().get(GENERATOR, {})
+
+    def write(item: Item, result: tuple[Tagged, dict]) -> None:
+        tagged, spent = result
+        usage.update({k: spent.get(k, 0) for k in ("requests", "failures", "prompt_tokens", "completion_tokens")})
+        if tagged.failure is not None and spent.get("failures", 0):
+            fanout.fail(item.id, FailureRecord(item.id, "orion-tags", f"{spent['failures']} of {spent['requests']} "
+                                               "requests failed after the client's retries", tagged.failure.raw,
+                                               tagged.calls))
+            return
+        keep(tagged.record, f"{kind}_{tagged.record.source}")
+        if tagged.failure is not None:
+            fallbacks.write(tagged.failure)
+
+    fanout.run(items, lambda item: item.id, work, write, f"{kind[:-1]} tags")
