@@ -105,11 +105,11 @@ def test_contrastive_objective_lowers_its_loss_and_changes_parameters(summaries:
     history = metrics["history"]
     assert metrics["objective"] == "contrastive" and "train_summary" not in history[1]
     fitted, start = _contrastive_on_the_training_split(summaries, out)
-    # measured: 0.165 at the mean-pool start, 0.041, 0.053 and 0.118 after training (three summary runs: the
-    # summaries come from batched greedy generation, whose batches, and so a few tokens, differ from run to run).
-    # The per-epoch train_contrastive is not compared: its batches differ from epoch to epoch and hold one to three
+    # measured: 0.1647 at the mean-pool start, 0.0226 after training (0.14x), the same in two runs: the summaries are
+    # the same every run (the fixture generates them one at a time, so no batch changes a greedy summary). The
+    # per-epoch train_contrastive is not compared: its batches differ from epoch to epoch and hold one to three
     # questions.
-    assert fitted < 0.8 * start
+    assert fitted < 0.5 * start, (fitted, start)
     assert all(row["val_objective"] == row["val_contrastive"] for row in history)
     assert history[0]["val_contrastive"] == pytest.approx(history[0]["mean_pool_contrastive"], rel=1e-4)
     assert history[-1]["val_contrastive"] != history[0]["val_contrastive"]  # the parameters moved
