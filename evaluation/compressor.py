@@ -52,7 +52,7 @@ from overstory.retrieval.index import DenseIndex, chunk_text_for_index
 from overstory.retrieval.metrics import bootstrap_interval, mean, recall_at_k
 from overstory.serving.client import Client
 from overstory.serving.config import RoleConfig, ServeConfig
-from overstory.serving.launch import serve_in_background
+from overstory.serving.launch import client_for, serve_in_background
 
 BASELINES = ("compressor", "mean_pool", "direct_encode", "summarize")
 
@@ -201,7 +201,7 @@ def run(config: EvalCompressorConfig) -> dict:
     results: dict[str, dict] = {}
     with ExitStack() as stack:
         tracker = stack.enter_context(start_run(config.tracking, "eval compressor", config))
-        client = Client.from_url(config.server_url or stack.enter_context(serve_in_background(config.serve)))
+        client = stack.enter_context(client_for(config.serve, config.server_url))
         summary_repairs: Counter[str] = Counter()
         builders = {
             **{name: compress_with(checkpoints[name], kinds[name], data, config.serve, stack) for name in checkpoints},

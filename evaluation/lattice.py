@@ -59,9 +59,8 @@ from overstory.retrieval.lattice.scorers import (
 from overstory.retrieval.lattice.search import SearchConfig, check_reach, search
 from overstory.retrieval.lattice.tree import Tree
 from overstory.retrieval.metrics import bootstrap_interval
-from overstory.serving.client import Client
 from overstory.serving.config import RoleConfig, ServeConfig
-from overstory.serving.launch import stack_in_background
+from overstory.serving.launch import client_for
 
 MEASURES = ("nDCG@10", "R@10", "R@100")
 
@@ -191,11 +190,15 @@ def _scorer_role(config: LatticeEvalConfig, system: SystemConfig) -> RoleConfig:
     return teacher
 
 
-def _slate_scorer(config: LatticeEvalConfig, system: SystemConfig, url, tree: Tree,
+def _slate_scorer(config: LatticeEvalConfig, system: SystemConfig, stack: ExitStack, tree: Tree,
                   gold: dict[str, set[str]]) -> SlateScorer:
+    """The system's slate scorer; a model-backed one gets a client for ``server_url`` or for a scorer stack of its
+    own, open for as long as ``stack`` is."""
     if system.scorer == "oracle":
         return OracleSlateScorer(tree, gold)
-    client = Client.from_url(url, timeout_s=config.request_timeout_s)
+    serve = config.serve if system.server_url else replace(config.serve, port=0,
+                                                           roles={"scorer": _scorer_role(config, system)})
+    client = stack.enter_context(client_for(serve, system.server_url, timeout_s=config.request_timeout_s))
     if system.scorer == "cross_encoder":
         return CrossEncoderSlateScorer(client, concurrency=config.concurrency)
     return LLMSlateScorer(client, max_tokens=config.max_tokens, max_attempts=config.max_attempts,
@@ -299,11 +302,7 @@ def run(config: LatticeEvalConfig) -> dict:
 def _run_search(config: LatticeEvalConfig, system: SystemConfig, tree: Tree, queries, gold):
     settings = replace(config.search, calibration=system.calibration)
     with ExitStack() as stack:
-        url = system.server_url
-        if system.scorer != "oracle" and not url:
-            url = stack.enter_context(stack_in_background(replace(config.serve, port=0,
-                                                                  roles={"scorer": _scorer_role(config, system)})))
-        scorer = _slate_scorer(config, system, url, tree, gold)
+        scorer = _slate_scorer(config, system, stack, tree, gold)
         with Progress() as progress:
             bar = progress.add_task(f"  search iterations ({len(queries)} questions)", total=settings.iterations)
             found = search(tree, queries, scorer, settings,
@@ -344,9 +343,7 @@ def _run_agreement(config: LatticeEvalConfig, system: SystemConfig, tree: Tree, 
     if not slates:
         return {"kendall_tau": None, "top1_agreement": None, "n_slates": 0, "n_tau": 0, "tau_undefined": 0}
     with ExitStack() as stack:
-        url = system.server_url or stack.enter_context(stack_in_background(
-            replace(config.serve, port=0, roles={"scorer": _scorer_role(config, system)})))
-        return agreement(_slate_scorer(config, system, url, tree, gold), slates)
+        return agreement(_slate_scorer(config, system, stack, tree, gold), slates)
 
 
 def markdown_table(report: dict) -> str:

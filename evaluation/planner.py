@@ -77,9 +77,8 @@ from overstory.retrieval.answer import clean_answer
 from overstory.retrieval.judge import CorrectnessConfig, is_correct
 from overstory.retrieval.metrics import recall_at_k
 from overstory.retrieval.smartchunk import FALLBACK_RANGE, DocumentRetrievers, check_fallback_range
-from overstory.serving.client import Client
 from overstory.serving.config import ServeConfig
-from overstory.serving.launch import stack_in_background
+from overstory.serving.launch import client_for
 
 
 @dataclass(frozen=True)
@@ -273,7 +272,7 @@ def run(config: EvalPlannerConfig) -> dict:
         tracker = stack.enter_context(start_run(config.tracking, "eval planner", config))
         answer = None
         if config.qa:
-            client = Client.from_url(config.server_url or stack.enter_context(stack_in_background(config.serve)))
+            client = stack.enter_context(client_for(config.serve, config.server_url))
             retrievers = DocumentRetrievers(chunks, client)
 
             def answer(row: dict, low: str, high: str) -> dict:
