@@ -10,7 +10,7 @@ import pytest
 
 from overstory.core.config import ConfigError
 from overstory.core.failures import TooManyFailures
-from overstory.core.records import read_jsonl
+from overstory.core.records import FailureRecord, read_jsonl
 from overstory.data_pipeline.corpora import CorpusConfig
 from overstory.data_pipeline.fanout import (
     Fanout,
@@ -55,6 +55,25 @@ def test_failed_items_are_listed_counted_and_retried_by_a_rerun(tmp_path: Path) 
         fanout.write({"id": "-1"})
         assert fanout.finish()["resolved"] == 1
     assert [r["id"] for r in read_jsonl(failures_path(out))] == ["-2"]
+
+
+def test_a_failure_resolved_as_an_outcome_kept_elsewhere_leaves_the_failures_file(tmp_path: Path) -> None:
+    """A job that keeps some final outcomes in another file (rejected traces) names their ids to ``todo``: an item
+    that failed once and ends there on the rerun is no longer missing."""
+    out = tmp_path / "double.jsonl"
+    with Fanout("x", out, {}) as fanout:
+        fanout.fail("a", FailureRecord("a", "x", "timed out", "partial reply", 2))
+        fanout.fail("b", "server busy")
+        fanout.finish()
+    assert list(read_jsonl(failures_path(out))) == [
+        {"id": "a", "job": "x", "error": "timed out", "raw": "partial reply", "attempts": 2},
+        {"id": "b", "job": "x", "error": "server busy", "raw": "", "attempts": 1}]
+    rejected: set[str] = set()
+    with Fanout("x", out, {}) as fanout:
+        assert fanout.todo(["a", "b"], str, rejected) == ["a", "b"]
+        rejected.add("a")  # the rerun's outcome for a: rejected, kept elsewhere
+        assert fanout.finish()["resolved"] == 1
+    assert [r["id"] for r in read_jsonl(failures_path(out))] == ["b"]
 
 
 def test_the_failure_share_is_of_the_items_attempted(tmp_path: Path) -> None:
