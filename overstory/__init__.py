@@ -9,6 +9,7 @@ mapped into this package by ``[tool.setuptools.package-dir]`` in ``pyproject.tom
     overstory.serving        serving/         engine, OpenAI-compatible server, vLLM stacks, client
     overstory.retrieval      retrieval/       the runtime: indexes and retrieval strategies
     overstory.evaluation     evaluation/      the harness over every strategy, jobs over checkpoints, tables
+    overstory.bench          bench/           benchmarks: serving, generation, load, training throughput
 
 So ``overstory.training`` is the folder ``training/``, not ``overstory/training/``. This folder holds only
 ``core`` (configs, tracking, records: the ground every part uses) and the top that uses everything: ``cli``,

@@ -110,15 +110,15 @@ JOBS: dict[tuple[str, str], tuple[str, str, str, str]] = {
         "planner checkpoints: accuracy vs labels and gold levels, format, length, speed, SmartChunk QA; --compare",
     ),
     ("bench", "serve"): (
-        "overstory.serving.bench", "ServeBenchConfig", "run",
+        "overstory.bench.serve", "ServeBenchConfig", "run",
         "requests/s and latency percentiles per serving engine (in-process, embedded, vLLM), load phase",
     ),
     ("bench", "generate"): (
-        "overstory.serving.bench_generate", "GenerateBenchConfig", "run",
+        "overstory.bench.generate", "GenerateBenchConfig", "run",
         "batched generation tokens/s of one chat model per setting (dtype, device, batch limits) and concurrency",
     ),
     ("bench", "train"): (
-        "overstory.training.bench", "TrainBenchConfig", "run",
+        "overstory.bench.train", "TrainBenchConfig", "run",
         "training samples/s and peak memory per recipe, one process against DDP and DeepSpeed launchers",
     ),
     ("quickstart", ""): (

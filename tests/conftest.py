@@ -165,3 +165,20 @@ def llm_student(lattice_oracle_traces: Path, tmp_path_factory) -> Path:
     return distill(lattice_oracle_traces, tmp_path_factory.mktemp("llm_student") / "llm", "distill_scorer_llm.yaml",
                    "train.max_steps=2", "train.batch_size=2", "max_candidate_chars=120", "train.max_length=1024",
                    "train.logging_steps=1")
+
+
+@pytest.fixture(scope="session")
+def summaries(tmp_path_factory) -> Path:
+    """SmolLM2 summaries of 30 HotpotQA paragraphs (the compressors' training data and the training bench's).
+
+    Generated one request at a time (``concurrency=1``): greedy decoding of a batch depends on what else is in the
+    batch (padding changes the floating-point sums), so concurrent requests gave summaries, and training targets,
+    that differed from run to run; alone, each prompt's greedy summary is the same every run."""
+    from overstory.cli import main
+
+    out = tmp_path_factory.mktemp("summaries") / "hotpotqa.jsonl"
+    code = main(["data", "summaries", "--config", str(ROOT / "configs/data/summaries.yaml"), f"out={out}",
+                 "corpus.kind=hotpotqa", f"corpus.path={ROOT / 'data/hotpotqa'}", "levels=[paragraph]",
+                 "limit=30", "max_summary_tokens=24", "concurrency=1", "tracking.backend=none"])
+    assert code == 0
+    return out

@@ -5,9 +5,8 @@ Shared by the packaging, layering and doctest tests, so all three look at the sa
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import tomllib
+from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -8,7 +8,8 @@ From the bottom up, a module may import its own part and any part below it, neve
     serving         the engines, the server and the client: the only way the layers above reach a model
     retrieval       the runtime, plus the answer judging and metrics both data jobs and evaluations use
     data_pipeline   the data jobs, which retrieve and answer to label
-    training | evaluation   side by side: an evaluation reads checkpoints, never a recipe's code
+    training | evaluation | bench   side by side: an evaluation reads checkpoints, never a recipe's code; a
+                    benchmark runs recipes as commands, never imports them
     top             overstory.cli, overstory.jobs, overstory.quickstart: may use everything, used by nothing
 
 Imports inside functions count too (a lazy import is still a dependency), except under ``if TYPE_CHECKING:``.
@@ -23,10 +24,10 @@ import pytest
 from tests.packages import module_files
 
 LAYERS = [("core",), ("models",), ("serving",), ("retrieval",), ("data_pipeline",),
-          ("training", "evaluation"), ("top",)]
+          ("training", "evaluation", "bench"), ("top",)]
 RANK = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}
 # the training modules that are recipes (a job of their own): none of them imports another
-RECIPES = {"compressor", "text_compressor", "planner_sft", "planner_grpo", "stitch", "bench", "verl.export"}
+RECIPES = {"compressor", "text_compressor", "planner_sft", "planner_grpo", "stitch", "verl.export"}
 
 
 def part_of(module: str) -> str | None:

@@ -7,9 +7,9 @@ added to pyproject.toml without `make lock` would be missing from a fresh instal
 from __future__ import annotations
 
 import re
+import tomllib
 from importlib import metadata
 
-import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from overstory.bench.generate import GenerateBenchConfig
 from overstory.cli import main
 from overstory.core.config import ConfigError, load_config
-from overstory.serving.bench_generate import GenerateBenchConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -28,11 +28,11 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from overstory.bench.serve import level_prompts, load_questions, measure
 from overstory.core.config import ConfigError, to_dict
 from overstory.core.plots import plt, save_figure
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.models.registry import SMOLLM2
-from overstory.serving.bench import level_prompts, load_questions, measure
 from overstory.serving.config import RoleConfig, ServeConfig
 from overstory.serving.engine import EmbeddedEngine
 from overstory.serving.in_process import in_process_client

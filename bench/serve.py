@@ -31,6 +31,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from overstory.bench.load import mixed_load
 from overstory.core.config import ConfigError, to_dict
 from overstory.core.plots import plt, save_figure
 from overstory.core.tracking import TrackingConfig, start_run
@@ -39,7 +40,6 @@ from overstory.serving.config import ServeConfig
 from overstory.serving.engine import EmbeddedEngine
 from overstory.serving.in_process import in_process_client
 from overstory.serving.launch import serve_in_background, vllm_stack
-from overstory.serving.load_test import mixed_load
 from overstory.serving.operations import resolve_api_key
 from overstory.serving.ports import free_port
 
@@ -56,7 +56,7 @@ class ServeBenchConfig:
     max_tokens: int = 32
     questions: str = "data/squad/dev-v2.0-articles.json"  # SQuAD (or HotpotQA questions.json): 950 distinct questions
     out: str = "runs/bench/serve"
-    # bounded load phase on every HTTP engine (serving/load_test.py): this many mixed requests at
+    # bounded load phase on every HTTP engine (bench/load.py): this many mixed requests at
     # load_concurrency (0: no load phase), stopped after load_time_limit_s seconds if not done by then
     load_requests: int = 0
     load_concurrency: int = 8

@@ -1,4 +1,4 @@
-"""The bounded mixed load test (serving/load_test.py) against a stand-in for the model server.
+"""The bounded mixed load test (bench/load.py) against a stand-in for the model server.
 
 The stand-in is a small FastAPI app that answers the OpenAI routes the load test uses (chat, streamed chat,
 completions, embeddings, /v1/rerank, /health) with well-formed bodies and refuses every malformed case with a
@@ -22,8 +22,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
 
-from overstory.serving.launch import serve_in_background
-from overstory.serving.load_test import (
+from overstory.bench.load import (
     DEFAULT_WEIGHTS,
     MALFORMED,
     Planned,
@@ -34,6 +33,7 @@ from overstory.serving.load_test import (
     mixed_load,
     plan_requests,
 )
+from overstory.serving.launch import serve_in_background
 
 ROLES = {"generator": "chat", "embedder": "embedding", "scorer": "cross-encoder"}
 

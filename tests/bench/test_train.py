@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from overstory.bench.train import TrainBenchConfig
 from overstory.cli import main
 from overstory.core.config import ConfigError, load_config
-from overstory.training.bench import TrainBenchConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
