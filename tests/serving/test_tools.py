@@ -388,8 +388,7 @@ def test_smollm2_reply_to_a_tool_prompt_parses(smollm2: tuple) -> None:
         out = model.generate(**inputs, max_new_tokens=64, do_sample=False, pad_token_id=tokenizer.pad_token_id)
     text = tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
     reply = parse_reply(text, [WEATHER], False)
-    assert reply.tool_calls or reply.content, text
-    for call in reply.tool_calls:
-        assert call_of(reply, reply.tool_calls.index(call))[0] == "get_weather"
-    if not reply.tool_calls:
-        assert reply.content == text
+    # greedy SmolLM2-135M answers this prompt in prose ("The weather in Paris is a mix of ..."), not with a call:
+    # under tool_choice auto the parser must keep such a reply whole as content, with nothing counted malformed
+    assert text.startswith("The weather in Paris")
+    assert reply == ParsedReply(text, [], 0)
