@@ -323,13 +323,9 @@ def _recorder(metrics: ServerMetrics, model: str) -> Callable[[GenerationResult]
     return record
 
 
-def create_app(engine: EmbeddedEngine) -> FastAPI:
-    """The OpenAI-compatible app over a loaded engine (whoever loaded the engine closes it)."""
-    app = FastAPI(title="overstory embedded server", version="0.1.0")
-    # the key check goes in first so that the metrics middleware, outside it, counts refused requests too
-    install_api_key(app, resolve_api_key(engine.config.api_key))
-    metrics = install_metrics(app)
-    engine.watch_queues(metrics.set_queue)
+def install_error_handlers(app: FastAPI) -> None:
+    """Every error in OpenAI's shape: our refusals, unknown paths and methods, invalid bodies, and anything unexpected
+    (a 500 whose traceback goes to the server log, never to the client)."""
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, exc: ApiError) -> JSONResponse:
@@ -351,6 +347,16 @@ def create_app(engine: EmbeddedEngine) -> FastAPI:
     async def unexpected(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error while serving a request")
         return _error(500, f"internal error ({exc.__class__.__name__}); see the server log", "server_error")
+
+
+def create_app(engine: EmbeddedEngine) -> FastAPI:
+    """The OpenAI-compatible app over a loaded engine (whoever loaded the engine closes it)."""
+    app = FastAPI(title="overstory embedded server", version="0.1.0")
+    # the key check goes in first so that the metrics middleware, outside it, counts refused requests too
+    install_api_key(app, resolve_api_key(engine.config.api_key))
+    metrics = install_metrics(app)
+    engine.watch_queues(metrics.set_queue)
+    install_error_handlers(app)
 
     @app.get("/health")
     def health() -> dict[str, Any]:
