@@ -3,9 +3,9 @@ corpus and ``eval pipeline`` runs when its Orion strategy has no tags yet.
 
 ``tag_and_index`` cuts every document into sliding windows of characters (``chunking``), has the ``generator`` write
 each document's master tags and each chunk's three paragraph tags (``retrieval.orion.tagger.Tagger``), and appends
-them to ``<out>/masters.jsonl`` and ``<out>/chunks.jsonl``. It runs on the fan-out skeleton
-(``data_pipeline/fanout.py``), the documents first, then the chunks of the documents that have their master tags
-(a chunk's semantic path starts with them):
+them to ``<out>/masters.jsonl`` and ``<out>/chunks.jsonl`` (put in the corpus's order once tagging ends, whatever
+order the requests finished in). It runs on the fan-out skeleton (``data_pipeline/fanout.py``), the documents first,
+then the chunks of the documents that have their master tags (a chunk's semantic path starts with them):
 
 - resume: finished ids are skipped, so a killed run asks only for what is missing; a fallback (no usable tags after
   ``tagging.max_attempts`` replies) counts as finished, its raw replies kept in ``<out>/fallbacks.jsonl`` (delete its
@@ -34,7 +34,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TypeVar
 
-from overstory.core.records import Chunk, Document, FailureRecord, JsonlAppender
+from overstory.core.records import Chunk, Document, FailureRecord, JsonlAppender, read_jsonl, write_jsonl
 from overstory.data_pipeline.fanout import Fanout
 from overstory.retrieval.orion.strategy import OrionConfig, OrionStrategy
 from overstory.retrieval.orion.tagger import ChunkingConfig, Tagged, Tagger, TaggingConfig, chunk_document
@@ -61,6 +61,8 @@ def tag_and_index(documents: Sequence[Document], client: Client, out: str | Path
         skipped, usage = tag_missing(documents, chunks, client, out, tagging, fanout)
         counts = fanout.finish()
     fanout.raise_if_failed()
+    in_given_order(out / MASTERS_FILE, [d.id for d in documents])
+    in_given_order(out / CHUNKS_FILE, [c.id for c in chunks])
     tagging_cost = {"llm_calls": usage["requests"], "request_failures": usage["failures"],
                     "prompt_tokens": usage["prompt_tokens"], "completion_tokens": usage["completion_tokens"],
                     "seconds": round(time.perf_counter() - started, 2), **skipped, "failed": counts["failed"],
@@ -74,6 +76,17 @@ def tag_and_index(documents: Sequence[Document], client: Client, out: str | Path
                         "seconds": round(time.perf_counter() - started, 2)}}
     (out / REPORT_FILE).write_text(json.dumps(report, indent=2))
     return report
+
+
+def in_given_order(path: Path, ids: Sequence[str]) -> None:
+    """Rewrite ``path`` (atomically) with its records in the order of ``ids`` (others after them, as they were), when
+    they are not: tags are appended as they finish, and the index's order, which breaks its score ties, should not
+    depend on which request finished first."""
+    records = list(read_jsonl(path))
+    position = {record_id: i for i, record_id in enumerate(ids)}
+    ordered = sorted(records, key=lambda r: position.get(r["id"], len(position)))
+    if ordered != records:
+        write_jsonl(path, ordered)
 
 
 def tags_settings(chunking: ChunkingConfig, tagging: TaggingConfig) -> dict:

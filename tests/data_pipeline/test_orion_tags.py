@@ -6,6 +6,7 @@ tests/retrieval/test_orion.py.)"""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -45,13 +46,14 @@ class KilledRun(KeyboardInterrupt):
 class StandIn:
     """Stands in for the served generator and embedder (the ``Backend`` of serving/client.py): the test kills a run
     after a given number of tagging replies and counts what a rerun asks for, which needs replies on demand, not a
-    model's; and it fails every request whose prompt holds ``down_for``, which a real server does not do on demand.
+    model's; it fails every request whose prompt holds ``down_for``, and answers the one that holds ``hold[0]`` only
+once a record is in the file ``hold[1]``, which a real server does not do on demand.
 Master tags are the title's words; paragraph tags are read off the passage (its first words,
     its first capitalised name); an embedding is the text's
     length and vowel count (distinct enough to tell rows apart). Chat prompts and embedded texts are kept."""
 
-    def __init__(self, kill_after: int | None = None, down_for: str = ""):
-        self.kill_after, self.down_for = kill_after, down_for
+    def __init__(self, kill_after: int | None = None, down_for: str = "", hold: tuple[str, Path] | None = None):
+        self.kill_after, self.down_for, self.hold = kill_after, down_for, hold
         self.prompts: list[str] = []
         self.embedded: list[str] = []
 
@@ -67,6 +69,10 @@ Master tags are the title's words; paragraph tags are read off the passage (its 
         self.prompts.append(prompt)
         if self.down_for and self.down_for in prompt:  # a request the server never answers (after the retries)
             raise ClientError(503, "server busy")
+        if self.hold and self.hold[0] in prompt:  # answered only once another document's tags are on disk
+            deadline = time.monotonic() + 30
+            while len(self.hold[1].read_text().splitlines()) < 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
         if payload["response_format"]["json_schema"]["name"] == "master_tags":
             title = prompt.split("Title: ")[1].splitlines()[0]
             reply = {"tags": [title, "Geography"]}
@@ -129,6 +135,14 @@ def test_a_killed_run_resumes_asking_only_for_what_is_missing(tmp_path):
     assert again.prompts == [] and again.embedded == [PROBE]  # tags and vectors are all on disk
     assert report["tagging"]["chunks_skipped_done"] == 6 and report["index"]["embedded"] == 0
     assert not (tmp_path / FALLBACKS_FILE).read_text()
+
+
+def test_the_tags_are_kept_in_the_corpus_order_whichever_request_finishes_first(tmp_path):
+    backend = StandIn(hold=("Title: Paris", tmp_path / MASTERS_FILE))  # Paris's master tags come after the others'
+    tag_and_index(DOCUMENTS, Client(backend), tmp_path, CHUNKING, TaggingConfig(concurrency=3))
+    assert [r["id"] for r in read_jsonl(tmp_path / MASTERS_FILE)] == [d.id for d in DOCUMENTS]
+    assert [r["id"] for r in read_jsonl(tmp_path / CHUNKS_FILE)] == [c.id for d in DOCUMENTS
+                                                                    for c in chunk_document(d, CHUNKING)]
 
 
 def test_other_chunking_or_tagging_settings_are_refused(tmp_path):
