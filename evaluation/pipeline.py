@@ -7,6 +7,12 @@ search with the served scorer), ``arag`` (A-RAG's tool-calling agent), ``fable``
 document trees) and ``orion`` (Orion-RAG's tag paths, weighted RRF and pruning); FABLE and Orion-RAG read the
 output of their index jobs (``fable_forest``, ``orion.tags``) or build it here.
 
+Document scope: QASPER, NarrativeQA and SQuAD ask each question about one given document (a paper, a story, an
+article), and every strategy then retrieves from that document only (``Strategy.answer``'s ``scope``); HotpotQA's
+questions are posed over the open corpus. ``scope: auto`` follows the dataset (``CorpusConfig.document_scoped``),
+``scope: corpus`` searches the whole corpus for every question (open-corpus QASPER: a harder variant, named so in
+the table and in metrics.json), ``scope: document`` insists on the question's document.
+
 Each strategy is built once over the corpus (its index cost is recorded apart), then answers every question
 through a client of its own for that question (``Client.fork``), so the calls and tokens it spent are counted per
 question and per role from the servers' ``usage``. Per strategy the report gives exact match, token F1,
@@ -75,6 +81,9 @@ from overstory.serving.config import ServeConfig
 from overstory.serving.launch import stack_in_background
 
 STRATEGIES = ("naive", "smartchunk", "lattice", "arag", "fable", "orion")
+# where each question is searched: auto = the dataset's own setting, document = the question's document only,
+# corpus = every document (the open corpus)
+SCOPES = ("auto", "document", "corpus")
 # the shipped samples by name (`--data hotpotqa`); the `corpus` section names any other copy (../shared/data)
 DATASETS: dict[str, CorpusConfig] = {
     "hotpotqa": CorpusConfig("hotpotqa", "data/hotpotqa"),
@@ -115,6 +124,10 @@ class PipelineEvalConfig:
     orion_chunking: ChunkingConfig = field(default_factory=ChunkingConfig)
     orion_tagging: TaggingConfig = field(default_factory=TaggingConfig)
     recall_k: int = 5
+    # auto: each question searched within its own document where the dataset poses it so (squad, qasper,
+    # narrativeqa), over the whole corpus otherwise (hotpotqa); document / corpus: force one (corpus on qasper is
+    # open-corpus QASPER, a harder variant)
+    scope: str = "auto"
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     concurrency: int = 2  # questions answered at once (each strategy's own calls may fan out further)
     resume: bool = True  # keep the answers already in <out>/predictions (same settings); false: answer them again
@@ -134,6 +147,12 @@ class PipelineEvalConfig:
         if "lattice" in self.names and not self.lattice.tree:
             raise ConfigError("lattice.tree: the lattice strategy needs a tree from `overstory data lattice-tree` "
                               "over the same corpus")
+        if self.scope not in SCOPES:
+            raise ConfigError(f"scope: {self.scope!r} is not a scope; choose from {', '.join(SCOPES)} (auto: the "
+                              "question's document where the dataset has one, else the whole corpus)")
+        if self.scope == "document" and not self.dataset.document_scoped:
+            raise ConfigError(f"scope: document needs questions that are each about one document (squad, qasper, "
+                              f"narrativeqa); {self.dataset.kind}'s are posed over the open corpus: use scope=auto")
         if self.limit_questions < 0 or self.recall_k < 1 or self.concurrency < 1 or self.request_timeout_s <= 0:
             raise ConfigError("limit_questions must be >= 0, recall_k and concurrency >= 1, request_timeout_s > 0")
 
@@ -149,11 +168,48 @@ class PipelineEvalConfig:
             return self.corpus
         return replace(DATASETS[self.data], limit_docs=self.corpus.limit_docs)
 
+    @property
+    def scope_mode(self) -> str:
+        """Where questions are searched: ``document`` (each within its own document) or ``corpus`` (everywhere)."""
+        if self.scope == "auto":
+            return "document" if self.dataset.document_scoped else "corpus"
+        return self.scope
+
 
 def select_questions(questions: Sequence[QAExample], limit: int, skip_unanswerable: bool) -> list[QAExample]:
     """The first ``limit`` questions (0: all), leaving out those without a reference answer when asked to."""
     kept = [q for q in questions if q.answers or not skip_unanswerable]
     return kept[:limit] if limit else kept
+
+
+def question_scope(question: QAExample, mode: str) -> list[str] | None:
+    """The documents a question is searched in: its own (``metadata["doc_id"]``, which the loaders of
+    document-scoped datasets set) under the ``document`` mode, None (the whole corpus) under ``corpus``.
+
+    >>> q = QAExample("q1", "Which dataset?", ["SQuAD"], [], "qasper", {"doc_id": "qasper/1"})
+    >>> question_scope(q, "document"), question_scope(q, "corpus")
+    (['qasper/1'], None)
+    """
+    if mode == "corpus":
+        return None
+    if not question.metadata.get("doc_id"):
+        raise ConfigError(f"scope: question {question.id} names no document (metadata doc_id), so it cannot be "
+                          "searched within its document; use scope=corpus")
+    return [question.metadata["doc_id"]]
+
+
+def scope_title(report: dict) -> str:
+    """What the table's questions were searched in, for its title.
+
+    >>> scope_title({"dataset": "qasper", "scope": "corpus", "n_documents": 6})
+    'qasper, open corpus: every question searched over all 6 documents'
+    >>> scope_title({"dataset": "qasper", "scope": "document", "n_documents": 6})
+    'qasper, document scope: each question searched within its own document (of 6)'
+    """
+    if report["scope"] == "document":
+        return f"{report['dataset']}, document scope: each question searched within its own document " \
+               f"(of {report['n_documents']})"
+    return f"{report['dataset']}, open corpus: every question searched over all {report['n_documents']} documents"
 
 
 def build_strategy(name: str, config: PipelineEvalConfig, documents: Sequence[Document], chunks: Sequence[Chunk],
@@ -180,13 +236,15 @@ def build_strategy(name: str, config: PipelineEvalConfig, documents: Sequence[Do
                            config.lattice, config.answer)
 
 
-def answer_question(strategy: Strategy, question: QAExample, client: Client, recall_k: int) -> dict:
-    """One question through one strategy on a client of its own: the answer, its scores and what it cost."""
+def answer_question(strategy: Strategy, question: QAExample, client: Client, recall_k: int,
+                    scope: Sequence[str] | None = None) -> dict:
+    """One question through one strategy on a client of its own, searched in the documents ``scope`` names (None:
+    the whole corpus): the answer, its scores and what it cost."""
     own = client.fork()
     started = time.perf_counter()
     try:
-        result = strategy.answer(question.question, own)
-    except RequestRefused:  # the server refuses what every question asks (a 4xx): the run stops, naming it
+        result = strategy.answer(question.question, own, scope=scope)
+    except (RequestRefused, ConfigError):  # every question would fail alike (a 4xx, a tree of another corpus)
         raise
     except Exception as exc:  # a strategy bug must not lose the question: it is recorded, with the error
         result = StrategyAnswer("", "", failure="strategy_error", failure_detail=f"{type(exc).__name__}: {exc}")
@@ -196,7 +254,7 @@ def answer_question(strategy: Strategy, question: QAExample, client: Client, rec
              for role, s in own.stats.summary().items()}
     return {
         "id": question.id, "question": question.question, "answers": question.answers,
-        "prediction": result.prediction, "raw": result.raw,
+        "scope": list(scope) if scope is not None else None, "prediction": result.prediction, "raw": result.raw,
         "failure": result.failure, "failure_detail": result.failure_detail,
         "evidence": [c.id for c in result.evidence],
         f"recall@{recall_k}": recall_at_k(result.evidence, question.evidence, recall_k),
@@ -337,7 +395,8 @@ def run_strategy(name: str, strategy: Strategy, questions: Sequence[QAExample], 
     before = client.server_token_totals()
 
     def one(question: QAExample) -> dict:
-        record = answer_question(strategy, question, client, config.recall_k)
+        record = answer_question(strategy, question, client, config.recall_k,
+                                 question_scope(question, config.scope_mode))
         records.append(record)
         progress.advance(task)
         return record
@@ -354,10 +413,12 @@ def run_strategy(name: str, strategy: Strategy, questions: Sequence[QAExample], 
 
 def strategy_settings(name: str, config: PipelineEvalConfig, checkpoints: dict) -> dict:
     """What decides a strategy's answers; records made under other settings are not resumed. A running server's
-    address is left out (its port changes between runs; its served names stay)."""
+    address is left out (its port changes between runs; its served names stay). The scope is recorded when it is
+    the question's document: records without it were searched over the open corpus."""
     own = {"fable": ("fable", "fable_forest"), "orion": ("orion", "orion_chunking", "orion_tagging")}.get(name, (name,))
     full = to_dict(config)
-    return {"dataset": to_dict(config.dataset), "skip_unanswerable": config.skip_unanswerable,
+    scope = {"scope": "document"} if config.scope_mode == "document" else {}
+    return {"dataset": to_dict(config.dataset), **scope, "skip_unanswerable": config.skip_unanswerable,
             **{key: full[key] for key in ("hierarchy", "answer", "recall_k", *own)},
             "checkpoints": {key: value for key, value in checkpoints.items() if key != "server_url"}}
 
@@ -409,7 +470,8 @@ def markdown_table(report: dict) -> str:
             return "-"
         return f"{value:.3f} [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else f"{value:.3f}"
 
-    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    lines = [f"{scope_title(report)}\n"] if "scope" in report else []
+    lines += ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for name, row in report["strategies"].items():
         lines.append("| " + " | ".join([
             name, *(cell(row, key) for key in (*QUALITY, f"recall@{k}", "judge")), f"{row['llm_calls']:g}",
@@ -465,9 +527,12 @@ def run(config: PipelineEvalConfig) -> dict:
     questions = select_questions(questions, config.limit_questions, config.skip_unanswerable)
     if not questions:
         raise ConfigError(f"corpus {corpus.path} has no questions to evaluate")
+    for question in questions:  # a question without its document is refused before any strategy is built
+        question_scope(question, config.scope_mode)
     chunks = build_hierarchies(documents, config.hierarchy)
-    report: dict = {"dataset": corpus.kind, "corpus": to_dict(corpus), "n_questions": len(questions),
-                    "n_documents": len(documents), "recall_k": config.recall_k, "strategies": {}}
+    report: dict = {"dataset": corpus.kind, "corpus": to_dict(corpus), "scope": config.scope_mode,
+                    "n_questions": len(questions), "n_documents": len(documents), "recall_k": config.recall_k,
+                    "strategies": {}}
     with ExitStack() as stack, Progress() as progress:
         tracker = stack.enter_context(start_run(config.tracking, "eval pipeline", config))
         url = config.server_url or stack.enter_context(stack_in_background(replace(config.serve, port=0)))
@@ -487,13 +552,14 @@ def run(config: PipelineEvalConfig) -> dict:
     sanity = report.get("judge_sanity")
     judge_works = sanity is not None and sanity["reference_accepted"] == sanity["asked"]
     quality = "judge" if judge_works else "contains_match"  # a judge that refuses the reference plots nothing
+    label = f"{corpus.kind}, open corpus" if corpus.document_scoped and config.scope_mode == "corpus" else corpus.kind
     (out / "metrics.json").write_text(json.dumps({"config": to_dict(config), **report}, indent=2))
     (out / "table.md").write_text(markdown_table(report))
     plot_quality_vs_cost(report["strategies"], out / "quality_vs_cost.png", quality=quality, cost="generator_tokens",
                          cost_label="tokens given to the generator per question",
-                         title=f"{corpus.kind}: answer quality against generator tokens per question")
+                         title=f"{label}: answer quality against generator tokens per question")
     plot_quality_vs_cost(report["strategies"], out / "quality_vs_seconds.png", quality=quality,
-                         title=f"{corpus.kind}: answer quality against seconds per question")
+                         title=f"{label}: answer quality against seconds per question")
     print(markdown_table(report))
     print(f"-> {out / 'metrics.json'}, {out / 'table.md'}, {out / 'quality_vs_cost.png'}")
     return report

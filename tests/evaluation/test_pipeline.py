@@ -117,9 +117,10 @@ def test_the_strategies_that_build_llm_indexes_run_in_the_harness(tmp_path: Path
 
 
 def test_qasper_prediction_format_and_a_rerun_answers_only_new_questions(tmp_path: Path, capsys) -> None:
-    """The first run answers one question; the second, asked for two, keeps it and answers one more (a killed run
-    resumes the same way); a third with another answer setting is refused, naming the key."""
-    qasper = ("--strategies", "naive", "--data", "qasper", "corpus.limit_docs=1")
+    """Over the six shipped QASPER papers, each question searched in its own paper (the dataset's scope): the first
+    run answers one question; the second, asked for two, keeps it and answers one more (a killed run resumes the
+    same way); a third with another answer setting, or over the open corpus, is refused, naming the key."""
+    qasper = ("--strategies", "naive", "--data", "qasper")
     _run(tmp_path, *qasper, "limit_questions=1")
     first = (tmp_path / "predictions" / "naive.jsonl").read_text()
     report = _run(tmp_path, *qasper, "limit_questions=2")
@@ -128,19 +129,40 @@ def test_qasper_prediction_format_and_a_rerun_answers_only_new_questions(tmp_pat
     runs = [json.loads(line) for line in (tmp_path / "predictions" / "naive.runs.jsonl").read_text().splitlines()]
     assert [len(run["question_ids"]) for run in runs] == [1, 1]
     row = report["strategies"]["naive"]
+    assert report["scope"] == "document" and report["n_documents"] == 6
+    assert (tmp_path / "table.md").read_text().startswith(
+        "qasper, document scope: each question searched within its own document (of 6)\n")
     assert row["n_questions"] == 2 and row["usage_total"]["generator"]["calls"] == 2
     assert row["costs_add_up"] == {"match": True, "questions_checked": 2, "questions": 2, "runs": 2}
     lines = [json.loads(line) for line in (tmp_path / "qasper" / "naive.jsonl").read_text().splitlines()]
     paper = load_corpus(CorpusConfig("qasper", "data/qasper/dev.json", limit_docs=1))[0][0]
     paragraphs = {paper.text[a:b] for a, b in paper.metadata["paragraph_spans"]}
     assert [line["question_id"] for line in lines] == [r["id"] for r in records]
+    # both questions are about the first paper, and every chunk they read is that paper's
+    assert all(r["scope"] == [paper.id] and r["evidence"] for r in records)
+    assert all(doc_id == paper.id for r in records for doc_id, _, _ in r["evidence_spans"])
     for line in lines:
         assert set(line) == {"question_id", "predicted_answer", "predicted_evidence"}
         assert isinstance(line["predicted_answer"], str) and line["predicted_evidence"]
         assert all(text in paragraphs for text in line["predicted_evidence"])  # verbatim, as the evaluator matches
-    assert main(["eval", "pipeline", "--config", CONFIG, f"out={tmp_path}", "tracking.backend=none", *qasper,
-                 "answer.max_tokens=8"]) == 2
-    assert "answer.max_tokens differ" in capsys.readouterr().err
+    for changed, key in (("answer.max_tokens=8", "answer.max_tokens"), ("scope=corpus", "scope")):
+        assert main(["eval", "pipeline", "--config", CONFIG, f"out={tmp_path}", "tracking.backend=none", *qasper,
+                     "limit_questions=2", changed]) == 2
+        assert f"{key} differ" in capsys.readouterr().err
+
+
+def test_open_corpus_qasper_searches_every_paper_and_says_so(tmp_path: Path) -> None:
+    """scope=corpus: the first paper's two questions searched over all six papers read other papers' paragraphs too
+    (the generic "Which dataset do they evaluate on?" does), and the table and metrics.json name the variant."""
+    report = _run(tmp_path, "--strategies", "naive", "--data", "qasper", "scope=corpus", "limit_questions=2")
+    assert report["scope"] == "corpus" and report["config"]["scope"] == "corpus"
+    assert (tmp_path / "table.md").read_text().startswith(
+        "qasper, open corpus: every question searched over all 6 documents\n")
+    records = [json.loads(line) for line in (tmp_path / "predictions" / "naive.jsonl").open()]
+    assert "Which dataset do they evaluate on?" in [r["question"] for r in records]
+    assert all(r["scope"] is None for r in records)
+    assert len({doc_id for r in records for doc_id, _, _ in r["evidence_spans"]}) > 1
+    assert "scope" not in json.loads((tmp_path / "predictions" / "naive.settings.json").read_text())
 
 
 def _record(failure: str = "", **details) -> dict:
@@ -237,7 +259,8 @@ def test_a_judge_that_refuses_the_reference_itself_is_flagged() -> None:
 
 @pytest.mark.parametrize("override, key", [("strategies=naive,graphrag", "strategies"), ("data=msmarco", "data"),
                                            ("strategies=lattice", "lattice.tree"), ("recall_k=0", "recall_k"),
-                                           ("naive.k=0", "naive.k")])
+                                           ("naive.k=0", "naive.k"), ("scope=paper", "scope: 'paper' is not a scope"),
+                                           ("scope=document", "scope: document needs questions that are each")])
 def test_bad_config_names_the_key(override: str, key: str, tmp_path: Path, capsys) -> None:
     assert main(["eval", "pipeline", "--config", CONFIG, f"out={tmp_path}", override]) == 2
     assert key in capsys.readouterr().err

@@ -179,6 +179,22 @@ def test_read_chunk_notices_neighbours_and_unknown_ids(hierarchy):
     assert unknown.text.count("does not exist") == 2
 
 
+def test_a_scoped_question_sees_its_documents_chunks_only(strategy):
+    """Scoped to the cities document, the agent's keyword search for Nile and Paris finds the cities chunk alone,
+    the Nile chunk it then asks for is refused, and its evidence is the cities chunk; the semantic search of a
+    mountains-scoped question ranks the mountains chunk alone (its sentence is second best over the corpus)."""
+    backend = StandIn(called(("keyword_search", {"keywords": ["Nile", "Paris"]})),
+                      called(("read_chunk", {"chunk_ids": [0, 2]})), said("Paris"))
+    answer = strategy.answer("Which river is the longest?", Client(backend), scope=["t/cities"])
+    assert answer.failure == "" and [c.doc_id for c in answer.evidence] == ["t/cities"]
+    found, read = (m["content"] for m in backend.chats[-1]["messages"] if m["role"] == "tool")
+    assert found.startswith("Chunk 2 (Cities)") and "Chunk 0" not in found
+    assert "Chunk 0 is not in the document this question is about." in read and answer.details["chunks_read"] == [2]
+    assert strategy.semantic_search(QUERY, Client(StandIn()), top_k=2, scope=["t/mountains"]).chunk_ids == [1]
+    assert strategy.semantic_search(QUERY, Client(StandIn()), top_k=2).chunk_ids == [0, 1]
+    assert strategy.keyword_search(["Nile", "Paris"], scope=["t/apples"]).chunk_ids == []
+
+
 @pytest.mark.parametrize("name, arguments, expected, kinds", [
     ("read_chunk", {"chunk_ids": [1, "2", "chunk 3"]}, {"chunk_ids": [1, 2, 3]}, []),
     ("read_chunk", {"chunk_ids": "[1, 2]"}, {"chunk_ids": [1, 2]}, ["not_a_list"]),

@@ -484,6 +484,21 @@ def test_a_question_longer_than_the_limit_is_cut_everywhere(strategy):
     assert with_config(strategy).answer(QUESTION, Client(StandIn())).details["question_truncated"] is False
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_a_scoped_question_is_retrieved_from_its_documents_trees_only(strategy, mode):
+    """The river question scoped to the cities document: every path (vector, LLM selection, TreeExpansion) sees the
+    cities tree alone, so no river node comes back although the rivers document matches best; unscoped, it does."""
+    backend = StandIn()
+    answer = with_config(strategy, mode=mode).answer(QUESTION, Client(backend), scope=["t/cities"])
+    assert answer.failure == "" and answer.evidence and {c.doc_id for c in answer.evidence} == {"t/cities"}
+    assert answer.details["documents"] == ["t/cities"] and answer.details["vector_documents"] == ["t/cities"]
+    assert all("Rivers" not in prompt and "Alps" not in prompt for prompt in backend.prompts("selection"))
+    opened = with_config(strategy, mode=mode).answer(QUESTION, Client(StandIn()))
+    assert "t/rivers" in {c.doc_id for c in opened.evidence}
+    with pytest.raises(ConfigError, match="fable_forest has no tree of t/none"):
+        strategy.answer(QUESTION, Client(StandIn()), scope=["t/none"])
+
+
 def test_a_corpus_of_one_document():
     backend = StandIn()
     one = FableStrategy.build(DOCUMENTS[1:2], hierarchy_of(DOCUMENTS[1]), Client(backend))

@@ -84,9 +84,43 @@ def test_faiss_backend_matches_numpy(hotpot, embed, indexes) -> None:
         [[h.chunk.id for h in r] for r in indexes["dense"].search(queries, 5)]
 
 
-def test_bm25_query_of_unseen_words_scores_zero(indexes) -> None:
+@pytest.mark.parametrize("kind", ["dense", "bm25", "hybrid"])
+def test_a_scoped_search_ranks_only_the_scopes_chunks_as_the_corpus_search_does(indexes, hotpot, kind: str) -> None:
+    """A question's document scope (here its two gold paragraphs and ten others): the hits are the scope's chunks
+    only; for dense and BM25 they are the corpus ranking with the other documents left out (same scores, same
+    order); a scope the index does not hold finds nothing, and no scope searches everything."""
+    chunks, questions = hotpot
+    index = indexes[kind]
+    others = [c.doc_id for c in chunks[:10]]
+    for question in questions[:8]:
+        scope = [*question.gold_doc_ids, *others]
+        in_scope = {c.doc_id for c in chunks} & set(scope)
+        scoped = index.search([question.question], 5, doc_ids=scope)[0]
+        assert len(scoped) == 5 and {h.chunk.doc_id for h in scoped} <= in_scope
+        if kind == "hybrid":
+            continue
+        corpus = [h for h in index.search([question.question], len(chunks))[0] if h.chunk.doc_id in in_scope][:5]
+        np.testing.assert_allclose([h.score for h in scoped], [h.score for h in corpus], rtol=1e-5)
+        if kind == "dense":
+            assert [h.chunk.id for h in scoped] == [h.chunk.id for h in corpus]
+    assert index.search([questions[0].question], 5, doc_ids=["hotpotqa/no-such-page"]) == [[]]
+    assert len(index.search([questions[0].question], 5, doc_ids=None)[0]) == 5
+
+
+def test_a_scoped_faiss_search_matches_numpy(hotpot, embed, indexes) -> None:
+    chunks, questions = hotpot
+    faiss_index = DenseIndex(chunks, indexes["dense"].embeddings, embed, backend="faiss")
+    scope = [c.doc_id for c in chunks[::7]]
+    queries = [q.question for q in questions[:8]]
+    assert [[h.chunk.id for h in r] for r in faiss_index.search(queries, 5, doc_ids=scope)] == \
+        [[h.chunk.id for h in r] for r in indexes["dense"].search(queries, 5, doc_ids=scope)]
+
+
+def test_bm25_query_of_unseen_words_scores_zero(indexes, hotpot) -> None:
     hits = indexes["bm25"].search(["qwxzy vvbnm"], 3)[0]
     assert len(hits) == 3 and all(h.score == 0.0 for h in hits)
+    scoped = indexes["bm25"].search(["qwxzy vvbnm"], 3, doc_ids=[hotpot[0][4].doc_id])[0]
+    assert [(h.chunk.id, h.score) for h in scoped] == [(hotpot[0][4].id, 0.0)]
 
 
 def test_errors(hotpot, tmp_path: Path) -> None:

@@ -66,3 +66,22 @@ def test_insert_then_round_trip(tmp_path):
         Tree.load(tmp_path / "other.json")
     with pytest.raises(FileNotFoundError, match="lattice-tree"):
         Tree.load(tmp_path / "missing.json")
+
+
+def test_a_tree_cut_to_a_document_scope():
+    """Cut to doc-l1 and doc-l3: b (one leaf left) hands l3 up to the root, a keeps l1 alone and hands it up too;
+    cut to doc-l2 alone the root keeps its one leaf; a scope of one cluster's documents makes that cluster the root.
+    The cut trees are valid and the original is untouched."""
+    tree = small_tree()
+    tree.meta["method"] = "hand-built"
+    cut = tree.restricted(["doc-l1", "doc-l3"])
+    cut.validate(expected_leaves={"l1", "l3"})
+    assert (cut.root, cut.nodes["root"].children, cut.depth("l3")) == ("root", ["l1", "l3"], 1)
+    assert cut.meta == {"method": "hand-built", "scope": ["doc-l1", "doc-l3"]}
+    one = tree.restricted({"doc-l2"})
+    assert (one.root, one.nodes["root"].children) == ("root", ["l2"])
+    physics = tree.restricted(["doc-l1", "doc-l2"])
+    assert physics.root == "a" and [n.id for n in physics.leaves()] == ["l1", "l2"] and physics.depth("l2") == 1
+    assert tree.restricted(["doc-l9"]) is None
+    tree.validate(max_branching=2, expected_leaves={"l1", "l2", "l3"})
+    assert tree.nodes["root"].children == ["a", "b"] and tree.parent("l3") == "b"

@@ -320,6 +320,21 @@ def test_a_question_is_rewritten_fused_pruned_and_answered_per_sub_query(tags):
     assert prompt.endswith("Question: What is the capital of France?\nAnswer:")
 
 
+def test_a_scoped_question_searches_its_documents_chunks_only(tags):
+    """Scoped to the Nile document, the capital-of-France question gets the Nile chunk from all three indexes (the
+    Paris chunk matches best, and wins unscoped); the pruning and the answer see nothing else."""
+    backend = StandIn(prune_and_answer)
+    strategy = build(tags)
+    answer = strategy.answer("What is the capital of France?", Client(backend), scope=["t/nile"])
+    assert answer.failure == "" and [c.id for c in answer.evidence] == ["t/nile#w0"]
+    assert answer.details["fused"] == [["t/nile#w0"]] * 3  # the question and its two rewrites
+    assert all("Paris is the capital" not in passage(p) for p in backend.chats if schema_name(p) == "pruned")
+    opened = strategy.answer("What is the capital of France?", Client(StandIn(prune_and_answer)))
+    assert opened.evidence[0].id == "t/paris#w0" and len(opened.evidence) == 2
+    with pytest.raises(ConfigError, match="orion.tags has no document t/none"):
+        strategy.answer("What is the capital of France?", Client(StandIn(prune_and_answer)), scope=["t/none"])
+
+
 def test_an_unusable_rewrite_leaves_the_question_alone(tags):
     def replies(payload):
         return "capital, France" if schema_name(payload) == "sub_queries" else prune_and_answer(payload)
