@@ -196,8 +196,17 @@ class Refused:
 
     name = "refused"
 
-    def answer(self, question, client):
+    def answer(self, question, client, scope=None):
         raise RequestRefused("slate scores", ClientError(404, "no role 'scorer'"))
+
+
+class OtherCorpus:
+    """A strategy whose index lacks the question's document (a LATTICE tree built over another corpus)."""
+
+    name = "other-corpus"
+
+    def answer(self, question, client, scope=None):
+        raise ConfigError(f"lattice.tree has no leaf of the document(s) {', '.join(scope)}")
 
 
 class Broken:
@@ -205,14 +214,16 @@ class Broken:
 
     name = "broken"
 
-    def answer(self, question, client):
+    def answer(self, question, client, scope=None):
         raise KeyError("chunk 7")
 
 
-def test_a_refused_request_stops_the_run_and_a_strategy_bug_is_recorded() -> None:
+def test_a_refused_request_or_a_setup_error_stops_the_run_and_a_strategy_bug_is_recorded() -> None:
     question = QAExample("q1", "Who?", ["Ada"], [], "stand-in")
     with pytest.raises(RequestRefused, match="HTTP 404"):
         answer_question(Refused(), question, Client(SaysNo()), 5)
+    with pytest.raises(ConfigError, match="no leaf of the document.s. qasper/p"):  # every question would fail alike
+        answer_question(OtherCorpus(), question, Client(SaysNo()), 5, scope=["qasper/p"])
     record = answer_question(Broken(), question, Client(SaysNo()), 5)
     assert (record["failure"], record["failure_detail"]) == ("strategy_error", "KeyError: 'chunk 7'")
 
