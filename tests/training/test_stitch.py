@@ -235,10 +235,11 @@ def test_a_kill_between_the_adapter_and_the_state_applies_no_step_twice(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Step 2 is killed after its adapter and optimizers are written and before its state: the rerun resumes after
     step 1 (the folder a rerun reads never holds step 2's adapter beside step 1's state) and applies step 2 once,
-    giving exactly the adapter the killed attempt had computed (the RNG state is saved with the step)."""
+    giving exactly the adapter the killed attempt had computed (the RNG state is saved with the step). A length limit
+    no plan fits in (4 tokens) leaves every question unsolved, so each step injects SFT and moves the adapter."""
     out = tmp_path / "stitch"
-    labels = _one_solvable_one_not(planner_labels, sft_planner / "final", tmp_path / "labels", 96, limit=72)
-    args = _stitch_args(labels, sft_planner, planner_traces, out)
+    args = [*_stitch_args(planner_labels, sft_planner, planner_traces, out), "stitch.questions_per_step=1",
+            "stitch.num_generations=2", "rewards.max_completion_tokens=4"]
     assert main([*args, "stitch.steps=1"]) == 0
     step_1 = load_file(out / "last" / "adapter_model.safetensors")
 
@@ -256,7 +257,7 @@ def test_a_kill_between_the_adapter_and_the_state_applies_no_step_twice(
     assert [r["step"] for r in _log(out)] == [1]
 
     assert main([*args, "stitch.steps=2"]) == 0
-    assert [r["step"] for r in _log(out)] == [1, 2]
+    assert [r["step"] for r in _log(out)] == [1, 2] and all(r["sft_injection"] for r in _log(out))
     resumed = load_file(out / "last" / "adapter_model.safetensors")
     assert all(torch.equal(resumed[k], killed_step_2[k]) for k in resumed)  # step 2 applied once, from step 1
     assert not (out / "last.tmp").exists() and not (out / "last.old").exists()
