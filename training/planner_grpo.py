@@ -27,9 +27,8 @@ from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.planner_examples import PlannerDataConfig, planner_rows
 from overstory.models.registry import SMOLLM2, load_lm_checkpoint
 from overstory.retrieval.judge import CorrectnessConfig
-from overstory.serving.client import Client
 from overstory.serving.config import ServeConfig
-from overstory.serving.launch import stack_in_background
+from overstory.serving.launch import client_for
 from overstory.training.callbacks import StopOnNonFiniteLoss, TrackingCallback
 from overstory.training.common import LoraSettings, lora_config, newest_checkpoint, save_final
 from overstory.training.planner_common import GrpoSettings, RewardSettings, build_rewards, grpo_args, make_qa_judge
@@ -63,7 +62,7 @@ def run(config: PlannerGrpoConfig) -> dict:
     with ExitStack() as stack:
         judge = None
         if config.rewards.qa:
-            client = Client.from_url(config.server_url or stack.enter_context(stack_in_background(config.serve)))
+            client = stack.enter_context(client_for(config.serve, config.server_url))
             judge = make_qa_judge(train_rows, chunks, client, config.correctness, config.rewards.k)
         reward_funcs, weights = build_rewards(config.rewards, judge)
         args = grpo_args(config.train, out / "checkpoints", weights)

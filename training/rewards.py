@@ -29,6 +29,7 @@ from typing import Any
 
 from overstory.core.records import LEVELS
 from overstory.models.planner import Plan, parse_plan, strict_plan_valid
+from overstory.retrieval.strategy import transient as transient_client_error
 from overstory.serving.client import ClientError
 
 
@@ -164,14 +165,16 @@ class QARewardError(RuntimeError):
 
 def transient(exc: BaseException) -> bool:
     """Whether a failure of R_QA's backend is worth no more than a missing reward: timeouts, dropped connections,
-    transport errors (``ClientError.status == 0``) and server errors left after the client's retries (5xx).
+    and the client errors every strategy treats as transient (``retrieval.strategy.transient``: transport errors,
+    408, 429, and server errors left after the client's retries).
 
     >>> [transient(e) for e in (TimeoutError(), ConnectionError(), ClientError(0, "refused"), ClientError(503, "busy"),
-    ...                         ClientError(404, "no role"), ClientError(400, "bad"), RuntimeError("bug"))]
-    [True, True, True, True, False, False, False]
+    ...                         ClientError(429, "slow down"), ClientError(404, "no role"), ClientError(400, "bad"),
+    ...                         RuntimeError("bug"))]
+    [True, True, True, True, True, False, False, False]
     """
     if isinstance(exc, ClientError):
-        return exc.status == 0 or exc.status >= 500
+        return transient_client_error(exc)
     return isinstance(exc, (TimeoutError, ConnectionError))
 
 

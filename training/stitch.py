@@ -56,9 +56,8 @@ from overstory.data_pipeline.planner_examples import PlannerDataConfig, planner_
 from overstory.models.planner import normalise_level, parse_plan, strict_plan_valid
 from overstory.models.registry import SMOLLM2, load_lm_checkpoint
 from overstory.retrieval.judge import CorrectnessConfig
-from overstory.serving.client import Client
 from overstory.serving.config import ServeConfig
-from overstory.serving.launch import stack_in_background
+from overstory.serving.launch import client_for
 from overstory.training import checkpoint_state
 from overstory.training.common import LoraSettings, lora_config, write_manifest
 from overstory.training.distributed import process_group_backend, world_size
@@ -481,7 +480,7 @@ def run(config: StitchConfig) -> dict:
     with ExitStack() as stack:  # R_QA's stack, when rewards.qa is on: stopped when training ends or fails
         judge = None
         if config.rewards.qa:
-            client = Client.from_url(config.server_url or stack.enter_context(stack_in_background(config.serve)))
+            client = stack.enter_context(client_for(config.serve, config.server_url))
             judge = make_qa_judge(rows, chunks, client, config.correctness, config.rewards.k)
         rewards = build_rewards(config.rewards, judge)
 
