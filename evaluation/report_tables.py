@@ -1,6 +1,6 @@
-"""Markdown tables from the metrics files the jobs write, so the README's figures can be regenerated.
+"""Markdown tables from the metrics files the jobs write, so the results page's figures can be regenerated.
 
-The README marks each generated table with the file it comes from and the command that wrote it:
+docs/results.md marks each generated table with the file it comes from:
 
     <!-- table: planner runs/eval/planner/metrics.json -->
     ...the table...
@@ -8,7 +8,7 @@ The README marks each generated table with the file it comes from and the comman
 
 ``render_readme`` replaces what lies between the markers with a fresh rendering of that file, and leaves a
 table alone when its file does not exist here (a figure measured on another machine stays until rerun).
-``python scripts/render_readme_tables.py`` applies it to README.md; ``--check`` only reports stale tables.
+``python scripts/render_results.py`` applies it to docs/results.md; ``--check`` only reports stale tables.
 """
 
 from __future__ import annotations

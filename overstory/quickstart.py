@@ -104,8 +104,8 @@ class PlannerStageConfig:
 
     corpus: str = "squad"
     # many questions tried once each (the template teacher turns every correct one into a trace) rather than
-    # few questions with retries; the stage shows the recipe end to end in a few minutes (the planner pipeline in the
-    # README trains on hundreds of labels)
+    # few questions with retries; the stage shows the recipe end to end in a few minutes (the planner pipeline of
+    # docs/data.md, scripts/planner_gold_pipeline.sh, trains on hundreds of labels)
     questions: int = 30
     max_attempts: int = 1
     label_k: int = 3  # chunks retrieved per labelling attempt (the job's default is 5): shorter prompts on CPU

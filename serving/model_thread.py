@@ -9,9 +9,9 @@ keeps its allocations in one arena, and serialises them, as the lock it replaces
 core for one batch). The chat models have their own worker thread already (``batching.Batcher``).
 
 The handler threads still allocate (requests, tokenisation, JSON), so the serving process also caps glibc's arenas
-(``limit_malloc_arenas``, ``ServeConfig.malloc_arena_max``): with that at 2 the 1,000-request mixed load of the
-README grew 94 MiB from its first to its last quarter (66 MiB with ``MALLOC_ARENA_MAX=2`` set before the process
-started), against 123 MiB with glibc's default.
+(``limit_malloc_arenas``, ``ServeConfig.malloc_arena_max``): with that at 2 the 1,000-request mixed load of
+docs/results.md (Serving) grew 94 MiB from its first to its last quarter (66 MiB with ``MALLOC_ARENA_MAX=2`` set
+before the process started), against 123 MiB with glibc's default.
 """
 
 from __future__ import annotations
