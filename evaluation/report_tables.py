@@ -6,7 +6,7 @@ docs/results.md marks each generated table with the file it comes from:
     ...the table...
     <!-- /table -->
 
-``render_readme`` replaces what lies between the markers with a fresh rendering of that file, and leaves a
+``render_results_page`` replaces what lies between the markers with a fresh rendering of that file, and leaves a
 table alone when its file does not exist here (a figure measured on another machine stays until rerun).
 ``python scripts/render_results.py`` applies it to docs/results.md; ``--check`` only reports stale tables.
 """
@@ -243,7 +243,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
 }
 
 
-def render_readme(text: str, root: str | Path = ".") -> tuple[str, list[str]]:
+def render_results_page(text: str, root: str | Path = ".") -> tuple[str, list[str]]:
     """(the README with every table whose file exists re-rendered, a line per table saying what happened)."""
     notes = []
 

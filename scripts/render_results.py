@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from overstory.evaluation.report_tables import render_readme
+from overstory.evaluation.report_tables import render_results_page
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,7 +27,7 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="report stale tables, change nothing")
     args = parser.parse_args()
     text = args.page.read_text()
-    rendered, notes = render_readme(text, args.root)
+    rendered, notes = render_results_page(text, args.root)
     print("\n".join(notes) or f"no generated tables in {args.page}")
     if args.check:
         return int(rendered != text)

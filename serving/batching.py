@@ -5,7 +5,7 @@ requests stop arriving (a short quiet gap, capped), groups the oldest request wi
 sampling settings (greedy with greedy; sampled with the same temperature, top-p, top-k and min-p; a seeded
 request alone, so its seed reproduces), and runs them as one left-padded ``model.generate``, the prompts'
 common prefix prefilled once for all rows. Requests that arrive during a generation join the next batch.
-Measured before choosing (issue 12, SmolLM2-135M on 2 CPU cores, 8 greedy 16-token requests): one
+Measured before choosing (SmolLM2-135M on 2 CPU cores, 8 greedy 16-token requests): one
 left-padded ``generate`` took 3.4 s against 7.8 s one by one, while transformers' continuous batching
 (``generate_batch``, paged eager attention) took 13.2 s on CPU; static batches around ``generate`` win here.
 
@@ -247,7 +247,7 @@ class Batcher:
     until none has arrived for ``window_s``, ``max_wait_s`` has passed or the queue fills a batch: clients that
     send together reach the server spread over tens of milliseconds (the HTTP server parses them one by one: 32
     concurrent SmolLM2 requests arrived over 80-150 ms with gaps up to 19 ms), and a fixed 5 ms window caught 1-5
-    of them, leaving the rest to wait for that small batch (issue 12). ``running`` and ``waiting`` (rows) feed
+    of them, leaving the rest to wait for that small batch. ``running`` and ``waiting`` (rows) feed
     the server's queue-depth gauges."""
 
     def __init__(self, model, tokenizer, max_batch_size: int = 32, max_batch_tokens: int = 4096,

@@ -10,7 +10,7 @@ from overstory.evaluation.report_tables import (
     planner_by_dataset_table,
     planner_table,
     quickstart_table,
-    render_readme,
+    render_results_page,
 )
 
 
@@ -22,13 +22,13 @@ def test_render_replaces_only_marked_tables_whose_file_exists(tmp_path: Path) ->
         "planner": {"skipped": "no correct answer", "seconds": 301.0}}, "total_seconds": 320.0}))
     readme = ("intro\n<!-- table: quickstart q/report.json -->\nold table\n<!-- /table -->\nmiddle\n"
               "<!-- table: planner missing/metrics.json -->\nkept table\n<!-- /table -->\nend\n")
-    rendered, notes = render_readme(readme, tmp_path)
+    rendered, notes = render_results_page(readme, tmp_path)
     assert ("| retrieval | 12 | squad, 9 questions: bm25 recall@5 0.500 |\n| planner | 301 | no correct answer |\n"
             "| total | 320 |  |\n<!-- /table -->") in rendered
     assert "old table" not in rendered and "kept table" in rendered
     assert rendered.startswith("intro\n") and "\nmiddle\n" in rendered and rendered.endswith("end\n")
     assert notes == ["rendered quickstart from q/report.json", "kept planner: missing/metrics.json not found"]
-    again, notes = render_readme(rendered, tmp_path)
+    again, notes = render_results_page(rendered, tmp_path)
     assert again == rendered and notes[0].startswith("unchanged")
 
 

@@ -64,7 +64,7 @@ def test_qa_reward_through_the_real_retrieval_and_generator_stack(sft_planner: P
     """One GRPO step with R_QA: the job starts its own embedded stack (port 0, built-in SmolLM2 generator and
     MiniLM embedder); the SFT adapter writes plans, so R_QA retrieves over their ranges and asks the generator.
     Near-greedy rollouts (temperature 0.3, as the STITCH test's): at 1.0 neither rollout of the one prompt held a
-    plan in a fresh-clone CI run (session 20); on that run's fixture, seed 0 gives no plan at 1.0 (seed 1 does) and
+    plan in a fresh-clone CI run; on that run's fixture, seed 0 gives no plan at 1.0 (seed 1 does) and
     every rollout is a plan at 0.3 with seeds 0, 1 and 2."""
     out = tmp_path / "grpo-qa"
     assert _grpo(planner_labels, out, f"model={sft_planner / 'final'}", "train.max_steps=1", "train.batch_size=2",
