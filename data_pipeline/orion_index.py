@@ -122,12 +122,13 @@ def _tag(items: Sequence[Item], kind: str, tag: Callable[[Tagger, Item], Tagged]
          keep: Callable[[DocumentTags | ChunkTags, str], None], client: Client, tagging: TaggingConfig,
          fanout: Fanout, fallbacks: JsonlAppender, usage: Counter) -> None:
     """Tag ``items`` on the fan-out's workers, each through a client of its own (a fork, so that its failed requests
-    are told apart), and ``keep`` each tagged record under ``<kind>_<source>``; an item whose tags fell back after a
-    failed request is listed as failed instead."""
+    are told apart; its usage is then added back to ``client``), and ``keep`` each tagged record under
+    ``<kind>_<source>``; an item whose tags fell back after a failed request is listed as failed instead."""
 
     def work(item: Item) -> tuple[Tagged, dict]:
         own = client.fork()
         tagged = tag(Tagger(own, tagging, GENERATOR), item)
+        client.stats.absorb(own.stats)  # the caller's client still counts the tagging (the harness's index cost)
         return tagged, own.stats.summary().get(GENERATOR, {})
 
     def write(item: Item, result: tuple[Tagged, dict]) -> None:

@@ -30,6 +30,9 @@ class RagEvalConfig:
     corpus: CorpusConfig = field(default_factory=lambda: DATASETS["hotpotqa"])
     limit_questions: int = 0  # 0 = all
     skip_unanswerable: bool = True
+    # auto: each question searched in its own document where the dataset asks about one (QASPER, NarrativeQA,
+    # SQuAD), the whole corpus for HotpotQA; corpus: always the whole corpus; document: always the question's own
+    scope: str = "auto"
     hierarchy: HierarchyConfig = field(default_factory=HierarchyConfig)
     naive: NaiveConfig = field(default_factory=NaiveConfig)
     answer: AnswerConfig = field(default_factory=AnswerConfig)
@@ -49,7 +52,8 @@ class RagEvalConfig:
         """The harness's config for this run: the naive strategy, these settings, every other section unused."""
         return PipelineEvalConfig(
             strategies="naive", data=self.data, corpus=self.corpus, limit_questions=self.limit_questions,
-            skip_unanswerable=self.skip_unanswerable, hierarchy=self.hierarchy, answer=self.answer, naive=self.naive,
+            skip_unanswerable=self.skip_unanswerable, scope=self.scope, hierarchy=self.hierarchy, answer=self.answer,
+            naive=self.naive,
             recall_k=self.recall_k, concurrency=self.concurrency, resume=self.resume,
             request_timeout_s=self.request_timeout_s, server_url=self.server_url, serve=self.serve, out=self.out,
             tracking=self.tracking)

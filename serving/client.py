@@ -85,6 +85,22 @@ class UsageStats:
                 stats.prompt_tokens += usage.get("prompt_tokens", 0)
                 stats.completion_tokens += usage.get("completion_tokens", 0)
 
+    def absorb(self, other: UsageStats) -> None:
+        """Add what ``other`` counted (a forked client's accounting) to this one, so that work spread over forks is
+        still counted by the client they were forked from."""
+        with other._lock:
+            theirs = {role: RoleStats(s.requests, s.failures, s.retries, s.prompt_tokens, s.completion_tokens,
+                                      list(s.latencies_s)) for role, s in other.roles.items()}
+        with self._lock:
+            for role, add in theirs.items():
+                mine = self.roles.setdefault(role, RoleStats())
+                mine.requests += add.requests
+                mine.failures += add.failures
+                mine.retries += add.retries
+                mine.prompt_tokens += add.prompt_tokens
+                mine.completion_tokens += add.completion_tokens
+                mine.latencies_s.extend(add.latencies_s)
+
     def summary(self) -> dict[str, dict[str, float]]:
         with self._lock:
             return {role: {

@@ -36,6 +36,10 @@ def test_eval_rag_is_the_pipeline_with_the_naive_strategy() -> None:
     assert pipeline.limit_questions == 4 and pipeline.out == config.out and pipeline.dataset.kind == "hotpotqa"
     with pytest.raises(ConfigError, match="data: 'msmarco' is not a shipped sample"):
         load_config(RagEvalConfig, CONFIG, ["data=msmarco"])
+    assert pipeline.scope == "auto" and load_config(RagEvalConfig, CONFIG, ["data=squad", "scope=corpus"]).pipeline(
+        ).scope == "corpus"  # open-corpus SQuAD, the harder variant, by name
+    with pytest.raises(ConfigError, match="scope"):  # HotpotQA has no question document to insist on
+        load_config(RagEvalConfig, CONFIG, ["scope=document"])
 
 
 @pytest.mark.slow

@@ -148,3 +148,18 @@ def test_accounting_is_thread_safe(flaky) -> None:
     stats = client.stats.summary()["fast"]
     assert stats["requests"] == 40 and stats["prompt_tokens"] == 120 and stats["completion_tokens"] == 40
     assert 0 < stats["latency_p50_s"] <= stats["latency_p95_s"] <= stats["latency_total_s"]
+
+
+def test_a_forks_usage_absorbed_by_its_parent_adds_up() -> None:
+    parent = Client.from_url("http://127.0.0.1:1/v1")
+    parent.stats.record("generator", 0.5, {"prompt_tokens": 10, "completion_tokens": 2}, retries=0, failed=False)
+    fork = parent.fork()
+    fork.stats.record("generator", 1.5, {"prompt_tokens": 7, "completion_tokens": 3}, retries=1, failed=True)
+    fork.stats.record("scorer", 0.25, None, retries=0, failed=False)
+    assert parent.stats.summary()["generator"]["requests"] == 1  # a fork counts apart until absorbed
+    parent.stats.absorb(fork.stats)
+    summary = parent.stats.summary()
+    assert {k: summary["generator"][k] for k in ("requests", "failures", "retries", "prompt_tokens",
+                                                 "completion_tokens", "latency_total_s")} == {
+        "requests": 2, "failures": 1, "retries": 1, "prompt_tokens": 17, "completion_tokens": 5, "latency_total_s": 2.0}
+    assert summary["scorer"]["requests"] == 1 and fork.stats.summary()["generator"]["requests"] == 1
