@@ -46,6 +46,7 @@ from pathlib import Path
 from rich.progress import Progress
 
 from overstory.core.config import ConfigError, to_dict
+from overstory.core.failures import check_failure_share, raise_if_too_many
 from overstory.core.records import Chunk, Document, QAExample, write_jsonl
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
@@ -78,9 +79,12 @@ from overstory.retrieval.smartchunk import SmartChunkConfig, SmartChunkStrategy
 from overstory.retrieval.strategy import RequestRefused, Strategy, StrategyAnswer
 from overstory.serving.client import Client
 from overstory.serving.config import ServeConfig
-from overstory.serving.launch import stack_in_background
+from overstory.serving.launch import client_for
 
 STRATEGIES = ("naive", "smartchunk", "lattice", "arag", "fable", "orion")
+# Questions the harness could not get answered: the requests failed after the client's retries, or the strategy
+# raised. Replies a strategy could not use (no_answer, no_tool_call, budget_exhausted, ...) are measurements.
+RUN_FAILURES = ("request_failed", "strategy_error")
 # where each question is searched: auto = the dataset's own setting, document = the question's document only,
 # corpus = every document (the open corpus)
 SCOPES = ("auto", "document", "corpus")
@@ -132,6 +136,9 @@ class PipelineEvalConfig:
     concurrency: int = 2  # questions answered at once (each strategy's own calls may fan out further)
     resume: bool = True  # keep the answers already in <out>/predictions (same settings); false: answer them again
     request_timeout_s: float = 600.0
+    # the run exits 1 (after writing its tables) when more than this share of its questions went unanswered for the
+    # harness's reasons (RUN_FAILURES); replies a strategy could not use are its figures, not failures of the run
+    max_failure_share: float = 0.0
     server_url: str = ""  # a running stack; empty starts `serve` in the background
     serve: ServeConfig = field(default_factory=lambda: ServeConfig.local(port=0))
     out: str = "runs/eval/pipeline"
@@ -153,6 +160,7 @@ class PipelineEvalConfig:
         if self.scope == "document" and not self.dataset.document_scoped:
             raise ConfigError(f"scope: document needs questions that are each about one document (squad, qasper, "
                               f"narrativeqa); {self.dataset.kind}'s are posed over the open corpus: use scope=auto")
+        check_failure_share(self.max_failure_share)
         if self.limit_questions < 0 or self.recall_k < 1 or self.concurrency < 1 or self.request_timeout_s <= 0:
             raise ConfigError("limit_questions must be >= 0, recall_k and concurrency >= 1, request_timeout_s > 0")
 
@@ -535,8 +543,8 @@ def run(config: PipelineEvalConfig) -> dict:
                     "strategies": {}}
     with ExitStack() as stack, Progress() as progress:
         tracker = stack.enter_context(start_run(config.tracking, "eval pipeline", config))
-        url = config.server_url or stack.enter_context(stack_in_background(replace(config.serve, port=0)))
-        client = Client.from_url(url, timeout_s=config.request_timeout_s)
+        client = stack.enter_context(client_for(replace(config.serve, port=0), config.server_url,
+                                                timeout_s=config.request_timeout_s))
         report["checkpoints"] = _recorded_checkpoints(config, client)
         if config.judge.enabled:
             report["judge_sanity"] = judge_sanity(questions, client, config.judge)
@@ -562,4 +570,23 @@ def run(config: PipelineEvalConfig) -> dict:
                          title=f"{label}: answer quality against seconds per question")
     print(markdown_table(report))
     print(f"-> {out / 'metrics.json'}, {out / 'table.md'}, {out / 'quality_vs_cost.png'}")
+    raise_if_run_failed(report, config.max_failure_share, out / "predictions")
     return report
+
+
+def raise_if_run_failed(report: dict, max_failure_share: float, predictions: Path) -> None:
+    """``TooManyFailures`` when more than ``max_failure_share`` of the questions, over every strategy, failed for
+    one of ``RUN_FAILURES`` (the records in ``predictions`` keep them; a rerun with ``resume`` asks them again).
+
+    >>> rows = {"naive": {"n_questions": 4, "failures": {"request_failed": 1, "no_answer": 2}}}
+    >>> raise_if_run_failed({"strategies": rows}, 0.25, Path("p"))
+    >>> try:
+    ...     raise_if_run_failed({"strategies": rows}, 0.0, Path("p"))
+    ... except RuntimeError as exc:
+    ...     print(type(exc).__name__, exc.counts)
+    TooManyFailures {'failed': 1}
+    """
+    rows = report["strategies"].values()
+    failed = sum(row.get("failures", {}).get(kind, 0) for row in rows for kind in RUN_FAILURES)
+    raise_if_too_many("eval pipeline", {"failed": failed}, sum(row["n_questions"] for row in rows), max_failure_share,
+                      str(predictions))

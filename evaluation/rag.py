@@ -40,6 +40,7 @@ class RagEvalConfig:
     concurrency: int = 2
     resume: bool = True
     request_timeout_s: float = 600.0
+    max_failure_share: float = 0.0  # exit 1 past this share of questions unanswered for the harness's reasons
     server_url: str = ""  # a running stack; empty starts `serve` in the background (on a free port)
     serve: ServeConfig = field(default_factory=lambda: ServeConfig.local(port=0))
     out: str = "runs/eval/rag"
@@ -55,7 +56,8 @@ class RagEvalConfig:
             skip_unanswerable=self.skip_unanswerable, scope=self.scope, hierarchy=self.hierarchy, answer=self.answer,
             naive=self.naive,
             recall_k=self.recall_k, concurrency=self.concurrency, resume=self.resume,
-            request_timeout_s=self.request_timeout_s, server_url=self.server_url, serve=self.serve, out=self.out,
+            request_timeout_s=self.request_timeout_s, max_failure_share=self.max_failure_share,
+            server_url=self.server_url, serve=self.serve, out=self.out,
             tracking=self.tracking)
 
 

@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     except CorpusError as exc:  # a corpus.path that names no file, or a file that is not the corpus kind's format
         print(f"corpus error: {exc}", file=sys.stderr)
         return 2
-    except TooManyFailures as exc:  # a data job whose failed items exceed its max_failure_share
+    except TooManyFailures as exc:  # a job whose failed items (chunks, questions) exceed its max_failure_share
         print(f"job failed: {exc}", file=sys.stderr)
         return 1
     except (ClientError, RequestRefused) as exc:  # a request no retry mends (a refused role, no server there)

@@ -7,12 +7,15 @@ import json
 from pathlib import Path
 
 import pytest
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
 
 from overstory.cli import main
 from overstory.core.config import ConfigError, load_config
 from overstory.core.records import Chunk
 from overstory.evaluation.rag import RagEvalConfig
 from overstory.retrieval.answer import answer_messages, clean_answer
+from overstory.serving.launch import serve_in_background
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs/eval/rag.yaml"
@@ -58,3 +61,30 @@ def test_eval_rag_job(tmp_path: Path) -> None:
     assert len(records) == 4 and all(len(r["evidence"]) == 5 for r in records)
     assert all(r["failure"] == "" and r["raw"] for r in records)  # the stack is up: the generator answered each
     assert "| naive |" in (tmp_path / "table.md").read_text()
+
+
+def _busy_server() -> FastAPI:
+    """Stand-in for a stack whose generator answers 503 to every request (overloaded): a real server cannot be made
+    to fail every question of a healthy run, and the run's failure path is what is under test."""
+    app = FastAPI()
+
+    @app.get("/v1/models")
+    def models() -> dict:
+        return {"object": "list", "data": [{"id": role, "object": "model", "root": "model-x"}
+                                           for role in ("generator", "embedder")]}
+
+    @app.post("/v1/chat/completions")
+    def chat() -> JSONResponse:
+        return JSONResponse(status_code=503, content={"error": {"message": "overloaded", "code": 503}})
+
+    return app
+
+
+def test_a_run_whose_questions_all_fail_writes_its_table_and_exits_1(tmp_path: Path, capsys) -> None:
+    with serve_in_background(_busy_server()) as url:
+        code = main(["eval", "rag", "--config", str(CONFIG), f"out={tmp_path}", "limit_questions=2",
+                     "naive.index=bm25", f"server_url={url}", "tracking.backend=none"])
+    assert code == 1
+    assert "job failed: eval pipeline: 2 of 2 items failed" in capsys.readouterr().err
+    row = json.loads((tmp_path / "metrics.json").read_text())["strategies"]["naive"]
+    assert row["answered"] == 0 and row["failures"] == {"request_failed": 2}  # the figures are still written
