@@ -439,10 +439,11 @@ def evaluate_strategy(name: str, config: PipelineEvalConfig, corpus: tuple[Seque
     records = StrategyRecords(Path(config.out) / "predictions", name)
     records.start(strategy_settings(name, config, checkpoints), config.resume)
     ids = [q.id for q in questions]
-    done = records.done(ids)
+    done = records.done(ids, retry=RUN_FAILURES)
     todo = [q for q in questions if q.id not in done]
     if done:
-        print(f"{name}: resuming, {len(done)} of {len(questions)} questions already answered in {records.path}")
+        print(f"{name}: resuming, {len(done)} of {len(questions)} questions already answered in {records.path} "
+              f"(questions the harness failed to answer are asked again)")
     if todo:
         index_client = client.fork()
         started = time.perf_counter()

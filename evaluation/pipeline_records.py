@@ -48,13 +48,15 @@ class StrategyRecords:
         record_settings(self.settings_path, settings, results=self.path,
                         remedy="choose another out= or set resume=false")
 
-    def done(self, question_ids: Collection[str]) -> dict[str, dict]:
-        """The records already answered for these questions, by id (a record of a question outside the set, from
-        a run over more questions, is kept on disk and left out here)."""
+    def done(self, question_ids: Collection[str], retry: Collection[str] = ()) -> dict[str, dict]:
+        """The records already answered for these questions, by id: each question's latest record, unless its
+        failure is one of ``retry`` (the harness's own failures: a rerun asks those questions again). A record of a
+        question outside the set, from a run over more questions, is kept on disk and left out here."""
         if not self.path.exists():
             return {}
         wanted = set(question_ids)
-        return {r["id"]: r for r in read_jsonl(self.path) if r["id"] in wanted}
+        latest = {r["id"]: r for r in read_jsonl(self.path) if r["id"] in wanted}
+        return {question: r for question, r in latest.items() if r["failure"] not in retry}
 
     def append(self, record: dict) -> None:
         """Add one answered question (thread-safe: the harness answers questions concurrently)."""

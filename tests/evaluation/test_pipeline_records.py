@@ -42,6 +42,20 @@ def test_records_resume_only_under_the_same_settings(tmp_path: Path) -> None:
         StrategyRecords(tmp_path, "naive").start(SETTINGS, resume=True)
 
 
+def test_a_question_the_harness_failed_is_asked_again_and_its_latest_record_counts(tmp_path: Path) -> None:
+    records = StrategyRecords(tmp_path, "naive")
+    records.start(SETTINGS, resume=True)
+    for record in (_record("q1"), {**_record("q2"), "failure": "request_failed"},
+                   {**_record("q3"), "failure": "no_answer"}):
+        records.append(record)
+    records.close()
+    retry = ("request_failed", "strategy_error")
+    assert sorted(records.done(["q1", "q2", "q3"], retry)) == ["q1", "q3"]  # a reply it could not use is a result
+    records.append({**_record("q2"), "prediction": "answered on the rerun"})
+    records.close()
+    assert records.done(["q2"], retry)["q2"]["prediction"] == "answered on the rerun"
+
+
 def test_rewrite_puts_the_questions_in_order_and_keeps_other_records(tmp_path: Path) -> None:
     records = StrategyRecords(tmp_path, "arag")
     records.start(SETTINGS, resume=True)
