@@ -1,4 +1,4 @@
-"""`overstory quickstart` end to end with the real built-in models (a short slice of questions), and the settings its
+"""`overstory quickstart` end to end with the real built-in models (a slice of its default sizes), and the settings its
 later stages give their jobs."""
 
 from __future__ import annotations
@@ -47,9 +47,13 @@ def test_later_stages_keep_every_serve_setting_but_the_port(tmp_path: Path) -> N
         assert build(config, tmp_path, "http://127.0.0.1:1234").serve == expected, build.__name__
 
 
-# A slice of the job's defaults (configs/quickstart.yaml): every stage runs and reports, on fewer questions, leaves,
-# epochs and steps. The defaults' own figures are measured by `make quickstart` (docs/results.md), and
-# tests/test_config.py checks that configs/quickstart.yaml still spells out the code's defaults.
+# A slice of the job's defaults (configs/quickstart.yaml), each size the smallest that keeps its checks able to fail
+# and reliably true: the first 3 HotpotQA questions (hybrid retrieval finds their gold paragraphs); 6 SQuAD questions,
+# 2 per article (the backbone answers the first question of two articles: one label to train on, one held out, and
+# the held-out article's other question is planned unlabelled); 8 SFT epochs on that one trace (loss ~0.05: the plan
+# format is learned; 4 were not enough); a 20-leaf tree (the paragraphs of 2 questions), depth 2, so the search keeps
+# its 2 iterations; 2 traced questions, one held out; 1 question per strategy corpus, the first 60 HotpotQA documents
+# holding all of one question's paragraphs. Summaries are shorter and read less of each section.
 RAG_QUESTIONS = 3
 LEAVES, M_MAX = 20, 10
 TRACE_QUESTIONS = 2
@@ -64,13 +68,13 @@ SLICE = [f"rag_questions={RAG_QUESTIONS}",
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1200)  # every stage in one test: about 3 minutes alone on 2 cores, far more when they are shared
+@pytest.mark.timeout(1200)  # every stage in one test: about 6.5 minutes on 2 cores shared at load ~3.3
 def test_quickstart_end_to_end(tmp_path: Path, port_8000_taken) -> None:
     """``overstory quickstart`` on a slice of its defaults (``SLICE``): every stage runs on the real built-in models
     and reports its figures and seconds. The slice proves that the stages run and report correctly, not what the
     defaults measure: those figures come from ``make quickstart`` (docs/results.md), and
     tests/test_config.py::test_the_quickstart_config_spells_out_the_defaults keeps configs/quickstart.yaml equal to
-    the code's defaults. The job's defaults on all eight stages took 460-710 s of the suite."""
+    the code's defaults. The defaults cost 460-710 s of the suite; the slice keeps the stages, not the sizes."""
     out = tmp_path / "qs"
     (out).mkdir()
     # a stage written by another job must survive the quickstart's report update
