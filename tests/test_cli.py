@@ -12,14 +12,13 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import pytest
-from fastapi import FastAPI
-from fastapi.responses import JSONResponse
 
 from overstory.cli import main
 from overstory.config_help import config_sections
 from overstory.data_pipeline.fanout import failures_path, settings_path
 from overstory.jobs import job_config_class
 from overstory.serving.launch import serve_in_background
+from tests.stand_ins import failing_server
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
@@ -122,26 +121,9 @@ def test_a_missing_corpus_file_is_a_short_error(tmp_path, capsys: pytest.Capture
     assert f"corpus error: corpus file not found: {tmp_path / 'nowhere.json'}" in capsys.readouterr().err
 
 
-def _refusing_server() -> FastAPI:
-    """Stand-in for a server that lists its models and refuses every request with a 400: a real server cannot be
-    made to refuse every request of a healthy job, and the failure path is what is under test."""
-    app = FastAPI()
-
-    @app.get("/v1/models")
-    def models() -> dict:
-        return {"object": "list", "data": [{"id": role, "object": "model", "root": "model-x"}
-                                           for role in ("generator", "embedder")]}
-
-    @app.post("/v1/chat/completions")
-    def chat() -> JSONResponse:
-        return JSONResponse(status_code=400, content={"error": {"message": "refused", "code": 400}})
-
-    return app
-
-
 def test_a_data_job_whose_items_all_fail_exits_1_naming_the_count(tmp_path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "summaries.jsonl"
-    with serve_in_background(_refusing_server()) as url:
+    with serve_in_background(failing_server(400, "refused")) as url:
         code = main(["data", "summaries", "--config", "configs/data/summaries.yaml", f"out={out}", "corpus.kind=text",
                      "corpus.path=data/markdown", "limit=3", "max_attempts=1", f"server_url={url}",
                      "tracking.backend=none"])

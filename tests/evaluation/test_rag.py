@@ -7,8 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-from fastapi import FastAPI
-from fastapi.responses import JSONResponse
 
 from overstory.cli import main
 from overstory.core.config import ConfigError, load_config
@@ -16,6 +14,7 @@ from overstory.core.records import Chunk
 from overstory.evaluation.rag import RagEvalConfig
 from overstory.retrieval.answer import answer_messages, clean_answer
 from overstory.serving.launch import serve_in_background
+from tests.stand_ins import failing_server
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs/eval/rag.yaml"
@@ -63,25 +62,8 @@ def test_eval_rag_job(tmp_path: Path) -> None:
     assert "| naive |" in (tmp_path / "table.md").read_text()
 
 
-def _busy_server() -> FastAPI:
-    """Stand-in for a stack whose generator answers 503 to every request (overloaded): a real server cannot be made
-    to fail every question of a healthy run, and the run's failure path is what is under test."""
-    app = FastAPI()
-
-    @app.get("/v1/models")
-    def models() -> dict:
-        return {"object": "list", "data": [{"id": role, "object": "model", "root": "model-x"}
-                                           for role in ("generator", "embedder")]}
-
-    @app.post("/v1/chat/completions")
-    def chat() -> JSONResponse:
-        return JSONResponse(status_code=503, content={"error": {"message": "overloaded", "code": 503}})
-
-    return app
-
-
 def test_a_run_whose_questions_all_fail_writes_its_table_and_exits_1(tmp_path: Path, capsys) -> None:
-    with serve_in_background(_busy_server()) as url:
+    with serve_in_background(failing_server(503, "overloaded")) as url:
         code = main(["eval", "rag", "--config", str(CONFIG), f"out={tmp_path}", "limit_questions=2",
                      "naive.index=bm25", f"server_url={url}", "tracking.backend=none"])
     assert code == 1
