@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 
 from rich.progress import Progress
 
-from overstory.core.config import ConfigError, differing_keys, to_dict
+from overstory.core.config import ConfigError, differing_keys, record_settings, to_dict
 from overstory.core.failures import check_failure_share, raise_if_too_many
 from overstory.core.records import FailureRecord, JsonlAppender, drop_records, read_jsonl, write_jsonl
 from overstory.serving.client import ClientError
@@ -105,35 +105,34 @@ def failures_path(out: str | Path) -> Path:
 
 
 class SettingsRecord:
-    """The settings recorded beside a resumable output, checked before anything is appended to it."""
+    """The settings recorded beside a resumable output, checked before anything is appended to it
+    (``core.config.record_settings``), with the models that served the output under ``served``."""
+
+    REMEDY = "choose another out= or delete it to start again"
 
     def __init__(self, out: Path, settings: dict[str, Any], path: Path):
         self.out, self.path = out, path
         self.settings = json.loads(json.dumps(settings))  # the JSON view: tuples compare equal to stored lists
-        self.recorded: dict[str, Any] | None = None
-        if self.out.exists() and self.out.stat().st_size:
-            if not self.path.exists():
-                raise ConfigError(f"{out} holds results without a record of their settings ({self.path} is "
-                                  f"missing); choose another out= or delete it to start again")
-            self.recorded = json.loads(self.path.read_text())
-            self._refuse(differing_keys({k: v for k, v in self.recorded.items() if k != "served"}, self.settings))
-        self._write(self.recorded.get("served", {}) if self.recorded else {})
+        has_results = self.out.exists() and self.out.stat().st_size > 0
+        self.recorded: dict[str, Any] | None = json.loads(path.read_text()) if has_results and path.exists() else None
+        # the served models recorded before are kept as they are: they are checked apart, in add_served
+        self._write(self.recorded.get("served", {}) if self.recorded else {}, results=self.out if has_results else None)
 
     def add_served(self, served: dict[str, str]) -> None:
         """Add the models that serve this run, refusing a run whose models differ from those recorded."""
         known = self.recorded.get("served", {}) if self.recorded else {}
-        self._refuse([f"served.{k}" for k in differing_keys({k: known.get(k) for k in served if k in known},
-                                                            {k: v for k, v in served.items() if k in known})])
+        changed = differing_keys({k: known.get(k) for k in served if k in known},
+                                 {k: v for k, v in served.items() if k in known})
+        if changed:
+            raise ConfigError(f"{self.out} was made with other settings ({', '.join(f'served.{k}' for k in changed)} "
+                              f"differ from {self.path}); {self.REMEDY}")
         self._write({**known, **served})
 
-    def _refuse(self, changed: list[str]) -> None:
-        if changed:
-            raise ConfigError(f"{self.out} was made with other settings ({', '.join(changed)} differ from "
-                              f"{self.path}); choose another out= or delete it to start again")
-
-    def _write(self, served: dict[str, str]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(json.dumps({**self.settings, **({"served": served} if served else {})}, indent=2) + "\n")
+    def _write(self, served: dict[str, str], results: Path | None = None) -> None:
+        """Record the settings with ``served``; when ``results`` is given, first refuse settings other than those
+        recorded beside it."""
+        record_settings(self.path, {**self.settings, **({"served": served} if served else {})}, results=results,
+                        remedy=self.REMEDY)
 
 
 class Fanout:

@@ -202,9 +202,9 @@ def differing_keys(old: object, new: object, prefix: str = "") -> list[str]:
     return [] if old == new else [prefix.rstrip(".")]
 
 
-def record_settings(record: Path, settings: dict, *, results: Path, remedy: str) -> None:
+def record_settings(record: Path, settings: dict, *, results: Path | None, remedy: str) -> None:
     """Write ``settings`` (what decides a resumable job's output) to the JSON file ``record``, after checking them
-    against those already recorded when ``results`` exists.
+    against those already recorded when ``results`` exists (None: the caller knows there are no results yet).
 
     Resumable jobs append to their output; adding results made another way to those already there would give a
     mixed output that nothing downstream can tell apart, so a rerun with other settings is refused naming the dotted
@@ -212,7 +212,7 @@ def record_settings(record: Path, settings: dict, *, results: Path, remedy: str)
     the message: what the user can do instead (another out folder, a restart).
     """
     settings = json.loads(json.dumps(settings))  # the JSON view, so tuples compare equal to stored lists
-    if results.exists():
+    if results is not None and results.exists():
         if not record.exists():
             raise ConfigError(f"{results} holds results without a record of their settings ({record} is missing); "
                               f"{remedy}")
