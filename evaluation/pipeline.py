@@ -4,8 +4,10 @@
 
 Strategies: ``naive`` (hybrid top-k), ``smartchunk`` (the served planner's level range), ``lattice`` (LATTICE's tree
 search with the served scorer), ``arag`` (A-RAG's tool-calling agent), ``fable`` (FABLE's bi-path retrieval over
-document trees) and ``orion`` (Orion-RAG's tag paths, weighted RRF and pruning); FABLE and Orion-RAG read the
-output of their index jobs (``fable_forest``, ``orion.tags``) or build it here.
+document trees), ``orion`` (Orion-RAG's tag paths, weighted RRF and pruning) and ``bm25_floor`` (the baseline
+with no LLM call: BM25 over the question's document's paragraphs, the top paragraph's sentence with the most
+question words as the answer; document scope only); FABLE and Orion-RAG read the output of their index jobs
+(``fable_forest``, ``orion.tags``) or build it here.
 
 Document scope: QASPER, NarrativeQA and SQuAD ask each question about one given document (a paper, a story, an
 article), and every strategy then retrieves from that document only (``Strategy.answer``'s ``scope``); HotpotQA's
@@ -25,7 +27,12 @@ are checked against the change in the servers' own token counters (``/metrics``)
 Writes ``metrics.json``, ``table.md``, ``predictions/<strategy>.jsonl``, ``quality_vs_cost.png`` (answer quality
 against generator tokens per question, SmartChunk's Figure 1) and ``quality_vs_seconds.png``; for QASPER also
 ``qasper/<strategy>.jsonl`` in the official prediction format (``question_id``, ``predicted_answer``,
-``predicted_evidence``) for the official evaluator.
+``predicted_evidence``) for the official evaluator, and QASPER's own metrics of it (``evaluation/qasper_metrics.py``:
+Answer F1 overall and by answer type, Evidence F1, with intervals) in metrics.json and a second table. Its evidence
+is the paragraphs of the strategy's top chunks, the first ``qasper.evidence_paragraphs`` of them in rank order;
+with ``qasper.evidence: cited`` the generator is also asked to cite the numbered passages its answer rests on, and
+``qasper/<strategy>.cited.jsonl`` holds those passages' paragraphs, scored beside the first, with the answers whose
+citation could not be read (given the top chunks' paragraphs instead) counted next to its Evidence F1.
 
 Each answered question is appended to ``predictions/<strategy>.jsonl`` as it finishes, so a killed run resumes where
 it stopped and a larger ``limit_questions`` answers only the new questions (``evaluation/pipeline_records.py``;
@@ -56,9 +63,12 @@ from overstory.data_pipeline.orion_index import tag_and_index
 from overstory.data_pipeline.qasper import paragraphs_at
 from overstory.evaluation.pipeline_records import StrategyRecords, combined_cost_check
 from overstory.evaluation.plots import plot_quality_vs_cost
+from overstory.evaluation.qasper_metrics import Reference, gold_references, official_papers, qasper_scores
 from overstory.evaluation.repairs import repair_counts, repairs_cell
+from overstory.evaluation.report_tables import pipeline_qasper_table
 from overstory.retrieval.answer import AnswerConfig
 from overstory.retrieval.arag import ARagConfig, ARagStrategy
+from overstory.retrieval.bm25_floor import BM25FloorStrategy
 from overstory.retrieval.fable.strategy import FableConfig, FableStrategy
 from overstory.retrieval.judge import CorrectnessConfig, is_correct
 from overstory.retrieval.lattice.strategy import LatticeStrategy, LatticeStrategyConfig
@@ -81,7 +91,7 @@ from overstory.serving.client import Client
 from overstory.serving.config import ServeConfig
 from overstory.serving.launch import client_for
 
-STRATEGIES = ("naive", "smartchunk", "lattice", "arag", "fable", "orion")
+STRATEGIES = ("naive", "smartchunk", "lattice", "arag", "fable", "orion", "bm25_floor")
 # Questions the harness could not get answered: the requests failed after the client's retries, or the strategy
 # raised. Replies a strategy could not use (no_answer, no_tool_call, budget_exhausted, ...) are measurements.
 RUN_FAILURES = ("request_failed", "strategy_error")
@@ -105,9 +115,30 @@ class JudgeConfig:
     role: str = "scorer"  # the served role that judges (yes / no); its cost is reported apart from the strategies'
 
 
+# QASPER's predicted evidence: the paragraphs of the strategy's top chunks, or those of the passages the generator cites
+EVIDENCE_MODES = ("top_chunks", "cited")
+
+
+@dataclass(frozen=True)
+class QasperConfig:
+    """What a QASPER run predicts as evidence (configs/eval/pipeline.yaml says why the defaults)."""
+
+    evidence: str = "top_chunks"  # cited: the generator also cites its passages; both evidence files are scored
+    evidence_paragraphs: int = 1  # at most this many paragraphs per answer, in rank (or citation) order
+    # the official evaluator's --text_evidence_only: references' figure and table evidence left out
+    text_evidence_only: bool = False
+
+    def __post_init__(self) -> None:
+        if self.evidence not in EVIDENCE_MODES:
+            raise ConfigError(f"qasper.evidence: {self.evidence!r}; choose from {', '.join(EVIDENCE_MODES)}")
+        if self.evidence_paragraphs < 1:
+            raise ConfigError(f"qasper.evidence_paragraphs must be >= 1, got {self.evidence_paragraphs}")
+
+
 @dataclass(frozen=True)
 class PipelineEvalConfig:
-    strategies: str = "naive,smartchunk"  # comma-separated, from naive, smartchunk, lattice, arag, fable, orion
+    # comma-separated, from naive, smartchunk, lattice, arag, fable, orion, bm25_floor
+    strategies: str = "naive,smartchunk"
     data: str = ""  # a shipped sample by name (hotpotqa, squad, qasper, narrativeqa); empty: the corpus section
     corpus: CorpusConfig = field(default_factory=lambda: DATASETS["hotpotqa"])
     limit_questions: int = 30  # 0 = all
@@ -128,6 +159,7 @@ class PipelineEvalConfig:
     orion_chunking: ChunkingConfig = field(default_factory=ChunkingConfig)
     orion_tagging: TaggingConfig = field(default_factory=TaggingConfig)
     recall_k: int = 5
+    qasper: QasperConfig = field(default_factory=QasperConfig)
     # auto: each question searched within its own document where the dataset poses it so (squad, qasper,
     # narrativeqa), over the whole corpus otherwise (hotpotqa); document / corpus: force one (corpus on qasper is
     # open-corpus QASPER, a harder variant)
@@ -157,6 +189,11 @@ class PipelineEvalConfig:
         if self.scope not in SCOPES:
             raise ConfigError(f"scope: {self.scope!r} is not a scope; choose from {', '.join(SCOPES)} (auto: the "
                               "question's document where the dataset has one, else the whole corpus)")
+        if "bm25_floor" in self.names and self.scope_mode == "corpus":
+            raise ConfigError("strategies: bm25_floor answers within each question's own document (BM25 over its "
+                              "paragraphs), and these questions are searched over the open corpus "
+                              f"({self.dataset.kind}, scope={self.scope}): leave it out, or use squad, qasper or "
+                              "narrativeqa with scope=auto")
         if self.scope == "document" and not self.dataset.document_scoped:
             raise ConfigError(f"scope: document needs questions that are each about one document (squad, qasper, "
                               f"narrativeqa); {self.dataset.kind}'s are posed over the open corpus: use scope=auto")
@@ -175,6 +212,14 @@ class PipelineEvalConfig:
         if not self.data:
             return self.corpus
         return replace(DATASETS[self.data], limit_docs=self.corpus.limit_docs)
+
+    @property
+    def answer_settings(self) -> AnswerConfig:
+        """How the strategies ask the generator: the ``answer`` section, citing its passages when a QASPER run
+        predicts cited evidence (``qasper.evidence: cited``)."""
+        if self.dataset.kind == "qasper" and self.qasper.evidence == "cited":
+            return replace(self.answer, cite=True)
+        return self.answer
 
     @property
     def scope_mode(self) -> str:
@@ -223,25 +268,28 @@ def scope_title(report: dict) -> str:
 def build_strategy(name: str, config: PipelineEvalConfig, documents: Sequence[Document], chunks: Sequence[Chunk],
                    client: Client) -> Strategy:
     """Build one strategy over the corpus; index calls go through ``client``."""
+    answer = config.answer_settings
+    if name == "bm25_floor":
+        return BM25FloorStrategy.build(chunks)
     if name == "naive":
-        return NaiveStrategy.build(chunks, client, config.naive, config.answer)
+        return NaiveStrategy.build(chunks, client, config.naive, answer)
     if name == "smartchunk":
-        return SmartChunkStrategy.build(documents, chunks, client, config.smartchunk, config.answer)
+        return SmartChunkStrategy.build(documents, chunks, client, config.smartchunk, answer)
     if name == "arag":
         return ARagStrategy.build(chunks, client, config.arag)
     if name == "fable":
         if config.fable_forest:
-            return FableStrategy.load(config.fable_forest, config.fable, config.answer)
-        return FableStrategy.build(documents, chunks, client, config=config.fable, answer=config.answer)
+            return FableStrategy.load(config.fable_forest, config.fable, answer)
+        return FableStrategy.build(documents, chunks, client, config=config.fable, answer=answer)
     if name == "orion":
         orion = config.orion
         if not orion.tags:
             orion = replace(orion, tags=str(Path(config.out) / "orion_tags"))
             tag_and_index(documents, client, orion.tags, config.orion_chunking, config.orion_tagging)
-        return OrionStrategy.build(client, orion, config.answer)
+        return OrionStrategy.build(client, orion, answer)
     tree = Tree.load(config.lattice.tree)
     return LatticeStrategy(tree, tree_leaf_chunks(tree, documents, config.hierarchy, config.lattice.leaf_level),
-                           config.lattice, config.answer)
+                           config.lattice, answer)
 
 
 def answer_question(strategy: Strategy, question: QAExample, client: Client, recall_k: int,
@@ -350,21 +398,62 @@ def costs_add_up(totals: dict[str, dict[str, int]], before: dict | None, after: 
     return {"match": server == ours, "server": server}
 
 
-def qasper_predictions(records: Sequence[dict], documents: Sequence[Document]) -> list[dict]:
+def qasper_predictions(records: Sequence[dict], documents: Sequence[Document], paragraphs: int = 0,
+                       cited: bool = False) -> list[dict]:
     """QASPER's official prediction format: one line per question with the answer and, as evidence, the papers'
-    paragraphs that the top ``recall_k`` evidence chunks touch (the evaluator matches paragraph strings exactly)."""
+    paragraphs (verbatim: the evaluator matches paragraph strings exactly) that the top ``recall_k`` evidence chunks
+    touch, in rank order, the first ``paragraphs`` of them (0: all). ``cited``: the paragraphs of the passages the
+    generator cited instead (``details["citation"]``); an answer whose citation could not be read keeps the top
+    chunks' paragraphs (``citation_counts`` counts those)."""
     by_id = {d.id: d for d in documents}
     lines = []
     for record in records:
         if "evidence_spans" not in record:
             raise ConfigError(f"the answer to {record['id']} was saved by an earlier harness, without evidence "
                               "spans; rerun with resume=false to write QASPER's prediction format")
-        paragraphs: list[str] = []
-        for doc_id, start, end in record["evidence_spans"]:
-            paragraphs += [p for p in paragraphs_at(by_id[doc_id], [(start, end)]) if p not in paragraphs]
+        citation = record["details"].get("citation", {}) if cited else {}
+        spans = citation["spans"] if citation.get("status") == "cited" else record["evidence_spans"]
+        found: list[str] = []
+        for doc_id, start, end in spans:
+            found += [p for p in paragraphs_at(by_id[doc_id], [(start, end)]) if p not in found]
         lines.append({"question_id": record["id"], "predicted_answer": record["prediction"],
-                      "predicted_evidence": paragraphs})
+                      "predicted_evidence": found[:paragraphs] if paragraphs else found})
     return lines
+
+
+def citation_counts(records: Sequence[dict]) -> dict[str, int] | None:
+    """How many answers cited passages that could be read (``cited``, an "unanswerable" answer citing none
+    included) and how many fell back to the top chunks (``fallback``: no citation read, a failed request, a strategy
+    error); None for a strategy that was never asked to cite (none of its answers carries a citation).
+
+    >>> citation_counts([{"details": {"citation": {"status": "cited"}}}, {"details": {}},
+    ...                  {"details": {"citation": {"status": "fallback"}}}])
+    {'cited': 1, 'fallback': 2}
+    >>> citation_counts([{"details": {"turns": 2}}]) is None
+    True
+    """
+    statuses = [r["details"].get("citation", {}).get("status") for r in records]
+    if all(status is None for status in statuses):
+        return None
+    cited = statuses.count("cited")
+    return {"cited": cited, "fallback": len(records) - cited}
+
+
+def qasper_outputs(name: str, records: Sequence[dict], documents: Sequence[Document],
+                   gold: dict[str, list[Reference]], config: PipelineEvalConfig) -> dict:
+    """Write ``qasper/<name>.jsonl`` (the top chunks' paragraphs) and, for a strategy that cited its passages,
+    ``qasper/<name>.cited.jsonl``; QASPER's metrics of each, the cited one with its citation counts."""
+    folder, limit = Path(config.out) / "qasper", config.qasper.evidence_paragraphs
+    ids = [r["id"] for r in records]
+    top = qasper_predictions(records, documents, limit)
+    write_jsonl(folder / f"{name}.jsonl", top)
+    scores = {"top_chunks": qasper_scores(top, gold, ids)}
+    counts = citation_counts(records)
+    if counts is not None:
+        cited = qasper_predictions(records, documents, limit, cited=True)
+        write_jsonl(folder / f"{name}.cited.jsonl", cited)
+        scores["cited"] = {**qasper_scores(cited, gold, ids), "citations": counts}
+    return scores
 
 
 def _judge(records: list[dict], questions: dict[str, QAExample], client: Client, config: JudgeConfig) -> dict:
@@ -423,8 +512,9 @@ def strategy_settings(name: str, config: PipelineEvalConfig, checkpoints: dict) 
     """What decides a strategy's answers; records made under other settings are not resumed. A running server's
     address is left out (its port changes between runs; its served names stay). The scope is recorded when it is
     the question's document: records without it were searched over the open corpus."""
-    own = {"fable": ("fable", "fable_forest"), "orion": ("orion", "orion_chunking", "orion_tagging")}.get(name, (name,))
-    full = to_dict(config)
+    own = {"fable": ("fable", "fable_forest"), "orion": ("orion", "orion_chunking", "orion_tagging"),
+           "bm25_floor": ()}.get(name, (name,))
+    full = {**to_dict(config), "answer": to_dict(config.answer_settings)}
     scope = {"scope": "document"} if config.scope_mode == "document" else {}
     return {"dataset": to_dict(config.dataset), **scope, "skip_unanswerable": config.skip_unanswerable,
             **{key: full[key] for key in ("hierarchy", "answer", "recall_k", *own)},
@@ -491,7 +581,8 @@ def markdown_table(report: dict) -> str:
     if sanity and sanity["reference_accepted"] < sanity["asked"]:
         lines.append(f"\njudge: it accepted the reference answer itself for {sanity['reference_accepted']} of "
                      f"{sanity['asked']} questions, so its column measures the judge more than the answers")
-    return "\n".join(lines) + "\n"
+    qasper = pipeline_qasper_table(report)
+    return "\n".join(lines) + "\n" + (f"\n{qasper}" if qasper else "")
 
 
 def _failed_cell(row: dict) -> str:
@@ -542,6 +633,10 @@ def run(config: PipelineEvalConfig) -> dict:
     report: dict = {"dataset": corpus.kind, "corpus": to_dict(corpus), "scope": config.scope_mode,
                     "n_questions": len(questions), "n_documents": len(documents), "recall_k": config.recall_k,
                     "strategies": {}}
+    gold = None
+    if corpus.kind == "qasper":  # the references as the official evaluator reads them, from the same JSON
+        gold = gold_references(official_papers(corpus), config.qasper.text_evidence_only)
+        report["qasper"] = to_dict(config.qasper)
     with ExitStack() as stack, Progress() as progress:
         tracker = stack.enter_context(start_run(config.tracking, "eval pipeline", config))
         client = stack.enter_context(client_for(replace(config.serve, port=0), config.server_url,
@@ -553,8 +648,8 @@ def run(config: PipelineEvalConfig) -> dict:
             row, records = evaluate_strategy(name, config, (documents, chunks), questions, client, progress,
                                              report["checkpoints"])
             report["strategies"][name] = row
-            if corpus.kind == "qasper":
-                write_jsonl(out / "qasper" / f"{name}.jsonl", qasper_predictions(records, documents))
+            if gold is not None:
+                row["qasper"] = qasper_outputs(name, records, documents, gold, config)
         tracker.summary({f"{name}/{key}": value for name, row in report["strategies"].items()
                          for key, value in row.items()
                          if isinstance(value, (int, float)) and not isinstance(value, bool)})

@@ -229,6 +229,56 @@ def quickstart_table(report: dict) -> str:
     return _table(["stage", "seconds", "figures"], rows)
 
 
+def _score(value: float | None, interval, n: int | None = None) -> str:
+    """A figure with its 95% interval (and its number of questions when given).
+
+    >>> _score(0.25, [0.1, 0.4]), _score(0.5, None, 2), _score(None, None, 0)
+    ('0.250 [0.10, 0.40]', '0.500 (n=2)', '- (n=0)')
+    """
+    cell = "-" if value is None else f"{value:.3f}" + (f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "")
+    return cell if n is None else f"{cell} (n={n})"
+
+
+def pipeline_qasper_table(report: dict) -> str:
+    """``eval pipeline`` metrics.json of a QASPER run: QASPER's own metrics per strategy (Answer F1 overall and by
+    the answer type of the best-matching reference, Evidence F1 of the top chunks' paragraphs and of the cited
+    passages' paragraphs, the cited one with the answers that fell back to the top chunks); "" for another dataset.
+
+    >>> top = {"answer_f1": 0.5, "answer_f1_ci95": [0.2, 0.8], "evidence_f1": 0.25, "evidence_f1_ci95": None,
+    ...        "answer_f1_by_type": {"extractive": {"answer_f1": 0.5, "n": 2, "ci95": None}}}
+    >>> cited = {**top, "evidence_f1": 0.5, "citations": {"cited": 1, "fallback": 1}}
+    >>> print(pipeline_qasper_table({"qasper": {"evidence_paragraphs": 1}, "strategies": {
+    ...     "naive": {"qasper": {"top_chunks": top, "cited": cited}}, "bm25_floor": {"qasper": {"top_chunks": top}}}}))
+    QASPER's metrics (Answer F1 by the type of the best-matching reference; Evidence F1 over paragraph strings, ...
+    <BLANKLINE>
+    | strategy | Answer F1 | extractive | abstractive | boolean | none | Evidence F1, top chunks | Evidence F1, cited |
+    | --- | --- | --- | --- | --- | --- | --- | --- |
+    | naive | 0.500 [0.20, 0.80] | 0.500 (n=2) | - (n=0) | - (n=0) | - (n=0) | 0.250 | 0.500 (fallback 1/2) |
+    | bm25_floor | 0.500 [0.20, 0.80] | 0.500 (n=2) | - (n=0) | - (n=0) | - (n=0) | 0.250 | - |
+    """
+    if "qasper" not in report:
+        return ""
+    types = ("extractive", "abstractive", "boolean", "none")
+    rows = []
+    for name, row in report["strategies"].items():
+        scores = row.get("qasper")
+        if scores is None:
+            continue
+        top, cited = scores["top_chunks"], scores.get("cited")
+        by_type = [top["answer_f1_by_type"].get(kind, {"answer_f1": None, "n": 0, "ci95": None}) for kind in types]
+        cited_cell = "-"
+        if cited is not None:
+            counts = cited["citations"]
+            cited_cell = (f"{_score(cited['evidence_f1'], cited['evidence_f1_ci95'])} (fallback "
+                          f"{counts['fallback']}/{counts['cited'] + counts['fallback']})")
+        rows.append([name, _score(top["answer_f1"], top["answer_f1_ci95"]),
+                     *(_score(t["answer_f1"], t["ci95"], t["n"]) for t in by_type),
+                     _score(top["evidence_f1"], top["evidence_f1_ci95"]), cited_cell])
+    title = ("QASPER's metrics (Answer F1 by the type of the best-matching reference; Evidence F1 over paragraph "
+             f"strings, at most {report['qasper']['evidence_paragraphs']} per answer)\n\n")
+    return title + _table(["strategy", "Answer F1", *types, "Evidence F1, top chunks", "Evidence F1, cited"], rows)
+
+
 def lattice_table(report: dict) -> str:
     """``eval lattice``'s own table (imported here, not at the top: that module loads the retrieval stack)."""
     from overstory.evaluation.lattice import markdown_table
@@ -239,7 +289,7 @@ def lattice_table(report: dict) -> str:
 RENDERERS: dict[str, Callable[[dict], str]] = {
     "planner": planner_table, "planner_by_dataset": planner_by_dataset_table, "compressor": compressor_table,
     "serve_bench": serve_bench_table, "train_bench": train_bench_table, "quickstart": quickstart_table,
-    "lattice": lattice_table,
+    "lattice": lattice_table, "pipeline_qasper": pipeline_qasper_table,
 }
 
 
