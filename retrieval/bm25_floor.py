@@ -1,7 +1,9 @@
 """The BM25 sentence floor: the trivial baseline an answering strategy has to beat, with no LLM call.
 
 Per question, BM25 ranks the paragraphs of the question's own document (an index per document, so the term
-statistics are that document's: a paper's own vocabulary decides, not the corpus's); the top paragraph is the
+statistics are that document's: a paper's own vocabulary decides, not the corpus's; the paragraphs are indexed
+without the document's title, which every one of them would share and which would otherwise lift the shortest
+paragraph, a stray "1.1.1em", to the top); the top paragraph is the
 evidence, and its sentence that shares the most content words with the question (stemmed, stop words left out, as
 the BM25 index tokenises; the first such sentence among equals) is the answer, verbatim.
 
@@ -13,6 +15,7 @@ over one document's paragraphs. ``overstory eval pipeline --strategies bm25_floo
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import bm25s
 import Stemmer
@@ -46,12 +49,13 @@ class BM25FloorStrategy:
 
     name = "bm25_floor"
 
-    def __init__(self, indexes: dict[str, BM25Index], sentences: dict[str, list[Chunk]]):
-        self.indexes, self.sentences = indexes, sentences
+    def __init__(self, indexes: dict[str, BM25Index], paragraphs: dict[str, Chunk], sentences: dict[str, list[Chunk]]):
+        self.indexes, self.paragraphs, self.sentences = indexes, paragraphs, sentences
 
     @classmethod
     def build(cls, chunks: Sequence[Chunk]) -> BM25FloorStrategy:
-        """One BM25 index per document over its paragraph chunks, and each paragraph's sentences."""
+        """One BM25 index per document over its paragraph chunks (their text alone), and each paragraph's
+        sentences."""
         by_id = {c.id: c for c in chunks}
         paragraphs: dict[str, list[Chunk]] = {}
         for chunk in chunks:
@@ -61,7 +65,9 @@ class BM25FloorStrategy:
             raise ConfigError("bm25_floor: the corpus has no paragraph chunks to rank")
         sentences = {p.id: [by_id[c] for c in p.children if by_id[c].level == "sentence"]
                      for found in paragraphs.values() for p in found}
-        return cls({doc_id: BM25Index.build(found) for doc_id, found in paragraphs.items()}, sentences)
+        indexes = {doc_id: BM25Index.build([replace(p, title="") for p in found])
+                   for doc_id, found in paragraphs.items()}
+        return cls(indexes, {p.id: p for found in paragraphs.values() for p in found}, sentences)
 
     def answer(self, question: str, client: Client, scope: Sequence[str] | None = None) -> StrategyAnswer:
         """The top paragraph of the one document ``scope`` names and its best sentence; ``client`` is not used."""
@@ -72,7 +78,7 @@ class BM25FloorStrategy:
         index = self.indexes.get(scope[0])
         if index is None:
             raise ConfigError(f"bm25_floor: document {scope[0]} has no paragraph in the corpus it was built over")
-        top = index.search([question], 1)[0][0].chunk
+        top = self.paragraphs[index.search([question], 1)[0][0].chunk.id]
         sentence = best_sentence(question, self.sentences[top.id] or [top])
         return StrategyAnswer(sentence.text, sentence.text, [top],
                               details={"paragraph": top.id, "sentence": sentence.id})
