@@ -1,0 +1,199 @@
+#!/usr/bin/env bash
+# The CPU teacher's jobs (builtin:qwen2.5-coder-1.5b-instruct), in order, against one teacher stack:
+#   nohup bash scripts/teacher_runs.sh > runs/teacher/run.log 2>&1 &     (from the repository root, after `make env`)
+# 1. LATTICE trees named by the teacher: HotpotQA (bottom-up), 10 QASPER train papers (hybrid);
+# 2. its traversal traces over HotpotQA's 40 questions and the QASPER train questions (the distillation set);
+# 3. the indexes eval pipeline reads, built by the teacher: the LATTICE tree of the 12 QASPER dev papers evaluated,
+#    FABLE's forests and Orion-RAG's tags of HotpotQA and those QASPER dev papers;
+# 4. eval pipeline on HotpotQA and QASPER dev (30 questions each; naive, smartchunk, lattice, arag, fable, orion) with
+#    the teacher as generator, planner, scorer and judge.
+# Each job's config is configs/{data,eval}/*-teacher.yaml; docs/data.md#running-the-teacher-jobs says more.
+#
+# Resume: rerun the script. A job with <runs>/jobs/<job>.json is finished and skipped; any other job runs again and
+# resumes inside (finished items are skipped, failed ones retried; a LATTICE tree build restarts, a finished
+# tree.json is kept). A job that fails (exit 1: more of its items failed than its max_failure_share) stops the
+# script, its log says which; the next run retries.
+# Record: each invocation of a job appends its wall time and the stack's own counters (the servers' Prometheus
+# /metrics: requests, prompt and generation tokens by served model, before and after) to
+# <runs>/jobs/<job>.invocations.jsonl; a finished job's <runs>/jobs/<job>.json sums its invocations: wall seconds,
+# LLM calls, tokens in and out, and the teacher's sustained tokens/s (generation tokens over the wall time).
+# Logs: <runs>/logs/<job>.log, the stack's in <runs>/logs/stack.log.
+#
+# Environment:
+#   TEACHER_ENGINE   embedded (default: configs/serve/cpu-teacher.yaml) or vllm (cpu-teacher-vllm.yaml, needs
+#                    `make vllm-env`)
+#   TEACHER_THREADS  OMP/MKL (torch) threads of the stack and the jobs, and vLLM's bound cores (default: every core)
+#   TEACHER_JOBS     the jobs to run, in order (default: all, as listed in JOBS below)
+#   TEACHER_RUNS     where everything goes (default runs/teacher)
+#   TEACHER_PORT     the stack's port (default 8000); TEACHER_URL uses a running stack instead of starting one
+#   TEACHER_MODEL    the model of every chat role (default the teacher; builtin:smollm2-135m-instruct with
+#                    TEACHER_SMOKE=1 and another TEACHER_RUNS checks the wiring in minutes)
+#   TEACHER_SMOKE    1: a few documents and questions per job (a wiring check, never the measured run)
+set -euo pipefail
+ENGINE=${TEACHER_ENGINE:-embedded}
+THREADS=${TEACHER_THREADS:-$(nproc)}
+DIR=${TEACHER_RUNS:-runs/teacher}
+PORT=${TEACHER_PORT:-8000}
+MODEL=${TEACHER_MODEL:-builtin:qwen2.5-coder-1.5b-instruct}
+SMOKE=${TEACHER_SMOKE:-0}
+JOBS=${TEACHER_JOBS:-tree-hotpotqa tree-qasper_train traces-hotpotqa traces-qasper_train tree-qasper_dev \
+fable-hotpotqa fable-qasper_dev orion-hotpotqa orion-qasper_dev eval-hotpotqa eval-qasper_dev}
+PYTHON=${PYTHON:-$( [[ -x .venv/bin/python ]] && echo .venv/bin/python || echo python )}
+OVERSTORY=${OVERSTORY:-$( [[ -x .venv/bin/overstory ]] && echo .venv/bin/overstory || echo overstory )}
+export OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
+
+# the smoke sizes: the first documents of each corpus (HotpotQA's first 20 paragraphs hold 2 questions)
+HOT=() QTRAIN=() QDEV=() FEW=() FEWQ=()
+if [[ $SMOKE == 1 ]]; then
+  HOT=(corpus.limit_docs=20) QTRAIN=(corpus.limit_docs=2) QDEV=(corpus.limit_docs=2) FEW=(limit=2)
+  FEWQ=(limit_questions=2)
+fi
+
+job_command() {  # the overstory command line of job $1 (every path under $DIR, the chat roles' model $MODEL)
+  local L=$DIR/lattice F=$DIR/fable O=$DIR/orion
+  case $1 in
+    tree-hotpotqa) echo data lattice-tree --config configs/data/lattice_tree-hotpotqa-teacher.yaml \
+      out="$L/hotpotqa" "${HOT[@]}" ;;
+    tree-qasper_train) echo data lattice-tree --config configs/data/lattice_tree-qasper_train-teacher.yaml \
+      out="$L/qasper_train" "${QTRAIN[@]}" ;;
+    tree-qasper_dev) echo data lattice-tree --config configs/data/lattice_tree-qasper_dev-teacher.yaml \
+      out="$L/qasper_dev" "${QDEV[@]}" ;;
+    traces-hotpotqa) echo data lattice-traces --config configs/data/lattice_traces-hotpotqa-teacher.yaml \
+      tree="$L/hotpotqa/tree.json" out="$L/hotpotqa/traces.jsonl" "${HOT[@]}" "${FEW[@]}" ;;
+    traces-qasper_train) echo data lattice-traces --config configs/data/lattice_traces-qasper_train-teacher.yaml \
+      tree="$L/qasper_train/tree.json" out="$L/qasper_train/traces.jsonl" "${QTRAIN[@]}" "${FEW[@]}" ;;
+    fable-hotpotqa) echo data fable-forest --config configs/data/fable_forest-hotpotqa-teacher.yaml \
+      out="$F/hotpotqa" "${HOT[@]}" ;;
+    fable-qasper_dev) echo data fable-forest --config configs/data/fable_forest-qasper_dev-teacher.yaml \
+      out="$F/qasper_dev" "${QDEV[@]}" ;;
+    orion-hotpotqa) echo data orion-tags --config configs/data/orion_tags-hotpotqa-teacher.yaml \
+      out="$O/hotpotqa" "${HOT[@]}" ;;
+    orion-qasper_dev) echo data orion-tags --config configs/data/orion_tags-qasper_dev-teacher.yaml \
+      out="$O/qasper_dev" "${QDEV[@]}" ;;
+    eval-hotpotqa|eval-qasper_dev)
+      local ds=${1#eval-} limits=("${HOT[@]}")
+      [[ $ds == qasper_dev ]] && limits=("${QDEV[@]}")
+      echo eval pipeline --config "configs/eval/pipeline-$ds-teacher.yaml" out="$DIR/eval/pipeline-$ds" \
+        lattice.tree="$L/$ds/tree.json" fable_forest="$F/$ds/forest.json" orion.tags="$O/$ds" \
+        smartchunk.tokenizer="$MODEL" "${limits[@]}" "${FEWQ[@]}" ;;
+    *) echo "unknown job $1 (the jobs: $JOBS)" >&2; return 2 ;;
+  esac
+}
+
+# What the stack's servers have counted so far (Prometheus /metrics: vLLM's names or the embedded server's), by
+# served model name: requests answered, prompt and generation tokens. Called before and after each job.
+counters() {
+  "$PYTHON" - "$1" <<'PY'
+import json, sys
+from prometheus_client.parser import text_string_to_metric_families
+from overstory.serving.client import Client
+names = {"request_success_total": "calls", "prompt_tokens_total": "prompt_tokens",
+         "generation_tokens_total": "completion_tokens"}
+totals = {}
+for page in Client.from_url(sys.argv[1]).backend.metrics_texts():
+    for family in text_string_to_metric_families(page):
+        for sample in family.samples:
+            key = names.get(sample.name.split(":", 1)[-1])
+            if key:
+                row = totals.setdefault(sample.labels.get("model_name", ""), dict.fromkeys(names.values(), 0))
+                row[key] += int(sample.value)
+print(json.dumps(totals))
+PY
+}
+
+# record JOB STATUS WALL BEFORE AFTER: append this invocation to <job>.invocations.jsonl; when STATUS is 0, write
+# <job>.json, the job's sums over its invocations (the chat roles' models; the embedder's counts shown apart).
+record() {
+  "$PYTHON" - "$DIR/jobs" "$@" "$ENGINE" "$THREADS" "$MODEL" <<'PY'
+import json, sys, time
+from pathlib import Path
+jobs, job, status, wall, before, after, engine, threads, model = sys.argv[1:]
+before, after = json.loads(before), json.loads(after)
+zero = {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0}
+spent = {name: {k: v - before.get(name, zero)[k] for k, v in row.items()} for name, row in after.items()}
+spent = {name: row for name, row in spent.items() if any(row.values())}
+with (Path(jobs) / f"{job}.invocations.jsonl").open("a") as out:
+    out.write(json.dumps({"job": job, "exit": int(status), "wall_s": round(float(wall), 1), "engine": engine,
+                          "threads": int(threads), "model": model, "ended": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                          "by_served_model": spent}) + "\n")
+if status != "0":
+    sys.exit()
+runs = [json.loads(line) for line in (Path(jobs) / f"{job}.invocations.jsonl").read_text().splitlines()]
+wall_s = sum(run["wall_s"] for run in runs)
+chat = {k: sum(row[k] for run in runs for name, row in run["by_served_model"].items() if name != "embedder")
+        for k in zero}
+embedder = {k: sum(run["by_served_model"].get("embedder", zero)[k] for run in runs) for k in zero}
+summary = {"job": job, "finished": True, "invocations": len(runs), "wall_s": round(wall_s, 1),
+           "llm_calls": chat["calls"], "tokens_in": chat["prompt_tokens"], "tokens_out": chat["completion_tokens"],
+           "teacher_tokens_per_s": round(chat["completion_tokens"] / wall_s, 2) if wall_s else 0.0,
+           "embedder": embedder, "engines": sorted({run["engine"] for run in runs}),
+           "threads": sorted({run["threads"] for run in runs}), "models": sorted({run["model"] for run in runs}),
+           "failed_invocations": sum(run["exit"] != 0 for run in runs)}
+(Path(jobs) / f"{job}.json").write_text(json.dumps(summary, indent=2) + "\n")
+print(json.dumps(summary))
+PY
+}
+
+serve_command() {  # the overstory command line of the teacher stack on $ENGINE
+  case $ENGINE in
+    embedded) echo serve --config configs/serve/cpu-teacher.yaml ;;
+    vllm) echo serve --config configs/serve/cpu-teacher-vllm.yaml \
+      vllm_python="${OVERSTORY_VLLM_PYTHON:-.venv-vllm/bin/python}" vllm_env.VLLM_CPU_KVCACHE_SPACE=4 \
+      vllm_env.VLLM_CPU_OMP_THREADS_BIND="0-$((THREADS - 1))" ;;
+    *) echo "TEACHER_ENGINE=$ENGINE: embedded or vllm" >&2; return 2 ;;
+  esac
+  echo port="$PORT" log_dir="$DIR/serve" roles.generator.model="$MODEL" roles.scorer.model="$MODEL" \
+    roles.planner.model="$MODEL"
+}
+
+start_stack() {  # sets URL (for the jobs) and METRICS (where the counters are read)
+  if [[ -n ${TEACHER_URL:-} ]]; then URL=$TEACHER_URL METRICS=$TEACHER_URL; return; fi
+  URL=http://127.0.0.1:$PORT METRICS=$URL
+  [[ $ENGINE == vllm ]] && METRICS=$DIR/serve/stack.json
+  if curl -sf "$URL/health" > /dev/null; then
+    echo "a server already answers on $URL: TEACHER_URL=$URL uses it, TEACHER_PORT picks another port" >&2; exit 2
+  fi
+  rm -f "$DIR/serve/stack.json"  # a killed stack's is stale
+  local command
+  command=$(serve_command | tr '\n' ' ')
+  echo "starting the $ENGINE teacher stack: overstory $command ($THREADS threads; log $DIR/logs/stack.log)"
+  # shellcheck disable=SC2086  # the command's words are serve_command's (no spaces inside a word)
+  "$OVERSTORY" $command >> "$DIR/logs/stack.log" 2>&1 &
+  STACK_PID=$!
+  trap 'kill "$STACK_PID" 2> /dev/null; wait "$STACK_PID" 2> /dev/null || true' EXIT
+  # the first start converts the teacher into the cache (minutes); vLLM then loads it
+  until curl -sf "$URL/health" > /dev/null && [[ -e $METRICS || $METRICS == http* ]]; do
+    kill -0 "$STACK_PID" 2> /dev/null || { echo "the stack exited: see $DIR/logs/stack.log" >&2; exit 1; }
+    sleep 5
+  done
+}
+
+run_job() {
+  local job=$1 command before after started status=0
+  command=$(job_command "$job")
+  if [[ -f $DIR/jobs/$job.json ]]; then echo "$job: finished before ($DIR/jobs/$job.json)"; return; fi
+  echo "$job: overstory $command (log $DIR/logs/$job.log)"
+  before=$(counters "$METRICS")
+  started=$(date +%s.%N)
+  # shellcheck disable=SC2086  # the command's words are job_command's (no spaces inside a word)
+  { echo "== $(date -Is) overstory $command"; "$OVERSTORY" $command server_url="$URL"; } \
+    >> "$DIR/logs/$job.log" 2>&1 || status=$?
+  after=$(counters "$METRICS")
+  record "$job" "$status" "$(awk "BEGIN {print $(date +%s.%N) - $started}")" "$before" "$after"
+  if [[ $status != 0 ]]; then
+    echo "$job failed (exit $status): see $DIR/logs/$job.log; rerun the script to resume it" >&2; exit "$status"
+  fi
+}
+
+main() {
+  local job
+  for job in $JOBS; do job_command "$job" > /dev/null; done  # an unknown job name stops before the stack starts
+  serve_command > /dev/null
+  mkdir -p "$DIR/logs" "$DIR/jobs"
+  start_stack
+  for job in $JOBS; do run_job "$job"; done
+  echo "all done: $DIR/jobs/*.json"
+}
+
+# sourced (tests/test_teacher_runs.py), it only defines the functions
+if [[ ${BASH_SOURCE[0]} == "$0" ]]; then main; fi

@@ -1,0 +1,86 @@
+"""scripts/teacher_runs.sh, the runbook of the teacher jobs: every command line it builds (each job, full size and
+smoke size, and the stack on both engines) goes through the CLI up to the config load, so a renamed key or path
+fails here; its per-job record sums a job's invocations (a killed or failed one, then the one that finished); an
+unknown job stops it before a stack starts. The jobs themselves run in their own tests; the script's run against a
+served model is the wiring check docs/data.md describes (minutes, not part of the suite)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from overstory import cli
+from overstory.cli import job_config_class
+from overstory.core.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "teacher_runs.sh"
+
+
+def sourced(snippet: str, **env: str) -> subprocess.CompletedProcess:
+    """Run ``snippet`` in bash after sourcing the script (which then only defines its functions)."""
+    return subprocess.run(["bash", "-c", f"source {shlex.quote(str(SCRIPT))}\n{snippet}"], cwd=ROOT, text=True,
+                          capture_output=True, env={**os.environ, **env})
+
+
+def command_lines(**env: str) -> list[str]:
+    done = sourced('for job in $JOBS; do job_command "$job"; done; serve_command | tr "\\n" " "', **env)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+@pytest.mark.parametrize("env", [{}, {"TEACHER_SMOKE": "1", "TEACHER_MODEL": "builtin:smollm2-135m-instruct"},
+                                 {"TEACHER_ENGINE": "vllm"}], ids=["full", "smoke", "vllm"])
+def test_every_command_line_loads_its_config(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    lines = command_lines(TEACHER_RUNS="runs/teacher-check", **env)
+    assert len(lines) == 12  # the 11 jobs and the stack
+    loaded = []
+    monkeypatch.setattr(cli, "run_job", lambda g, n, config_path, overrides: loaded.append(
+        load_config(job_config_class(g, n), ROOT / config_path, overrides)))
+    monkeypatch.chdir(ROOT)
+    for line in lines:
+        words = shlex.split(line) + ([] if line.startswith("serve") else ["server_url=http://127.0.0.1:8000"])
+        assert cli.main(words) == 0, line
+    assert len(loaded) == 12 and all("teacher-check" in str(config.out) for config in loaded[:-1])
+    stack = loaded[-1]
+    model = env.get("TEACHER_MODEL", "builtin:qwen2.5-coder-1.5b-instruct")
+    assert {role.model for name, role in stack.roles.items() if name != "embedder"} == {model}
+    assert stack.engine == env.get("TEACHER_ENGINE", "embedded")
+    if stack.engine == "vllm":
+        assert stack.vllm_env["VLLM_CPU_KVCACHE_SPACE"] == "4" and "VLLM_CPU_OMP_THREADS_BIND" in stack.vllm_env
+
+
+def counters(calls: int, prompt: int, completion: int, embedded: int) -> str:
+    return json.dumps({"generator": {"calls": calls, "prompt_tokens": prompt, "completion_tokens": completion},
+                       "embedder": {"calls": 0, "prompt_tokens": embedded, "completion_tokens": 0}})
+
+
+def test_a_jobs_record_sums_its_invocations(tmp_path: Path) -> None:
+    """A first invocation that failed (exit 1) writes no job record; the one that finishes writes the sums of both,
+    the embedder's tokens apart, and the teacher's tokens/s over the summed wall time."""
+    env = {"TEACHER_RUNS": str(tmp_path), "TEACHER_THREADS": "2"}
+    (tmp_path / "jobs").mkdir()
+    first = sourced(f"record traces-hotpotqa 1 100.0 '{counters(0, 0, 0, 0)}' '{counters(10, 5000, 800, 40)}'", **env)
+    assert first.returncode == 0, first.stderr
+    assert not (tmp_path / "jobs" / "traces-hotpotqa.json").exists()
+    second = sourced(f"record traces-hotpotqa 0 60.0 '{counters(10, 5000, 800, 40)}' "
+                     f"'{counters(30, 15000, 2400, 100)}'", **env)
+    assert second.returncode == 0, second.stderr
+    summary = json.loads((tmp_path / "jobs" / "traces-hotpotqa.json").read_text())
+    assert summary["invocations"] == 2 and summary["failed_invocations"] == 1 and summary["wall_s"] == 160.0
+    assert (summary["llm_calls"], summary["tokens_in"], summary["tokens_out"]) == (30, 15000, 2400)
+    assert summary["teacher_tokens_per_s"] == 15.0 and summary["embedder"]["prompt_tokens"] == 100
+    assert summary["engines"] == ["embedded"] and summary["threads"] == [2]
+
+
+def test_an_unknown_job_stops_the_script_before_it_starts_a_stack(tmp_path: Path) -> None:
+    done = subprocess.run(["bash", str(SCRIPT)], cwd=ROOT, text=True, capture_output=True,
+                          env={**os.environ, "TEACHER_RUNS": str(tmp_path / "runs"),
+                               "TEACHER_JOBS": "tree-hotpotqa no-such-job"})
+    assert done.returncode == 2 and "unknown job no-such-job" in done.stderr
+    assert not (tmp_path / "runs").exists()
