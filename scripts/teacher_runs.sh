@@ -81,7 +81,9 @@ job_command() {  # the overstory command line of job $1 (every path under $DIR, 
 }
 
 # What the stack's servers have counted so far (Prometheus /metrics: vLLM's names or the embedded server's), by
-# served model name: requests answered, prompt and generation tokens. Called before and after each job.
+# served model name: requests answered, prompt and generation tokens; and under "failed_requests" the completion
+# requests answered with an error status (not by model: the HTTP layer does not know it). Read before and after
+# each job.
 counters() {
   "$PYTHON" - "$1" <<'PY'
 import json, sys
@@ -89,20 +91,24 @@ from prometheus_client.parser import text_string_to_metric_families
 from overstory.serving.client import Client
 names = {"request_success_total": "calls", "prompt_tokens_total": "prompt_tokens",
          "generation_tokens_total": "completion_tokens"}
-totals = {}
+zero, totals = dict.fromkeys(names.values(), 0), {}
 for page in Client.from_url(sys.argv[1]).backend.metrics_texts():
     for family in text_string_to_metric_families(page):
         for sample in family.samples:
-            key = names.get(sample.name.split(":", 1)[-1])
-            if key:
-                row = totals.setdefault(sample.labels.get("model_name", ""), dict.fromkeys(names.values(), 0))
-                row[key] += int(sample.value)
+            name, labels = sample.name.split(":", 1)[-1], sample.labels
+            if name == "http_requests_total":  # ours: endpoint and status; vLLM's instrumentator: handler, "4xx"
+                route, status = labels.get("endpoint", labels.get("handler", "")), labels.get("status", "")
+                if "completions" in route and status[:1] in ("4", "5"):
+                    totals.setdefault("failed_requests", dict(zero))["calls"] += int(sample.value)
+            elif name in names:
+                totals.setdefault(labels.get("model_name", ""), dict(zero))[names[name]] += int(sample.value)
 print(json.dumps(totals))
 PY
 }
 
 # record JOB STATUS WALL BEFORE AFTER: append this invocation to <job>.invocations.jsonl; when STATUS is 0, write
-# <job>.json, the job's sums over its invocations (the chat roles' models; the embedder's counts shown apart).
+# <job>.json, the job's sums over its invocations (the chat roles' models; the embedder's counts and the completion
+# requests that got an error status shown apart).
 record() {
   "$PYTHON" - "$DIR/jobs" "$@" "$ENGINE" "$THREADS" "$MODEL" <<'PY'
 import json, sys, time
@@ -120,11 +126,14 @@ if status != "0":
     sys.exit()
 runs = [json.loads(line) for line in (Path(jobs) / f"{job}.invocations.jsonl").read_text().splitlines()]
 wall_s = sum(run["wall_s"] for run in runs)
-chat = {k: sum(row[k] for run in runs for name, row in run["by_served_model"].items() if name != "embedder")
+apart = ("embedder", "failed_requests")
+chat = {k: sum(row[k] for run in runs for name, row in run["by_served_model"].items() if name not in apart)
         for k in zero}
 embedder = {k: sum(run["by_served_model"].get("embedder", zero)[k] for run in runs) for k in zero}
+failed = sum(run["by_served_model"].get("failed_requests", zero)["calls"] for run in runs)
 summary = {"job": job, "finished": True, "invocations": len(runs), "wall_s": round(wall_s, 1),
-           "llm_calls": chat["calls"], "tokens_in": chat["prompt_tokens"], "tokens_out": chat["completion_tokens"],
+           "llm_calls": chat["calls"], "failed_llm_calls": failed,
+           "tokens_in": chat["prompt_tokens"], "tokens_out": chat["completion_tokens"],
            "teacher_tokens_per_s": round(chat["completion_tokens"] / wall_s, 2) if wall_s else 0.0,
            "embedder": embedder, "engines": sorted({run["engine"] for run in runs}),
            "threads": sorted({run["threads"] for run in runs}), "models": sorted({run["model"] for run in runs}),

@@ -55,26 +55,29 @@ def test_every_command_line_loads_its_config(env: dict[str, str], monkeypatch: p
         assert stack.vllm_env["VLLM_CPU_KVCACHE_SPACE"] == "4" and "VLLM_CPU_OMP_THREADS_BIND" in stack.vllm_env
 
 
-def counters(calls: int, prompt: int, completion: int, embedded: int) -> str:
+def counters(calls: int, prompt: int, completion: int, embedded: int, failed: int = 0) -> str:
+    """What ``counters`` prints: the stack's running totals by served model name."""
     return json.dumps({"generator": {"calls": calls, "prompt_tokens": prompt, "completion_tokens": completion},
-                       "embedder": {"calls": 0, "prompt_tokens": embedded, "completion_tokens": 0}})
+                       "embedder": {"calls": 0, "prompt_tokens": embedded, "completion_tokens": 0},
+                       "failed_requests": {"calls": failed, "prompt_tokens": 0, "completion_tokens": 0}})
 
 
 def test_a_jobs_record_sums_its_invocations(tmp_path: Path) -> None:
     """A first invocation that failed (exit 1) writes no job record; the one that finishes writes the sums of both,
-    the embedder's tokens apart, and the teacher's tokens/s over the summed wall time."""
+    the embedder's tokens and the refused requests apart, and the teacher's tokens/s over the summed wall time."""
     env = {"TEACHER_RUNS": str(tmp_path), "TEACHER_THREADS": "2"}
     (tmp_path / "jobs").mkdir()
     first = sourced(f"record traces-hotpotqa 1 100.0 '{counters(0, 0, 0, 0)}' '{counters(10, 5000, 800, 40)}'", **env)
     assert first.returncode == 0, first.stderr
     assert not (tmp_path / "jobs" / "traces-hotpotqa.json").exists()
     second = sourced(f"record traces-hotpotqa 0 60.0 '{counters(10, 5000, 800, 40)}' "
-                     f"'{counters(30, 15000, 2400, 100)}'", **env)
+                     f"'{counters(30, 15000, 2400, 100, failed=3)}'", **env)
     assert second.returncode == 0, second.stderr
     summary = json.loads((tmp_path / "jobs" / "traces-hotpotqa.json").read_text())
     assert summary["invocations"] == 2 and summary["failed_invocations"] == 1 and summary["wall_s"] == 160.0
     assert (summary["llm_calls"], summary["tokens_in"], summary["tokens_out"]) == (30, 15000, 2400)
     assert summary["teacher_tokens_per_s"] == 15.0 and summary["embedder"]["prompt_tokens"] == 100
+    assert summary["failed_llm_calls"] == 3
     assert summary["engines"] == ["embedded"] and summary["threads"] == [2]
 
 
