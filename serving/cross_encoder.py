@@ -6,11 +6,16 @@ Why a cross-encoder: a LATTICE-style scorer that reads the query and a candidate
 than comparing two independent embeddings, and one forward pass per pair is far cheaper than asking a
 chat model for a judgement.
 
-Scores are what ``CrossEncoder(folder).predict(pairs)`` returns with the model's own default activation,
-which for a one-label model is a sigmoid: relevance probabilities in [0, 1]. Models whose saved activation
-does not map into [0, 1] (e.g. older rerankers saved with ``Identity``, which return raw logits) are refused
-at load time rather than served with a different meaning. Pairs longer than the model's ``max_seq_length``
-are truncated exactly as ``predict`` truncates them (``longest_first``); vLLM would refuse them instead.
+Scores are what ``CrossEncoder(folder).predict(pairs)`` returns with the model's own saved activation, one of
+``ACTIVATIONS``: a sigmoid gives relevance probabilities in [0, 1] (what a pointwise, binary cross-entropy model is
+read as); an identity gives the raw logits, which sentence-transformers recommends for listwise losses (ListNet,
+LambdaLoss: a sigmoid saturates and flattens the ranking they learn). Every response says which in an
+``activation`` field (an extra key beside vLLM's, which a vLLM client ignores), so a consumer knows whether it
+holds probabilities or logits. A folder saved with any other activation (a tanh, a softmax) is logged as an error
+at load and every request naming it is answered with a 400 that names the activation: its scores would mean
+something no consumer here expects. A non-finite score (a broken checkpoint) is an error, never a ranking.
+Pairs longer than the model's ``max_seq_length`` are truncated exactly as ``predict`` truncates them
+(``longest_first``); vLLM would refuse them instead.
 
 Shapes follow vLLM 0.32.0, ``vllm/entrypoints/pooling/scoring/protocol.py`` (request and response models),
 ``scoring/serving.py`` (how responses are filled) and ``scoring/utils.py`` (which length pairings are
@@ -25,8 +30,12 @@ to ``handle_rerank``; both raise ``BadRequest`` with ``param`` set, which the se
 
 from __future__ import annotations
 
+import json
+import logging
+import math
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,6 +44,11 @@ from pydantic import Field, model_validator
 from overstory.serving.errors import BadRequest
 from overstory.serving.model_thread import ModelThread
 from overstory.serving.protocol import StrictRequest, label, refused
+
+logger = logging.getLogger(__name__)
+
+# The activations served, by the name responses give them: what each makes of the model's one logit
+ACTIVATIONS: dict[type[torch.nn.Module], str] = {torch.nn.Sigmoid: "sigmoid", torch.nn.Identity: "identity"}
 
 # The four spellings of a /score request vLLM accepts (one pydantic model each there), in the order its
 # request union tries them: first field holds the queries, second the texts they are scored against.
@@ -59,13 +73,18 @@ class CrossEncoderModel:
         if self.encoder.num_labels != 1:
             raise ValueError(f"{folder}: a scorer needs a one-label cross-encoder (one relevance score per pair), "
                              f"this one has {self.encoder.num_labels} labels")
-        # predict() applies the model's saved activation; only a sigmoid turns one logit into a score in
-        # [0, 1]. Serving logits under the same field name would silently change what a score means.
-        if not isinstance(self.encoder.activation_fn, torch.nn.Sigmoid):
-            raise ValueError(f"{folder}: the model's activation is {self.encoder.activation_fn!r}, so its scores are "
-                             "not in [0, 1]; re-save it with CrossEncoder(..., activation_fn=torch.nn.Sigmoid())")
+        # "": served; else the refusal every request naming the model gets (a 400 naming the activation)
+        self.activation, self.refusal = activation_name(self.encoder.activation_fn), ""
+        if not self.activation:
+            self.refusal = unknown_activation_message(folder, self.encoder.activation_fn)
+            logger.error("%s", self.refusal)
         # its forward passes on a thread of its own, one at a time (model_thread.py says why)
         self.thread = ModelThread(folder)
+
+    def require_served(self) -> None:
+        """Raise the 400 naming the model's activation when it is not one of ``ACTIVATIONS``."""
+        if self.refusal:
+            raise BadRequest(self.refusal, param="model")
 
     @property
     def max_length(self) -> int:
@@ -83,7 +102,9 @@ class CrossEncoderModel:
 
     def score_pairs(self, queries: list[str], texts: list[str], *, query_param: str = "text_1",
                     texts_param: str = "text_2") -> tuple[list[float], int]:
-        """Scores in [0, 1] of ``queries[i]`` against ``texts[i]``, and the number of tokens scored."""
+        """Scores (probabilities or logits: ``activation``) of ``queries[i]`` against ``texts[i]``, and the number of
+        tokens scored."""
+        self.require_served()
         if len(queries) != len(texts):
             raise BadRequest(f"{len(queries)} queries but {len(texts)} texts: pairs need as many of each",
                              param=texts_param)
@@ -102,10 +123,47 @@ class CrossEncoderModel:
             self.encoder.preprocess(pairs)))
         n_tokens = int(features["attention_mask"].sum())
         values = [float(s) for s in scores]
-        # a sigmoid cannot leave [0, 1]; NaN can (a broken checkpoint) and must not reach a ranking
-        if not all(0.0 <= v <= 1.0 for v in values):
-            raise RuntimeError(f"{self.folder}: scores outside [0, 1]: {values[:5]}")
+        # a sigmoid cannot leave [0, 1] and a logit is finite; NaN is neither (a broken checkpoint) and must not
+        # reach a ranking
+        valid = (lambda v: 0.0 <= v <= 1.0) if self.activation == "sigmoid" else math.isfinite
+        if not all(valid(v) for v in values):
+            raise RuntimeError(f"{self.folder}: invalid {self.activation} scores: {values[:5]}")
         return values, n_tokens
+
+
+def activation_name(activation: object) -> str:
+    """The served name of a loaded cross-encoder's activation (``ACTIVATIONS``), "" for one not served."""
+    return next((name for kind, name in ACTIVATIONS.items() if isinstance(activation, kind)), "")
+
+
+def unknown_activation_message(folder: str, activation: object) -> str:
+    """Why a folder's activation is not served, naming it and the fix."""
+    return (f"{folder}: the cross-encoder's activation {type(activation).__name__} is not served (served: "
+            f"{', '.join(f'torch.nn.{kind.__name__}' for kind in ACTIVATIONS)}); re-save it with "
+            "CrossEncoder(..., activation_fn=torch.nn.Sigmoid()) or torch.nn.Identity()")
+
+
+def saved_activation(folder: str | Path) -> str:
+    """The activation a CrossEncoder folder was saved with, by its served name (``ACTIVATIONS``), read from the
+    files without loading the model, as sentence-transformers reads them: ``config_sentence_transformers.json``'s
+    ``activation_fn`` (v4 and later), else ``config.json``'s ``sentence_transformers.activation_fn`` or
+    ``sbert_ce_default_activation_function`` (older folders), else its default for one label, a sigmoid. Raises
+    ValueError naming an activation that is not served, so a consumer never reads logits as probabilities."""
+    folder = Path(folder)
+    path = ""
+    st_config = folder / "config_sentence_transformers.json"
+    if st_config.exists():
+        path = json.loads(st_config.read_text()).get("activation_fn") or ""
+    if not path and (folder / "config.json").exists():
+        config = json.loads((folder / "config.json").read_text())
+        path = (config.get("sentence_transformers") or {}).get("activation_fn") or config.get(
+            "sbert_ce_default_activation_function") or ""
+    name = path.rsplit(".", 1)[-1] if path else "Sigmoid"
+    served = {kind.__name__: served_name for kind, served_name in ACTIVATIONS.items()}
+    if name not in served:
+        raise ValueError(f"{folder}: the cross-encoder's activation {name} is not served (served: "
+                         f"{', '.join(served)})")
+    return served[name]
 
 
 def _request_id() -> str:
@@ -132,10 +190,12 @@ class _ScoringRequest(StrictRequest):
     max_tokens_per_query: int = 0
     max_tokens_per_doc: int = 0
 
-    def check_supported(self) -> None:
-        if self.use_activation is False:
-            raise BadRequest("use_activation=false (raw logits) is not served; scores are probabilities in [0, 1]",
-                             param="use_activation")
+    def check_supported(self, activation: str = "sigmoid") -> None:
+        """Refuse what the model serving the request (its ``activation``) cannot honour."""
+        # raw logits are what an identity model serves anyway; a sigmoid model serves probabilities only
+        if self.use_activation is False and activation != "identity":
+            raise BadRequest("use_activation=false (raw logits) is not served by this sigmoid model; its scores are "
+                             "probabilities in [0, 1]", param="use_activation")
         # -1 is vLLM's "truncate to the model's maximum", which is what the scorer always does
         if self.truncate_prompt_tokens not in (None, -1):
             raise BadRequest("truncate_prompt_tokens is not supported; pairs are truncated to the model's "
@@ -190,9 +250,11 @@ def _as_list(value: str | list[str]) -> list[str]:
 def handle_score(model: CrossEncoderModel, request: ScoreRequest) -> dict[str, Any]:
     """vLLM 0.32's ``ScoreResponse``: ``{"id": "score-…", "object": "list", "created", "model",
     "data": [{"index", "object": "score", "score"}], "usage": {"prompt_tokens", "total_tokens",
-    "completion_tokens": 0, "prompt_tokens_details": null, "completion_tokens_details": null}}``,
-    one entry per pair in request order."""
-    request.check_supported()
+    "completion_tokens": 0, "prompt_tokens_details": null, "completion_tokens_details": null},
+    "activation": "sigmoid" | "identity"}``, one entry per pair in request order (``activation``, our extra key:
+    scores are probabilities or raw logits)."""
+    model.require_served()
+    request.check_supported(model.activation)
     first, second = request.fields
     queries, texts = _as_list(getattr(request, first)), _as_list(getattr(request, second))
     # vLLM's _validate_score_input_lens: 1:1, 1:N or N:N, nothing else
@@ -211,6 +273,7 @@ def handle_score(model: CrossEncoderModel, request: ScoreRequest) -> dict[str, A
         "data": [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)],
         "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens, "completion_tokens": 0,
                   "prompt_tokens_details": None, "completion_tokens_details": None},
+        "activation": model.activation,
     }
 
 
@@ -218,8 +281,10 @@ def handle_rerank(model: CrossEncoderModel, request: RerankRequest) -> dict[str,
     """vLLM 0.32's ``RerankResponse``: ``{"id": "score-…", "model", "usage": {"prompt_tokens",
     "total_tokens"}, "results": [{"index", "document": {"text", "multi_modal": null}, "relevance_score"}]}``,
     results sorted by score (highest first; ties keep document order) and cut to ``top_n`` when it is
-    positive and below the number of documents. ``index`` is the document's position in the request."""
-    request.check_supported()
+    positive and below the number of documents. ``index`` is the document's position in the request;
+    ``activation`` as in ``handle_score``."""
+    model.require_served()
+    request.check_supported(model.activation)
     documents = _as_list(request.documents)
     scores, n_tokens = model.score(request.query, documents, query_param="query", texts_param="documents")
     results = [{"index": i, "document": {"text": doc, "multi_modal": None}, "relevance_score": s}
@@ -230,4 +295,5 @@ def handle_rerank(model: CrossEncoderModel, request: RerankRequest) -> dict[str,
         "id": f"score-{request.request_id}", "model": request.model,
         "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
         "results": results[:top_n],
+        "activation": model.activation,
     }

@@ -1,5 +1,7 @@
-"""The cross-encoder scorer (serving/cross_encoder.py): served scores are CrossEncoder.predict's, in [0, 1];
-/score and /rerank answer with vLLM 0.32's shapes; bad requests are BadRequest naming the field.
+"""The cross-encoder scorer (serving/cross_encoder.py): served scores are CrossEncoder.predict's, in [0, 1] for a
+sigmoid model and raw logits for an identity one (each response says which); /score and /rerank answer with vLLM
+0.32's shapes; bad requests are BadRequest naming the field; a folder saved with another activation is served as a
+400 naming it, through the server's own handlers.
 
 The model is an untrained MiniLM cross-encoder (tests/serving/cross_encoder_fixture.py): these tests check
 serving, not ranking quality.
@@ -13,14 +15,18 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from overstory.serving.client import ClientError
+from overstory.serving.config import RoleConfig, ServeConfig
 from overstory.serving.cross_encoder import (
     CrossEncoderModel,
     RerankRequest,
     ScoreRequest,
     handle_rerank,
     handle_score,
+    saved_activation,
 )
 from overstory.serving.errors import BadRequest
+from overstory.serving.in_process import in_process_client
 
 QUERY = "how does a hierarchical retrieval tree route a question"
 DOCS = [
@@ -30,11 +36,12 @@ DOCS = [
     "The 1998 season ended with a draw.",
     "retrieval " * 300,  # longer than the model's 512 tokens: truncated, not refused
 ]
-# the keys vLLM 0.32's /score and /v1/rerank answered with, served from a folder built like the fixture's
-SCORE_KEYS = {"id", "object", "created", "model", "data", "usage"}
+# the keys vLLM 0.32's /score and /v1/rerank answered with, served from a folder built like the fixture's, plus our
+# "activation" (probabilities or logits), which a vLLM client ignores
+SCORE_KEYS = {"id", "object", "created", "model", "data", "usage", "activation"}
 SCORE_USAGE_KEYS = {"prompt_tokens", "total_tokens", "completion_tokens", "prompt_tokens_details",
                     "completion_tokens_details"}
-RERANK_KEYS = {"id", "model", "usage", "results"}
+RERANK_KEYS = {"id", "model", "usage", "results", "activation"}
 
 
 @pytest.fixture(scope="module")
@@ -214,11 +221,47 @@ def test_score_request_reports_the_fields_it_used() -> None:
         RerankRequest(model="s", query="q", documents=["x"], top_n=-1)
 
 
-@pytest.mark.slow
-def test_refuses_models_whose_scores_are_not_probabilities(folder, tmp_path) -> None:
+def _resaved(folder: str, out, activation: torch.nn.Module) -> str:
+    """The fixture's model saved again with another activation (the weights, so the logits, are the same)."""
     from sentence_transformers import CrossEncoder
 
-    logits_model = CrossEncoder(folder, device="cpu", activation_fn=torch.nn.Identity())
-    logits_model.save(str(tmp_path / "logits"))
-    with pytest.raises(ValueError, match="not in \\[0, 1\\]"):
-        CrossEncoderModel(str(tmp_path / "logits"))
+    CrossEncoder(folder, device="cpu", activation_fn=activation).save(str(out))
+    return str(out)
+
+
+@pytest.mark.slow
+def test_an_identity_model_serves_raw_logits_and_says_so(folder, reference, tmp_path) -> None:
+    logits_folder = _resaved(folder, tmp_path / "logits", torch.nn.Identity())
+    model = CrossEncoderModel(logits_folder)
+    assert (model.activation, saved_activation(logits_folder), saved_activation(folder)) == (
+        "identity", "identity", "sigmoid")
+    response = handle_score(model, ScoreRequest(model="s", queries=QUERY, documents=DOCS[:4]))
+    logits = [d["score"] for d in response["data"]]
+    assert response["activation"] == "identity"
+    # the sigmoid model's probabilities are the sigmoid of these very logits: same weights, only the head's reading
+    assert torch.sigmoid(torch.tensor(logits)).tolist() == pytest.approx(predict(reference, [(QUERY, d) for d in
+                                                                                           DOCS[:4]]), abs=1e-5)
+    rerank = handle_rerank(model, RerankRequest(model="s", query=QUERY, documents=DOCS[:4]))
+    assert rerank["activation"] == "identity" and [r["relevance_score"] for r in rerank["results"]] == sorted(
+        logits, reverse=True)
+    # raw logits are what this model serves anyway, so vLLM's use_activation=false is honoured, not refused
+    handle_score(model, ScoreRequest(model="s", text_1=QUERY, text_2=DOCS[0], use_activation=False))
+    assert handle_score(CrossEncoderModel(folder), ScoreRequest(model="s", text_1=QUERY, text_2=DOCS[0]))[
+        "activation"] == "sigmoid"
+
+
+@pytest.mark.slow
+def test_an_unknown_activation_is_a_400_naming_it(folder, tmp_path, engines, caplog) -> None:
+    """A folder saved with a tanh: the load logs an error naming it, and a request to the role gets a 400 (through
+    the server's own handlers) naming it, on /score and /v1/rerank alike; eval lattice reads it from the folder."""
+    tanh_folder = _resaved(folder, tmp_path / "tanh", torch.nn.Tanh())
+    with caplog.at_level("ERROR", logger="overstory.serving.cross_encoder"):
+        engine = engines(ServeConfig(port=0, roles={"scorer": RoleConfig(model=tanh_folder, kind="cross-encoder")}))
+    assert "activation Tanh is not served" in caplog.text
+    client = in_process_client(engine)
+    for call in (lambda: client.score("scorer", QUERY, DOCS[:2]), lambda: client.rerank("scorer", QUERY, DOCS[:2])):
+        with pytest.raises(ClientError) as refused:
+            call()
+        assert refused.value.status == 400 and "activation Tanh is not served" in str(refused.value)
+    with pytest.raises(ValueError, match="activation Tanh is not served"):
+        saved_activation(tanh_folder)
