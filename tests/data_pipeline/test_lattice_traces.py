@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from pathlib import Path
 
 from fastapi import FastAPI
@@ -71,9 +72,18 @@ def _stand_in_scorer(answer) -> FastAPI:
     return app
 
 
-async def _never() -> JSONResponse:
-    await asyncio.sleep(30)
-    return JSONResponse({})
+class Unanswered:
+    """A slate answer that never comes while the job runs: it waits until ``released``, set once the job has given
+    up, so no reply can race the client's timeout, and the server stops at once afterwards (uvicorn lets a request
+    in flight finish before it exits: a long fixed sleep would hold the test that long)."""
+
+    def __init__(self) -> None:
+        self.released = threading.Event()
+
+    async def __call__(self) -> JSONResponse:
+        while not self.released.is_set():
+            await asyncio.sleep(0.05)
+        return JSONResponse({})
 
 
 async def _refuse() -> JSONResponse:
@@ -90,8 +100,12 @@ def test_a_timed_out_slate_fails_its_question_for_a_rerun(lattice_tree: Path, tm
     """A server that never answers a slate: with ``request_timeout_s=0.2`` each request times out, the question is
     not logged as done but listed as failed (a rerun searches it again), and the job exits 1 naming the count."""
     out = tmp_path / "traces.jsonl"
-    with serve_in_background(_stand_in_scorer(_never)) as url:
-        assert _llm_run(lattice_tree, out, url) == 1
+    never = Unanswered()
+    with serve_in_background(_stand_in_scorer(never)) as url:
+        try:
+            assert _llm_run(lattice_tree, out, url) == 1
+        finally:
+            never.released.set()
     assert "lattice-traces: 1 of 1 items failed" in capsys.readouterr().err
     assert not list(read_jsonl(out)) and not list(read_jsonl(tmp_path / "traces.queries.jsonl"))
     (failure,) = read_jsonl(tmp_path / "traces.failures.jsonl")
