@@ -28,6 +28,9 @@ class LatticeStrategyConfig:
     tree: str = ""  # a tree.json from `overstory data lattice-tree` over the same corpus
     leaf_level: str = "paragraph"  # the level the tree was built over
     scorer: Literal["llm", "cross_encoder"] = "llm"  # what the served `scorer` role is
+    # cross_encoder: what its folder serves, probabilities (sigmoid) or raw logits (identity); a scorer told sigmoid
+    # that receives logits outside [0, 1] stops with a ConfigError naming this key's fix
+    cross_encoder_activation: Literal["sigmoid", "identity"] = "sigmoid"
     search: SearchConfig = field(default_factory=lambda: SearchConfig(iterations=4, top_k=10))
     max_tokens: int = 256  # per listwise slate reply
     max_candidate_chars: int = 300
@@ -70,7 +73,7 @@ class LatticeStrategy:
 
     def _scorer(self, client: Client):
         if self.config.scorer == "cross_encoder":
-            return CrossEncoderSlateScorer(client)
+            return CrossEncoderSlateScorer(client, activation=self.config.cross_encoder_activation)
         return LLMSlateScorer(client, max_tokens=self.config.max_tokens, max_attempts=self.config.max_attempts,
                               max_candidate_chars=self.config.max_candidate_chars)
 

@@ -1,5 +1,7 @@
 """LATTICE's search over a tree of the shipped HotpotQA sample: the oracle reaches the gold (the tree and the
 search lose no gold leaf), damaged replies keep their valid scores, and the real built-in model drives it end to end.
+A reply cut by max_tokens keeps its complete scores and is counted; a slate prompt longer than the served context is
+refused before sending, failed and counted.
 Over a five-node tree with known scores: path relevance by hand, and where an unscored candidate ranks. A request the
 server refuses raises; one that fails for a transient reason is a failed slate marked for a rerun.
 
@@ -16,6 +18,7 @@ import numpy as np
 import pytest
 
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
+from overstory.evaluation.repairs import is_repair, repair_counts
 from overstory.models.registry import MINILM, SMOLLM2, load_sentence_encoder
 from overstory.retrieval.lattice.calibration import Observation, fit_latent_scores
 from overstory.retrieval.lattice.insert import insert_leaf, overfull_nodes, split_overfull
@@ -24,6 +27,7 @@ from overstory.retrieval.lattice.scorers import (
     CrossEncoderSlateScorer,
     LLMSlateScorer,
     OracleSlateScorer,
+    Slate,
     SlateScore,
 )
 from overstory.retrieval.lattice.search import SearchConfig, search
@@ -260,3 +264,69 @@ def test_a_transient_request_failure_is_a_failed_slate_marked_for_a_rerun(errors
     assert server.requests == 2 and result.failed_slates == 1 and not slate.parsed
     assert slate.failure == failure
     assert slate.raw_reply == (f"<request failed: {failure}>" if failure else "not json")
+
+
+# ------------------------------------------------------------------------------ replies cut short, prompts too long
+
+
+class TruncatingServer:
+    """Stands in for a chat server whose slate reply is cut by ``max_tokens`` (finish_reason "length") after
+    ``reply``: a real model cannot be made to stop at a chosen place in its JSON on cue. It lists a 2,048-token
+    context and counts every prompt as 50 tokens, so the length check lets the slate through."""
+
+    def __init__(self, reply: str):
+        self.reply, self.paths = reply, []
+
+    def post(self, path, payload):
+        self.paths.append(path)
+        if path == "/tokenize":
+            return {"count": 50, "max_model_len": 2048, "tokens": [0] * 50, "token_strs": None}, 0
+        return {"choices": [{"index": 0, "message": {"role": "assistant", "content": self.reply},
+                             "finish_reason": "length"}], "usage": {"prompt_tokens": 50, "completion_tokens": 9}}, 0
+
+    def get(self, path):
+        return [{"object": "list", "data": [{"id": "scorer", "object": "model", "max_model_len": 2048}]}]
+
+    def close(self):
+        pass
+
+
+def test_a_truncated_reply_keeps_its_parsed_scores_and_is_counted():
+    """The root's slate (A, B) gets a reply cut inside its scores: A's complete pair is kept, B is missing (unscored),
+    the slate is not asked again (it would be cut at the same place), and the truncation is counted among the
+    repairs eval lattice shows. A reply cut before any score is asked again, then kept as a failed slate."""
+    server = TruncatingServer('{"reasoning": "A fits", "ranking": [0, 1], "relevance_scores": [[0, 80], [1, 1')
+    [result] = search(small_tree(), [("q", "query")], LLMSlateScorer(Client(server), max_attempts=2),
+                      SearchConfig(iterations=1))
+    [slate] = result.slates
+    assert slate.parsed and slate.raw_scores == [80.0, None] and slate.reasoning == "A fits"
+    assert server.paths == ["/tokenize", "/v1/chat/completions"] and result.llm_calls == 1
+    assert result.problems["reply_truncated"] == 1 and result.problems["missing"] == 1
+    assert repair_counts([result.problems]) == {"reply_truncated": 1, "missing": 1, "unscored_candidates": 1}
+    cut_early = TruncatingServer('{"reasoning": "A fi')
+    [result] = search(small_tree(), [("q", "query")], LLMSlateScorer(Client(cut_early), max_attempts=2),
+                      SearchConfig(iterations=1))
+    assert result.failed_slates == 1 and result.llm_calls == 2 and result.problems["reply_truncated"] == 2
+    assert result.slates[0].failure == ""  # the server answered: no request failure to ask again on a rerun
+
+
+@pytest.mark.slow
+def test_a_slate_prompt_longer_than_the_context_is_refused_before_sending(engines):
+    """SmolLM2 served with a 320-token context: a slate of three real HotpotQA paragraphs does not fit with its
+    completion and is not sent (no chat request reaches the engine), but failed and counted; a short slate in the
+    same batch is sent and answered."""
+    documents, questions = load_corpus(CorpusConfig(kind="hotpotqa", path=str(ROOT / "data" / "hotpotqa")))
+    paragraphs = {d.id: f"{d.title}: {d.text}" for d in documents}
+    question = questions[0]
+    long_texts = [paragraphs[i] for i in question.gold_doc_ids] + [paragraphs[documents[0].id]]
+    engine = engines(ServeConfig(port=0, roles={"scorer": RoleConfig(model=SMOLLM2, max_model_len=320)}))
+    client = in_process_client(engine)
+    scorer = LLMSlateScorer(client, max_tokens=48, max_candidate_chars=600, max_reasoning_chars=20, max_attempts=1)
+    too_long = Slate(question.id, question.question, ["a", "b", "c"], long_texts, True)
+    short = Slate(question.id, question.question, ["a", "b"], ["Barnaby Joyce.", "Bananas."], True)
+    refused, sent = scorer.score([too_long, short])
+    assert refused.calls == 0 and not refused.parsed and refused.scores == {} and refused.failure == ""
+    assert refused.problems == {"missing": 3, "prompt_too_long_failed": 1} and "320-token context" in refused.raw
+    assert sent.calls == 1 and sent.input_tokens > 0  # a slate that fits is sent as before
+    assert client.stats.summary()["scorer"]["requests"] == 1  # only the short slate's chat request
+    assert is_repair("prompt_too_long_failed") and is_repair("reply_truncated")
