@@ -42,10 +42,10 @@ PYTHON=${PYTHON:-$( [[ -x .venv/bin/python ]] && echo .venv/bin/python || echo p
 OVERSTORY=${OVERSTORY:-$( [[ -x .venv/bin/overstory ]] && echo .venv/bin/overstory || echo overstory )}
 export OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
 
-# the smoke sizes: the first documents of each corpus (HotpotQA's first 20 paragraphs hold 2 questions)
+# the smoke sizes: the first documents of each corpus (HotpotQA's first 60 paragraphs hold one of its questions)
 HOT=() QTRAIN=() QDEV=() FEW=() FEWQ=()
 if [[ $SMOKE == 1 ]]; then
-  HOT=(corpus.limit_docs=20) QTRAIN=(corpus.limit_docs=2) QDEV=(corpus.limit_docs=2) FEW=(limit=2)
+  HOT=(corpus.limit_docs=60) QTRAIN=(corpus.limit_docs=2) QDEV=(corpus.limit_docs=2) FEW=(limit=2)
   FEWQ=(limit_questions=2)
 fi
 
