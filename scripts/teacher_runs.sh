@@ -140,6 +140,9 @@ summary = {"job": job, "finished": True, "invocations": len(runs), "wall_s": rou
            "failed_invocations": sum(run["exit"] != 0 for run in runs)}
 (Path(jobs) / f"{job}.json").write_text(json.dumps(summary, indent=2) + "\n")
 print(json.dumps(summary))
+if failed:  # a job may finish on fallbacks for refused requests: say so beside its record
+    print(f"warning: {job}: the stack answered {failed} of its completion requests with an error status; the job's "
+          f"log and records say what it did instead", file=sys.stderr)
 PY
 }
 

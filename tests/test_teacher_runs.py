@@ -78,6 +78,8 @@ def test_a_jobs_record_sums_its_invocations(tmp_path: Path) -> None:
     assert (summary["llm_calls"], summary["tokens_in"], summary["tokens_out"]) == (30, 15000, 2400)
     assert summary["teacher_tokens_per_s"] == 15.0 and summary["embedder"]["prompt_tokens"] == 100
     assert summary["failed_llm_calls"] == 3
+    assert "warning: traces-hotpotqa: the stack answered 3 of its completion requests with an error status" in \
+        second.stderr
     assert summary["engines"] == ["embedded"] and summary["threads"] == [2]
 
 
