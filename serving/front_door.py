@@ -10,6 +10,12 @@ puts an ASGI middleware in front of the embedded app so that its port answers fo
   they arrive, and the upstream request is closed when the client goes away, so vLLM stops generating;
 - ``GET /v1/models`` lists every role (the embedded app's and the upstreams'), ``GET /health`` answers 200
   only when the embedded app and every upstream answer;
+- a body for such a role that names a field in neither OpenAI's nor vLLM's request schema of its path gets the
+  400 the embedded server answers (``Unrecognized request argument supplied: <name>``, nested fields too) and
+  never reaches vLLM, which would ignore the field with a warning; every field of either schema is passed on.
+  vLLM's removed ``guided_*`` fields, which it ignores, are refused too. The schemas are the embedded server's
+  request models (``REQUEST_MODELS``), which declare them all; a path without one (``/v1/responses``) is passed
+  on unchecked;
 - everything else, including a body that names no proxied role, goes to the embedded app unchanged (the body
   read to peek at ``model`` is replayed to it).
 
@@ -34,7 +40,19 @@ import anyio
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from overstory.serving.cross_encoder import RerankRequest, ScoreRequest
+from overstory.serving.protocol import (
+    ChatRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    EmbeddingRequest,
+    SamplingRequest,
+    TokenizeRequest,
+    validation_message,
+)
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +61,15 @@ PROXIED_PATHS = frozenset({
     "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses",
     "/tokenize", "/detokenize", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank",
 })
+# The embedded server's request model of each proxied path: it declares every field of OpenAI's and vLLM's
+# schema for that path, so its unknown fields are the names in neither.
+REQUEST_MODELS: dict[str, type[BaseModel]] = {
+    "/v1/chat/completions": ChatRequest, "/v1/completions": CompletionRequest, "/v1/embeddings": EmbeddingRequest,
+    "/tokenize": TokenizeRequest, "/detokenize": DetokenizeRequest, "/score": ScoreRequest, "/v1/score": ScoreRequest,
+    "/rerank": RerankRequest, "/v1/rerank": RerankRequest, "/v2/rerank": RerankRequest,
+}
+# vLLM's guided decoding fields, removed in vLLM 0.12 and ignored there since (the embedded server refuses them)
+REMOVED_BY_VLLM = frozenset(name for name in SamplingRequest.model_fields if name.startswith("guided_"))
 # Headers that describe one connection, not the message (RFC 9110 section 7.6.1), and the ones the next hop
 # sets itself (host, content-length of the request; date and server of the response, which uvicorn adds).
 _REQUEST_SKIP = frozenset({b"connection", b"keep-alive", b"proxy-authorization", b"proxy-connection", b"te",
@@ -94,12 +121,46 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
-def _model_of(body: bytes) -> str | None:
+def _payload(body: bytes) -> dict[str, Any]:
+    """The body's JSON object; empty when it is not JSON or not an object (the app answers with its own error)."""
     try:
-        model = json.loads(body).get("model")
-    except (ValueError, AttributeError):  # not JSON, or not an object: the app answers with its own error
-        return None
+        payload = json.loads(body)
+    except ValueError:
+        return {}
+    return payload if isinstance(payload, dict) else {}
+
+
+def _model_of(body: bytes) -> str | None:
+    model = _payload(body).get("model")
     return model if isinstance(model, str) else None
+
+
+def _unknown_fields(model: type[BaseModel], payload: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """pydantic's ``extra_forbidden`` errors of ``payload`` under ``model``: its fields (nested ones too) that
+    the model lacks. Other errors are left out: a value the embedded engine cannot honour is vLLM's to judge."""
+    try:
+        model.model_validate(payload)
+    except ValidationError as exc:
+        return [error for error in exc.errors() if error["type"] == "extra_forbidden"]
+    return []
+
+
+def door_refusal(path: str, payload: Mapping[str, Any]) -> JSONResponse | None:
+    """The 400 for a body that names a field in neither OpenAI's nor vLLM's request schema of ``path`` (the
+    embedded server's wording, every such field named), or None when it names none or no model checks ``path``.
+    vLLM's removed ``guided_*`` fields, which it ignores, are refused with the embedded server's pointer."""
+    model = REQUEST_MODELS.get(path)
+    if model is None:
+        return None
+    if unknown := _unknown_fields(model, payload):
+        message, param = validation_message(unknown)
+    elif issubclass(model, SamplingRequest) and (removed := sorted(REMOVED_BY_VLLM & payload.keys())):
+        param = removed[0]
+        reason = model.model_fields[param].json_schema_extra["refused"]
+        message = f"{param} is not supported: vLLM removed it and ignores it; {reason}"
+    else:
+        return None
+    return JSONResponse(status_code=400, content=error_body(400, message, "invalid_request_error", param))
 
 
 class FrontDoor:
@@ -152,16 +213,24 @@ class FrontDoor:
         if method == "GET" and path == "/v1/models":
             return await self._models(scope, send)
         if method == "POST" and path in PROXIED_PATHS and self.upstreams:
-            body = await _read_body(receive)
-            if body is None:
-                return None
-            role = _model_of(body)
-            if role in self.upstreams:
-                if not self._authorized(scope):
-                    return await _unauthorized()(scope, receive, send)
-                return await self._proxy(scope, receive, send, body, self.upstreams[role])
-            receive = _replay(body, receive)
+            return await self._post(scope, receive, send)
         return await self.app(scope, receive, send)
+
+    async def _post(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A POST to a proxied path: to the upstream of the role it names (after the key and field checks), else
+        to the wrapped app with the body replayed."""
+        body = await _read_body(receive)
+        if body is None:
+            return None
+        payload = _payload(body)
+        role = payload.get("model")
+        if not isinstance(role, str) or role not in self.upstreams:
+            return await self.app(scope, _replay(body, receive), send)
+        if not self._authorized(scope):
+            return await _unauthorized()(scope, receive, send)
+        if (refusal := door_refusal(scope["path"], payload)) is not None:
+            return await refusal(scope, receive, send)
+        return await self._proxy(scope, receive, send, body, self.upstreams[role])
 
     def _close_on_shutdown(self, receive: Receive) -> Receive:
         async def wrapped() -> Message:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -24,7 +26,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from overstory.serving.front_door import create_front_app, mount_front_door
+from overstory.serving.front_door import REQUEST_MODELS, create_front_app, mount_front_door
 from overstory.serving.launch import serve_in_background
 from overstory.serving.ports import free_port
 
@@ -259,6 +261,84 @@ def test_the_key_is_checked_at_the_door_and_sent_upstream() -> None:
             assert unknown.status_code == 404 and unknown.json()["error"]["type"] == "model_not_found"
 
 
+def test_a_field_in_neither_schema_is_refused_at_the_door(stack: dict[str, Any]) -> None:
+    front, a, b = stack["front"], stack["a"], stack["b"]
+    made_up = httpx.post(f"{front}/v1/chat/completions", json=_chat("generator", temprature=0.5, foo=1))
+    assert made_up.status_code == 400
+    assert made_up.json() == {"error": {"message": "Unrecognized request arguments supplied: temprature, foo",
+                                        "type": "invalid_request_error", "param": "temprature", "code": 400}}
+    nested = httpx.post(f"{front}/v1/chat/completions",
+                        json=_chat("generator", stream=True, stream_options={"include_usage": True, "x": 1}))
+    assert nested.status_code == 400 and nested.json()["error"]["param"] == "stream_options.x"
+    for path, body in (("/v1/completions", {"model": "generator", "prompt": "Hi", "bogus": 1}),
+                       ("/tokenize", {"model": "scorer", "prompt": "Hi", "bogus": 1}),
+                       ("/v1/rerank", {"model": "scorer", "query": "q", "documents": ["d"], "bogus": 1})):
+        refused = httpx.post(f"{front}{path}", json=body)
+        assert refused.status_code == 400, path
+        assert refused.json()["error"]["message"] == "Unrecognized request argument supplied: bogus", path
+    # vLLM ignores the guided decoding fields it removed: refused with the embedded server's pointer
+    guided = httpx.post(f"{front}/v1/chat/completions", json=_chat("generator", guided_json={"type": "object"}))
+    assert guided.status_code == 400 and guided.json()["error"]["param"] == "guided_json"
+    assert "response_format" in guided.json()["error"]["message"]
+    assert a.requests == [] and b.requests == []  # none of them reached vLLM
+
+
+def test_every_field_of_either_schema_is_passed_on(stack: dict[str, Any]) -> None:
+    front, a = stack["front"], stack["a"]
+    # vLLM's sampling extras (the embedded engine refuses some of them; vLLM honours them), OpenAI's labels
+    extras = {"top_k": 1, "use_beam_search": False, "repetition_penalty": 1.1, "min_tokens": 2, "priority": 0,
+              "structured_outputs": {"choice": ["a", "b"]}, "user": "u1", "metadata": {"k": "v"},
+              "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    body = json.dumps(_chat("generator", **extras)).encode()
+    reply = httpx.post(f"{front}/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+    assert reply.status_code == 200 and a.requests[-1]["body"] == body
+    completion = {"model": "generator", "prompt": [1, 2, 3], "best_of": 2, "echo": True, "min_p": 0.1}
+    assert httpx.post(f"{front}/v1/completions", json=completion).status_code == 200
+    assert json.loads(a.requests[-1]["body"]) == completion
+    # the Responses API has its own fields (no chat schema applies to it): the door holds no model of it
+    responses = {"model": "generator", "input": "Hi", "instructions": "Be brief", "max_output_tokens": 8}
+    assert httpx.post(f"{front}/v1/responses", json=responses).status_code == 200
+    assert json.loads(a.requests[-1]["body"]) == responses and len(a.requests) == 3
+
+
+@pytest.mark.skipif(not os.environ.get("OVERSTORY_VLLM_PYTHON"), reason="no vLLM environment (OVERSTORY_VLLM_PYTHON)")
+def test_the_door_knows_every_field_of_the_installed_vllms_schemas() -> None:
+    """The door's schemas are the embedded server's request models: each must hold every field (and alias) of
+    the installed vLLM's request model for its path, else the door would refuse a field vLLM supports."""
+    fields = json.loads(subprocess.run([os.environ["OVERSTORY_VLLM_PYTHON"], "-c", VLLM_FIELDS], check=True,
+                                       capture_output=True, text=True, timeout=600).stdout.splitlines()[-1])
+    assert set(fields) == set(VLLM_MODELS)
+    for name, path in VLLM_MODELS.items():
+        assert fields[name], name
+        assert set(fields[name]) <= set(REQUEST_MODELS[path].model_fields), name
+
+
+# vLLM's request model (module, class) -> the path the door checks it on
+VLLM_MODELS = {
+    "openai.chat_completion.protocol.ChatCompletionRequest": "/v1/chat/completions",
+    "openai.completion.protocol.CompletionRequest": "/v1/completions",
+    "pooling.embed.protocol.EmbeddingCompletionRequest": "/v1/embeddings",
+    "pooling.embed.protocol.EmbeddingChatRequest": "/v1/embeddings",
+    "serve.tokenize.protocol.TokenizeCompletionRequest": "/tokenize",
+    "serve.tokenize.protocol.TokenizeChatRequest": "/tokenize",
+    "serve.tokenize.protocol.DetokenizeRequest": "/detokenize",
+    "pooling.scoring.protocol.ScoreQueriesDocumentsRequest": "/score",
+    "pooling.scoring.protocol.ScoreQueriesItemsRequest": "/score",
+    "pooling.scoring.protocol.ScoreDataRequest": "/score",
+    "pooling.scoring.protocol.ScoreTextRequest": "/score",
+    "pooling.scoring.protocol.RerankRequest": "/rerank",
+}
+VLLM_FIELDS = f"""
+import importlib, json
+fields = {{}}
+for name in {list(VLLM_MODELS)!r}:
+    module, _, cls = name.rpartition(".")
+    model = getattr(importlib.import_module("vllm.entrypoints." + module), cls)
+    fields[name] = sorted({{n for n, f in model.model_fields.items() for n in (n, f.alias) if n}})
+print(json.dumps(fields))
+"""
+
+
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The current weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
@@ -317,3 +397,42 @@ def test_the_cpu_vllm_stack_answers_the_openai_package_on_one_base_url(cpu_vllm_
     direct = httpx.post(f"{stack.roles['generator']}/v1/chat/completions", timeout=60,
                         json={"model": "generator", "messages": question, "max_tokens": 1})
     assert direct.status_code == 401
+
+
+def _chat_requests_seen(vllm_url: str, key: str) -> float:
+    """How many chat completion requests the vLLM server has answered, by its Prometheus counter."""
+    metrics = httpx.get(f"{vllm_url}/metrics", headers={"authorization": f"Bearer {key}"}, timeout=30).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+               if line.startswith("http_requests_total{") and 'handler="/v1/chat/completions"' in line)
+
+
+@pytest.mark.vllm
+def test_the_openai_packages_extra_body_reaches_vllm_only_with_fields_of_its_schema(cpu_vllm_stack) -> None:
+    """The official client's ``extra_body`` on the stack's one base URL: a made-up name is refused at the door
+    (vLLM itself would answer and ignore it), vLLM's own fields reach vLLM and take effect."""
+    import openai
+
+    stack, config = cpu_vllm_stack
+    key = config.api_key
+    client = openai.OpenAI(base_url=f"{stack.url}/v1", api_key=key, max_retries=0, timeout=300)
+    question = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
+    before = _chat_requests_seen(stack.roles["generator"], key)
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="generator", messages=question, max_tokens=4,
+                                       extra_body={"temprature": 0})
+    assert refused.value.status_code == 400
+    assert refused.value.body == {"message": "Unrecognized request argument supplied: temprature",
+                                  "type": "invalid_request_error", "param": "temprature", "code": 400}
+    assert _chat_requests_seen(stack.roles["generator"], key) == before  # it never reached vLLM
+    # without the door, vLLM answers the same body and drops the name
+    direct = httpx.post(f"{stack.roles['generator']}/v1/chat/completions", timeout=300,
+                        headers={"authorization": f"Bearer {key}"},
+                        json={"model": "generator", "messages": question, "max_tokens": 4, "temprature": 0})
+    assert direct.status_code == 200
+
+    # vLLM's top_k (not in OpenAI's schema) goes through and takes effect: top_k=1 samples the greedy reply
+    greedy = client.chat.completions.create(model="generator", messages=question, max_tokens=8, temperature=0)
+    top_1 = client.chat.completions.create(model="generator", messages=question, max_tokens=8, temperature=1.0,
+                                           extra_body={"top_k": 1, "repetition_penalty": 1.0})
+    assert top_1.choices[0].message.content == greedy.choices[0].message.content
+    assert _chat_requests_seen(stack.roles["generator"], key) == before + 3
