@@ -11,13 +11,21 @@ share of the queries, and trains one of two students:
   PEFT adapter: vLLM serves it as ``--lora-modules scorer=runs/train/distill_scorer-llm/final``, the embedded
   server as a ``scorer`` role whose model is that folder. Teacher targets only (the JSON is the teacher's).
 * ``student: cross_encoder``: a sentence-transformers ``CrossEncoder`` (from the built-in MiniLM by default: its
-  BERT body and a new one-label head, sigmoid output) trained with ``CrossEncoderTrainer`` on (query, candidate
-  text) pairs, internal-node descriptions and leaves alike, with ``loss: pointwise`` (binary cross-entropy on the
-  target in [0, 1]) or ``loss: listwise`` (ListNet over a slate's candidates, targets * ``listwise_label_scale``:
-  ListNet compares softmax distributions, and on a 0-1 scale a 100-vs-0 teacher preference would be a mild
-  e^1; on 0-10 it is e^10). ``out/final`` is a CrossEncoder folder that ``overstory serve`` puts behind ``/score``
-  and ``/v1/rerank`` (role kind ``cross-encoder``). ``targets: gold`` or ``mix`` trains on relevance labels
-  instead of (or beside) the teacher: such a model is reported as its own row, never as distilled.
+  BERT body and a new one-label head) trained with ``CrossEncoderTrainer`` on (query, candidate text) pairs,
+  internal-node descriptions and leaves alike, with one of three losses, all on the model's one logit:
+  ``pointwise`` (binary cross-entropy with logits on the target in [0, 1]), ``listwise`` (ListNet over a slate's
+  candidates) or ``lambdaloss`` (LambdaLoss, NDCG-Loss2++ weighting, over a slate's candidates); the listwise two
+  take targets * ``listwise_label_scale``: ListNet compares softmax distributions, and on a 0-1 scale a 100-vs-0
+  teacher preference would be a mild e^1 (on 0-10 it is e^10); LambdaLoss reads them as graded gains.
+  ``activation`` (``sigmoid`` or ``identity``) is what the saved model puts on that logit, so what the server
+  serves: the loss trains the logit either way, so both are valid with every loss. ``sigmoid`` serves
+  probabilities in [0, 1], the reading a pointwise BCE model was trained for; ``identity`` serves the raw logit,
+  which sentence-transformers recommends for listwise losses (they learn only differences between logits, whose
+  level is arbitrary, and a sigmoid saturates them and flattens the ranking). The defaults are ``pointwise`` with
+  ``sigmoid``; ``configs/train/distill_scorer_cross_encoder.yaml`` gives the commands for every combination and
+  ``configs/eval/lattice.yaml`` has a row for each. ``out/final`` is a CrossEncoder folder that ``overstory serve``
+  puts behind ``/score`` and ``/v1/rerank`` (role kind ``cross-encoder``). ``targets: gold`` or ``mix`` trains on
+  relevance labels instead of (or beside) the teacher: such a model is reported as its own row, never as distilled.
 
 Both write ``out/heldout_queries.json`` (the held-out query ids, which ``eval lattice`` scores agreement on),
 ``out/metrics.json`` and the ``overstory.json`` manifest. Checkpoints go to ``out/checkpoints``; a rerun resumes
@@ -32,6 +40,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
+
+import torch
 
 from overstory.core.config import ConfigError, to_dict
 from overstory.core.tracking import TrackingConfig, start_run
@@ -56,6 +66,9 @@ from overstory.training.distill_data import (
 )
 from overstory.training.sft import SftTrainSettings, sft_args
 
+# the saved cross-encoder's activation by its configured (and served) name
+ACTIVATIONS: dict[str, type[torch.nn.Module]] = {"sigmoid": torch.nn.Sigmoid, "identity": torch.nn.Identity}
+
 
 @dataclass(frozen=True)
 class DistillScorerConfig:
@@ -64,7 +77,8 @@ class DistillScorerConfig:
     student: Literal["llm", "cross_encoder"] = "llm"
     model: str = ""  # empty: the built-in SmolLM2 (llm) or MiniLM (cross_encoder)
     targets: Targets = "teacher"
-    loss: Literal["pointwise", "listwise"] = "pointwise"  # cross_encoder only
+    loss: Literal["pointwise", "listwise", "lambdaloss"] = "pointwise"  # cross_encoder only
+    activation: Literal["sigmoid", "identity"] = "sigmoid"  # cross_encoder only: what the saved model serves
     listwise_label_scale: float = 10.0
     max_candidate_chars: int = 600  # as the search's scorer shows candidates
     max_reasoning_chars: int = 400  # llm: the teacher's reasoning is cut to the serving schema's cap
@@ -78,6 +92,9 @@ class DistillScorerConfig:
                               "teacher's JSON, which only teacher targets define")
         if self.student == "llm" and self.loss != "pointwise":
             raise ConfigError("loss applies to student=cross_encoder only; leave it 'pointwise' for the llm student")
+        if self.student == "llm" and self.activation != "sigmoid":
+            raise ConfigError("activation applies to student=cross_encoder only; leave it 'sigmoid' for the llm "
+                              "student")
         if self.listwise_label_scale <= 0:
             raise ConfigError(f"listwise_label_scale must be positive, got {self.listwise_label_scale}")
 
@@ -166,8 +183,11 @@ def _train_cross_encoder(config: DistillScorerConfig, train: list[TracedSlate], 
         raise ValueError(f"no training rows for loss={config.loss} in {config.traces} ({len(train)} slates after "
                          f"the split; a listwise row needs two scored candidates)")
     model = init_cross_encoder(config.model_name, max_length=config.train.max_length, seed=config.train.seed)
-    loss = (losses.BinaryCrossEntropyLoss(model) if config.loss == "pointwise"
-            else losses.ListNetLoss(model, mini_batch_size=config.train.batch_size))
+    # what predict() and the server put on the logit; the losses below train the logit itself either way
+    model.activation_fn = ACTIVATIONS[config.activation]()
+    loss = {"pointwise": lambda: losses.BinaryCrossEntropyLoss(model),
+            "listwise": lambda: losses.ListNetLoss(model, mini_batch_size=config.train.batch_size),
+            "lambdaloss": lambda: losses.LambdaLoss(model, mini_batch_size=config.train.batch_size)}[config.loss]()
     settings = config.train
     every_epoch = settings.save_steps <= 0
     evaluate = bool(val_columns["query"])
@@ -190,7 +210,8 @@ def _train_cross_encoder(config: DistillScorerConfig, train: list[TracedSlate], 
                    *([TrackingCallback(tracker)] if tracker else [])])
     started = time.perf_counter()
     result = trainer.train(resume_from_checkpoint=newest_checkpoint(args.output_dir))
-    metrics = {"student": "cross_encoder", "loss": config.loss, "targets": config.targets,
+    metrics = {"student": "cross_encoder", "loss": config.loss, "activation": config.activation,
+               "targets": config.targets,
                "train_loss": result.training_loss, "steps": trainer.state.global_step,
                "n_train_rows": len(train_columns["query"]), "n_heldout_rows": len(val_columns["query"]),
                "seconds": round(time.perf_counter() - started, 1)}

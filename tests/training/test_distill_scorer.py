@@ -1,5 +1,6 @@
 """`overstory train distill-scorer`: traces as distillation data (targets, the split by query, rows), the
-cross-encoder students (pointwise and listwise) learning the teacher's preferences, the LoRA LLM student served as
+cross-encoder students (pointwise with a sigmoid; ListNet and LambdaLoss with an identity head) learning the teacher's
+preferences and saved with the activation configured, the LoRA LLM student served as
 the scorer role, and bad configs. The teacher here is the oracle (tests/conftest.py: ``lattice_oracle_traces``):
 its 0/100 scores are a clear signal for a few CPU steps; the LLM teacher's traces have their own test."""
 
@@ -17,6 +18,7 @@ from overstory.models.scorer import parse_slate_reply
 from overstory.retrieval.lattice.scorers import LLMSlateScorer, Slate
 from overstory.serving.client import Client
 from overstory.serving.config import RoleConfig, ServeConfig
+from overstory.serving.cross_encoder import saved_activation
 from overstory.serving.launch import serve_in_background
 from overstory.training.distill_data import (
     TracedSlate,
@@ -88,6 +90,7 @@ def test_cross_encoder_student_moves_towards_the_teacher(ce_student: Path, latti
     manifest = json.loads((ce_student / "final" / "overstory.json").read_text())
     assert metrics["steps"] == 40 and metrics["n_heldout_rows"] > 0 and np.isfinite(metrics["eval_loss"])
     assert manifest["distilled"] and manifest["teachers"] == ["oracle"] and manifest["student"] == "cross_encoder"
+    assert saved_activation(ce_student / "final") == metrics["activation"] == "sigmoid"  # the config's default
     held = set(json.loads((ce_student / "heldout_queries.json").read_text()))
     train = [s for s in read_slates(lattice_oracle_traces) if s.query_id not in held]
     start = tmp_path / "untrained"
@@ -97,13 +100,18 @@ def test_cross_encoder_student_moves_towards_the_teacher(ce_student: Path, latti
     assert _squared_error(str(ce_student / "final"), train) < _squared_error(str(start), train) - 0.05
 
 
-def test_listwise_student_and_gold_targets(lattice_oracle_traces: Path, tmp_path: Path) -> None:
-    out = distill(lattice_oracle_traces, tmp_path / "listwise", "distill_scorer_cross_encoder.yaml", "loss=listwise",
-                  "targets=gold", "train.max_steps=4", "train.batch_size=4", "train.max_length=96",
-                  "max_candidate_chars=200")
+@pytest.mark.parametrize("loss", ["listwise", "lambdaloss"])
+def test_listwise_students_with_an_identity_head_and_gold_targets(loss: str, lattice_oracle_traces: Path,
+                                                                  tmp_path: Path) -> None:
+    """ListNet and LambdaLoss students saved with the identity activation they were configured with, so the server
+    serves their raw logits (tests/retrieval/test_lattice_listwise_cross_encoder.py serves one and ranks with it)."""
+    out = distill(lattice_oracle_traces, tmp_path / loss, "distill_scorer_cross_encoder.yaml", f"loss={loss}",
+                  "activation=identity", "targets=gold", "train.max_steps=4", "train.batch_size=4",
+                  "train.max_length=96", "max_candidate_chars=200")
     metrics = json.loads((out / "metrics.json").read_text())
     manifest = json.loads((out / "final" / "overstory.json").read_text())
-    assert metrics["loss"] == "listwise" and metrics["steps"] == 4 and np.isfinite(metrics["train_loss"])
+    assert metrics["loss"] == loss and metrics["steps"] == 4 and np.isfinite(metrics["train_loss"])
+    assert metrics["activation"] == manifest["config"]["activation"] == saved_activation(out / "final") == "identity"
     assert manifest["targets"] == "gold" and not manifest["distilled"]  # gold-trained: never called distillation
 
 
@@ -124,6 +132,8 @@ def test_llm_student_is_an_adapter_the_server_serves_as_the_scorer(llm_student: 
 @pytest.mark.parametrize(("overrides", "message"), [
     (["student=llm", "targets=gold"], "targets='gold' needs student=cross_encoder"),
     (["student=llm", "loss=listwise"], "loss applies to student=cross_encoder only"),
+    (["student=llm", "activation=identity"], "activation applies to student=cross_encoder only"),
+    (["student=cross_encoder", "activation=tanh"], "activation: 'tanh' is not one of ['sigmoid', 'identity']"),
     (["student=ranker"], "student: 'ranker' is not one of ['llm', 'cross_encoder']"),
 ])
 def test_bad_configs_name_the_key(overrides: list[str], message: str, tmp_path: Path, capsys) -> None:
