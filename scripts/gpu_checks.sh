@@ -11,7 +11,8 @@
 #   TRACES, LABELS       planner traces for SFT, pseudo- or gold labels (with their hierarchy beside them) for GRPO
 #   PEAK_TFLOPS          the GPU's dense bf16 peak for MFU (989: H100 and H200 SXM)
 #   QUICK=1              a few requests and steps: checks that every stage runs (e.g. on a CPU with DEVICE=cpu)
-#   STAGES               which stages run (default: env generate-135m generate-1.7b train)
+#   PROBE_FOLDER         a folder (or hub id) with SmolLM2's config and tokenizer, for the decode probe
+#   STAGES               which stages run (default: env decode-probe generate-135m generate-1.7b train)
 set -uo pipefail
 OUT=${OUT:-runs/gpu_checks}
 MODEL=${MODEL:-builtin:smollm2-135m-instruct}
@@ -21,7 +22,8 @@ LABELS=${LABELS:-runs/data/pseudo_labels/squad.jsonl}
 PEAK_TFLOPS=${PEAK_TFLOPS:-989}
 DEVICE=${DEVICE:-cuda}
 QUICK=${QUICK:-0}
-STAGES=" ${STAGES:-env generate-135m generate-1.7b train} "
+PROBE_FOLDER=${PROBE_FOLDER:-HuggingFaceTB/SmolLM2-135M-Instruct}
+STAGES=" ${STAGES:-env decode-probe generate-135m generate-1.7b train} "
 mkdir -p "$OUT"
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
@@ -41,10 +43,12 @@ stage() {  # stage NAME COMMAND...: run, log to OUT/NAME.log, record exit code a
 if [[ $QUICK == 1 ]]; then
   GEN="concurrency=[1,4] requests_per_level=4 max_tokens=8"
   GEN_LARGE="concurrency=[1,4] requests_per_level=4 max_tokens=8"
+  PROBE="--shapes smollm2-135m --max-tokens 4"
   SFT_STEPS=2 FULL_STEPS=2 GRPO_STEPS=1 SFT_BATCH=2 FULL_BATCH=2 GRPO_BATCH=4 GRPO_GENERATIONS=4 MAX_LENGTH=512
 else
   GEN="concurrency=[1,8,32,128] requests_per_level=8 max_tokens=128"
   GEN_LARGE="concurrency=[1,32,128] requests_per_level=8 max_tokens=64"
+  PROBE=""
   SFT_STEPS=30 FULL_STEPS=10 GRPO_STEPS=3 SFT_BATCH=16 FULL_BATCH=8 GRPO_BATCH=16 GRPO_GENERATIONS=8 MAX_LENGTH=1024
 fi
 BF16=$([[ $DEVICE == cpu ]] && echo false || echo true)
@@ -54,6 +58,11 @@ import torch, transformers, trl, peft
 print("torch", torch.__version__, "cuda", torch.version.cuda, "gpu", torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
 print("transformers", transformers.__version__, "trl", trl.__version__, "peft", peft.__version__)
 PY
+# float32 against bf16 per decoding step, for models built on the GPU and built on the CPU and moved (plain generate
+# and the engine's batcher): where bf16's slowdown comes from (scripts/probe_bf16_decode.py)
+# shellcheck disable=SC2086
+stage decode-probe python scripts/probe_bf16_decode.py --tokenizer "$PROBE_FOLDER" --device "$DEVICE" $PROBE \
+  --out "$OUT/decode_probe.json"
 # shellcheck disable=SC2086
 stage generate-135m overstory bench generate --config configs/bench/generate-gpu.yaml model="$MODEL" \
   role.device="$DEVICE" $GEN tracking.backend=none out="$OUT/generate-135m"
