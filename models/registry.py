@@ -227,6 +227,7 @@ def _converted(target: Path) -> bool:
 # the name: a PID can be reused, and a cache shared by containers or hosts sees other PID namespaces, where "no such
 # process" does not mean dead. Taking turns also keeps two processes from de-quantising the same 7 GB at once.
 def _scratch_folders(parent: Path, folder: str) -> list[Path]:
+    """The scratch folders of conversions of ``folder`` in ``parent``, live or dead."""
     return [path for path in parent.glob(f".{folder}.*.tmp") if path.is_dir()]
 
 
