@@ -13,10 +13,13 @@ with others is refused, naming the keys. Replies that had to fall back are kept 
 ``<out>/fallbacks.jsonl`` (counted in build.json). A document whose requests failed (after the client's retries) is
 not written, since its tree would hold fallbacks for replies that never came: it goes to
 ``<out>/trees.failures.jsonl`` with the errors and a rerun builds it again; the job fails (exit code 1) when more
-than ``max_failure_share`` of the documents it attempted failed. At the end the job writes ``<out>/forest.json``
-(every document with a tree, in corpus order; ``FableStrategy.load`` reads it) and ``<out>/build.json``: nodes by
-kind, fallbacks, failed documents, and what this run spent (LLM calls, failed requests, prompt and completion tokens
-from the servers' usage, embedding requests, seconds). A resumed run counts only what it did itself.
+than ``max_failure_share`` of the documents it attempted failed. A request the server refuses (a 4xx other than 408
+and 429: a wrong role, a bad request) fails no document: it stops the job at once with exit code 1, naming the role
+and the server's reason (``RequestRefused``), since every document would fail alike; the trees built before stay.
+At the end the job writes ``<out>/forest.json`` (every document with a tree, in corpus order; ``FableStrategy.load``
+reads it) and ``<out>/build.json``: nodes by kind, fallbacks, failed documents, and what this run spent (LLM calls,
+failed requests, prompt and completion tokens from the servers' usage, embedding requests, seconds). A resumed run
+counts only what it did itself.
 """
 
 from __future__ import annotations

@@ -16,7 +16,9 @@ then the chunks of the documents that have their master tags (a chunk's semantic
 - failures: a document or chunk whose requests failed (after the client's retries) would hold fallback tags for
   replies that never came, so it is not written: it goes to ``<out>/tags.failures.jsonl`` and a rerun tags it again
   (a failed document's chunks wait for it); more failures than ``max_failure_share`` of the items attempted raise
-  ``TooManyFailures`` before anything is indexed.
+  ``TooManyFailures`` before anything is indexed. A request the server refuses (a 4xx other than 408 and 429: a
+  wrong role, a bad request) is no item's failure: the tagger raises ``RequestRefused`` naming the role and the
+  server's reason, and the job stops (what was tagged before stays, and a rerun with the stack fixed resumes).
 
 Then every chunk there is indexed (``retrieval.orion.strategy.OrionStrategy``), embedding only what
 ``<out>/vectors.npz`` lacks, and ``<out>/build.json`` says what tagging spent (LLM calls, failed requests, prompt and

@@ -19,6 +19,12 @@ data job ``overstory data fable-forest`` runs it resumably over a corpus and sav
    children (``{"title", "summary"}``; fallback: its first words and first sentence); the root's title is the
    document's, a seeded section's its heading.
 3. Embeddings through the ``embedder``: an internal node embeds "toc path: summary", a leaf its content.
+
+A request that failed for a transient reason (a timeout, a 5xx, after the client's retries) reads as an unusable
+reply and is counted (``request_failures``; the data job then leaves the document for a rerun); an embedding
+request that failed so raises its ``ClientError``. A request the server refuses (a 4xx other than 408 and 429: a
+wrong role, a bad request) raises ``RequestRefused`` naming the role and the server's reason: every document would
+fail alike, so the job stops instead of counting them.
 """
 
 from __future__ import annotations
@@ -42,7 +48,10 @@ from overstory.retrieval.fable.runs import (
     runs_from_starts,
     split_long_runs,
 )
+from overstory.retrieval.strategy import raise_if_refused
 from overstory.serving.client import Client, ClientError
+
+EMBEDDER = "embedder"  # the role that embeds the nodes
 
 
 @dataclass(frozen=True)
@@ -308,12 +317,14 @@ class ForestBuilder:
         return runs, "llm"
 
     def _ask(self, state: _Build, what: str, prompt: str, response_format: dict, max_tokens: int) -> str:
-        """The reply's text; a failed request reads as an unusable reply (it falls back, its error kept as raw)."""
+        """The reply's text; a transiently failed request reads as an unusable reply (it falls back, its error kept
+        as raw, counted under ``request_failures``); a refused one raises ``RequestRefused``."""
         state.stats[f"{what}_calls"] += 1
         try:
             return self.client.chat(self.role, [{"role": "user", "content": prompt}], response_format=response_format,
                                     max_tokens=max_tokens, temperature=0).text
         except ClientError as exc:
+            raise_if_refused(exc, f"FABLE's forest {what} request (role {self.role!r})")
             state.stats["request_failures"] += 1
             return f"<request failed: {exc}>"
 
@@ -353,11 +364,16 @@ class ForestBuilder:
         node.title, node.summary = node.title or parsed[0], parsed[1]
 
     def _embed(self, state: _Build) -> None:
-        """Internal nodes embed "toc path: summary", leaves their content."""
+        """Internal nodes embed "toc path: summary", leaves their content. A failed request raises: its
+        ``ClientError`` when transient, ``RequestRefused`` when refused."""
         nodes = list(state.nodes.values())
         texts = [state.text(n) if n.kind == "leaf" else f"{state.toc_path(n)}: {n.summary}" for n in nodes]
         size = self.config.embed_batch_size
         for i in range(0, len(nodes), size):
-            vectors = self.client.embed("embedder", texts[i:i + size])
+            try:
+                vectors = self.client.embed(EMBEDDER, texts[i:i + size])
+            except ClientError as exc:
+                raise_if_refused(exc, f"FABLE's forest embeddings (role {EMBEDDER!r})")
+                raise
             for node, vector in zip(nodes[i:i + size], vectors):
                 node.embedding = [round(float(x), 6) for x in vector]

@@ -1,8 +1,11 @@
 """Orion-RAG's index side: documents cut into sliding windows of characters (``chunk_document``), and the tagger:
 the ``generator`` writes each document's master tags and each chunk's three paragraph tags
 (gist, subjects, domain) through reply schemas; an unusable reply is asked again, then replaced by tags made from the
-text itself (``source="fallback"``), so no chunk is left untagged. ``overstory data orion-tags`` runs it over a
-corpus; the strategy (``strategy``) reads what it wrote.
+text itself (``source="fallback"``), so no chunk is left untagged. A request that failed for a transient reason (a
+timeout, a 5xx, after the client's retries) is asked again like an unusable reply, and the data job leaves an item
+whose tags fell back after one for a rerun; a request the server refuses (a 4xx other than 408 and 429: a wrong role,
+a bad request) raises ``RequestRefused`` naming the role and the server's reason, since every item would fail alike.
+``overstory data orion-tags`` runs it over a corpus; the strategy (``strategy``) reads what it wrote.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from overstory.retrieval.orion.tags import (
     json_format,
     reply_object,
 )
+from overstory.retrieval.strategy import raise_if_refused
 from overstory.serving.client import Client, ClientError
 
 STOPWORDS = frozenset(STOPWORDS_EN_PLUS)
@@ -313,7 +317,8 @@ class Tagger:
         prompt = MASTER_PROMPT.format(n=n, title=document.title or "(none)",
                                       text=" ".join(document.text.split())[: self.config.master_chars])
         whole = f"{document.title}\n{document.text}"  # what the tags must be grounded in
-        tags, raw, calls = self._ask(prompt, master_tags_format(n), lambda text: parse_master_tags(text, n, whole))
+        tags, raw, calls = self._ask("master", prompt, master_tags_format(n),
+                                     lambda text: parse_master_tags(text, n, whole))
         if tags:
             return Tagged(DocumentTags(document.id, document.title, tags, "llm"), None, calls)
         fallback = fallback_master_tags(document.title, document.text[: self.config.master_chars], n)
@@ -324,17 +329,19 @@ class Tagger:
         prompt = PARAGRAPH_PROMPT.format(title=chunk.title or "(none)",
                                          text=" ".join(chunk.text.split())[: self.config.max_passage_chars])
         passage = f"{chunk.title}\n{chunk.text}"  # what the gist or the subjects must be grounded in
-        tags, raw, calls = self._ask(prompt, PARAGRAPH_TAGS_FORMAT, lambda text: parse_paragraph_tags(text, passage))
+        tags, raw, calls = self._ask("paragraph", prompt, PARAGRAPH_TAGS_FORMAT,
+                                     lambda text: parse_paragraph_tags(text, passage))
         source = "llm" if tags else "fallback"
         record = ChunkTags(chunk.id, chunk.doc_id, chunk.title, chunk.text, chunk.start, chunk.end,
                            tags or fallback_paragraph_tags(chunk.text, chunk.title), source)
         return Tagged(record, None if tags else self._failure(chunk.id, "no usable paragraph tags", raw), calls)
 
-    def _ask(self, prompt: str, response_format: dict, parse: Callable[[str], list[str]]
+    def _ask(self, what: str, prompt: str, response_format: dict, parse: Callable[[str], list[str]]
              ) -> tuple[list[str], str, int]:
-        """Up to ``max_attempts`` requests: (the tags, the last raw reply or error, the calls made). After an unusable
-        reply the next request shows it with a correction, since at temperature 0 the same request gets the same
-        reply; a failed request is sent again as it was."""
+        """Up to ``max_attempts`` requests for ``what`` tags: (the tags, the last raw reply or error, the calls made).
+        After an unusable reply the next request shows it with a correction, since at temperature 0 the same request
+        gets the same reply; a transiently failed request is sent again as it was, a refused one raises
+        ``RequestRefused``."""
         messages: list[dict[str, str]] = [{"role": "user", "content": prompt}]
         raw = ""
         for attempt in range(1, self.config.max_attempts + 1):
@@ -342,6 +349,7 @@ class Tagger:
                 reply = self.client.chat(self.role, messages, response_format=response_format,
                                          max_tokens=self.config.max_tokens, temperature=0)
             except ClientError as exc:
+                raise_if_refused(exc, f"Orion-RAG's {what} tags request (role {self.role!r})")
                 raw = f"<request failed: {exc}>"
                 continue
             tags = parse(reply.text)

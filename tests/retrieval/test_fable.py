@@ -250,6 +250,24 @@ def test_an_unusable_chunking_falls_back_to_paragraphs(reply):
         assert failure.raw == reply
 
 
+@pytest.mark.parametrize("status", [400, 404, 422])
+def test_a_refused_forest_request_raises_naming_the_role(status):
+    """A 4xx would fail every document alike: the builder raises instead of falling back (the data job stops);
+    a transient embedding failure raises its ClientError (the job lists the document for a rerun)."""
+    refused = StandIn(chunk_starts=[ClientError(status, "no model named 'generator'")])
+    with pytest.raises(RequestRefused, match=rf"FABLE's forest chunk request \(role 'generator'\): .*no model "
+                                             rf"named 'generator' \(HTTP {status}\)"):
+        build_tree(DOCUMENTS[0], refused)
+    assert [name for name, _ in refused.chats] == ["chunk_starts"]  # nothing asked after the refusal
+    backend = StandIn()
+    backend.embed_error = ClientError(status, "no model named 'embedder'")
+    with pytest.raises(RequestRefused, match=rf"FABLE's forest embeddings \(role 'embedder'\).*HTTP {status}"):
+        build_tree(DOCUMENTS[0], backend)
+    backend.embed_error = ClientError(503, "busy")
+    with pytest.raises(ClientError, match="503: busy"):
+        build_tree(DOCUMENTS[0], backend)
+
+
 def test_long_chunks_are_repacked_and_out_of_range_numbers_counted():
     tree = build_tree(DOCUMENTS[0], StandIn(chunk_starts=['{"chunk_starts": [0, 9]}']), max_chunk_tokens=12,
                       chunk_tokens=12)

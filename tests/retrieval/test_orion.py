@@ -41,6 +41,7 @@ from overstory.retrieval.orion.tags import (
     DocumentTags,
     semantic_path,
 )
+from overstory.retrieval.strategy import RequestRefused
 from overstory.serving.client import Client, ClientError
 from overstory.serving.config import RoleConfig, ServeConfig
 from overstory.serving.in_process import in_process_client
@@ -252,6 +253,25 @@ def test_paragraph_tags_are_three_of_at_most_four_words():
     labels = json.dumps({"gist": "Nile river", "subjects": "Subjects", "domain": "geography"})
     tagged = Tagger(Client(StandIn([copied, labels])), TaggingConfig()).paragraph(chunk)
     assert tagged.record.source == "fallback" and tagged.failure.raw == labels  # neither is three facets
+
+
+@pytest.mark.parametrize("status", [400, 404, 422])
+def test_a_refused_tagging_request_raises_naming_the_role(status):
+    """A 4xx would fail every item alike: the tagger raises instead of asking again and falling back (the data job
+    stops); a transient failure is asked again, then falls back with the error as its raw reply."""
+    refused = ClientError(status, "no model named 'generator'")
+    backend = StandIn([refused])
+    with pytest.raises(RequestRefused, match=rf"Orion-RAG's master tags request \(role 'generator'\): .*no model "
+                                             rf"named 'generator' \(HTTP {status}\)"):
+        Tagger(Client(backend), TaggingConfig()).master(DOCUMENTS[0])
+    assert len(backend.chats) == 1  # not asked again
+    chunk = chunk_document(DOCUMENTS[1], ChunkingConfig())[0]
+    with pytest.raises(RequestRefused, match=r"Orion-RAG's paragraph tags request \(role 'generator'\)"):
+        Tagger(Client(StandIn([ClientError(503, "busy"), refused])), TaggingConfig()).paragraph(chunk)
+    tagged = Tagger(Client(StandIn([ClientError(503, "busy"), ClientError(429, "slow down")])),
+                    TaggingConfig()).paragraph(chunk)
+    assert (tagged.record.source, tagged.calls) == ("fallback", 2)
+    assert tagged.failure.raw == "<request failed: 429: slow down>"
 
 
 def test_the_tag_grammar_refuses_the_placeholder_the_prompt_shows_and_long_tags():
