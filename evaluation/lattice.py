@@ -12,7 +12,9 @@ System kinds (``systems`` in the config; ``--compare`` picks names):
 
 * ``search``: the calibrated tree search with a scorer: ``oracle`` (gold labels: can the tree and the search reach
   the gold at all), ``llm`` (the served ``scorer`` role: the teacher, or with ``model`` a distilled LoRA adapter
-  on it) or ``cross_encoder`` (``model``: a CrossEncoder folder, served at ``/score``). ``calibration: false``
+  on it) or ``cross_encoder`` (``model``: a CrossEncoder folder, served at ``/score``; whether it serves
+  probabilities or raw logits is read from the folder's saved activation, ``serving.cross_encoder.saved_activation``,
+  and the scorer maps either onto 0-100 in order). ``calibration: false``
   turns the slate-bias fit off (a pointwise scorer has no slate bias: measure both).
 * ``bm25``, ``dense`` (the built-in MiniLM), ``hybrid`` (their reciprocal rank fusion): flat retrieval over the
   same leaves.
@@ -22,7 +24,9 @@ System kinds (``systems`` in the config; ``--compare`` picks names):
 Each scorer system gets a stack of its own (``serve`` with the ``scorer`` role replaced) unless it names a
 ``server_url``. With ``agreement_traces`` (teacher slates from ``overstory data lattice-traces``), each system
 whose ``model`` is a distilled student also scores the teacher's slates of the student's held-out questions
-(``heldout_queries.json`` beside ``model``): Kendall tau with the teacher's scores and top-1 agreement.
+(``heldout_queries.json`` beside ``model``): Kendall tau with the teacher's scores and top-1 agreement. Several
+students can be rows of one table (the cross-encoder's losses and activations side by side): every student whose
+folder has a ``heldout_queries.json`` must have held out each question searched, or the run is refused naming it.
 Writes ``metrics.json``, ``table.md``, ``rankings/<system>.jsonl`` and ``quality_vs_cost.png``.
 """
 
@@ -60,6 +64,7 @@ from overstory.retrieval.lattice.search import SearchConfig, check_reach, search
 from overstory.retrieval.lattice.tree import Tree
 from overstory.retrieval.metrics import bootstrap_interval
 from overstory.serving.config import RoleConfig, ServeConfig
+from overstory.serving.cross_encoder import saved_activation
 from overstory.serving.launch import client_for
 
 MEASURES = ("nDCG@10", "R@10", "R@100")
@@ -200,10 +205,36 @@ def _slate_scorer(config: LatticeEvalConfig, system: SystemConfig, stack: ExitSt
                                                            roles={"scorer": _scorer_role(config, system)})
     client = stack.enter_context(client_for(serve, system.server_url, timeout_s=config.request_timeout_s))
     if system.scorer == "cross_encoder":
-        return CrossEncoderSlateScorer(client, concurrency=config.concurrency)
+        return CrossEncoderSlateScorer(client, concurrency=config.concurrency,
+                                       activation=saved_activation(system.model))
     return LLMSlateScorer(client, max_tokens=config.max_tokens, max_attempts=config.max_attempts,
                           concurrency=config.concurrency, max_candidate_chars=config.max_candidate_chars,
                           max_reasoning_chars=config.max_reasoning_chars)
+
+
+def check_students(config: LatticeEvalConfig, question_ids: list[str]) -> None:
+    """Before any stack starts, refuse a student row that would mislead, naming it: a cross-encoder folder whose
+    saved activation is not served (neither probabilities nor logits), or a student scored on a question it trained
+    on (each search system whose ``model`` folder has a ``heldout_queries.json`` beside it must have held out every
+    question searched; students trained on the same traces with the same ``val_fraction`` share one split, and
+    ``heldout_from`` picks it)."""
+    for name in config.names:
+        system = config.systems[name]
+        if system.kind != "search" or not system.model:
+            continue
+        if system.scorer == "cross_encoder":
+            try:
+                saved_activation(system.model)
+            except ValueError as exc:
+                raise ConfigError(f"systems.{name}.model: {exc}") from exc
+        held_file = Path(system.model).parent / "heldout_queries.json"
+        if not held_file.exists():
+            continue
+        trained = [q for q in question_ids if q not in set(json.loads(held_file.read_text()))]
+        if trained:
+            raise ConfigError(f"systems.{name}.model: {system.model} was trained on {len(trained)} of the "
+                              f"{len(question_ids)} questions searched (e.g. {trained[0]}); set heldout_from to its "
+                              "folder, or train every student on the same traces with the same val_fraction")
 
 
 def _heldout_slates(path: str, model: str) -> list[dict]:
@@ -238,6 +269,7 @@ def _questions(config: LatticeEvalConfig):
 def run(config: LatticeEvalConfig) -> dict:
     tree, leaves, questions, gold = _questions(config)
     queries = [(q.id, q.question) for q in questions]
+    check_students(config, [q.id for q in questions])
     out = Path(config.out)
     (out / "rankings").mkdir(parents=True, exist_ok=True)
     flat: dict[str, object] = {}

@@ -1,15 +1,19 @@
 """`overstory eval lattice`: the IR measures against hand-computed values, the students' agreement with the teacher,
 LATTICE++ fusion, and the whole table on the session's HotpotQA tree (tests/conftest.py) with the oracle, a distilled
-cross-encoder (calibration on and off), BM25, dense, hybrid and LATTICE++; the LoRA LLM student's search has a
+cross-encoder (calibration on and off, and the same weights with an identity head), BM25, dense, hybrid and LATTICE++;
+student rows that would mislead are refused by name; the LoRA LLM student's search has a
 short run of its own (its cost comes from the server's usage)."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
+import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from overstory.cli import main
 from overstory.evaluation.lattice import agreement, markdown_table, retrieval_metrics
@@ -74,17 +78,38 @@ def _eval(out: Path, *overrides: str) -> dict:
     return json.loads((out / "metrics.json").read_text())
 
 
+def _resaved(student: Path, out: Path, activation) -> Path:
+    """``student``'s model saved again with another activation (same weights), with its held-out questions."""
+    from sentence_transformers import CrossEncoder
+
+    CrossEncoder(str(student / "final"), device="cpu", activation_fn=activation).save(str(out / "final"))
+    shutil.copy(student / "heldout_queries.json", out / "heldout_queries.json")
+    return out / "final"
+
+
 def test_eval_lattice_table(lattice_tree: Path, lattice_oracle_traces: Path, ce_student: Path, tmp_path: Path) -> None:
+    """The table with two cross-encoder rows of one model: served with its sigmoid (probabilities) and saved again
+    with an identity head (raw logits). The scorer maps logits through the same sigmoid, so both rank alike."""
     model = ce_student / "final"
-    report = _eval(tmp_path, f"tree={lattice_tree}", f"agreement_traces={lattice_oracle_traces}",
-                   f"heldout_from={ce_student}", "--compare", "oracle,ce_pointwise,ce_pointwise_nocal,bm25,dense,"
-                   "hybrid,lattice++", f"systems.ce_pointwise.model={model}",
-                   f"systems.ce_pointwise_nocal.model={model}", "systems.lattice++.of=oracle",
-                   "search.iterations=8")
+    identity = _resaved(ce_student, tmp_path / "identity", torch.nn.Identity())
+    report = _eval(tmp_path / "eval", f"tree={lattice_tree}", f"agreement_traces={lattice_oracle_traces}",
+                   f"heldout_from={ce_student}", "--compare", "oracle,ce_pointwise,ce_pointwise_nocal,"
+                   "ce_pointwise_identity,bm25,dense,hybrid,lattice++", f"systems.ce_pointwise.model={model}",
+                   f"systems.ce_pointwise_nocal.model={model}", f"systems.ce_pointwise_identity.model={identity}",
+                   "systems.lattice++.of=oracle", "search.iterations=8")
+    tmp_path = tmp_path / "eval"
     held = json.loads((ce_student / "heldout_queries.json").read_text())
     systems = report["systems"]
     assert report["n_questions"] == len(held) > 0
-    assert list(systems) == ["oracle", "ce_pointwise", "ce_pointwise_nocal", "bm25", "dense", "hybrid", "lattice++"]
+    assert list(systems) == ["oracle", "ce_pointwise", "ce_pointwise_nocal", "ce_pointwise_identity", "bm25", "dense",
+                             "hybrid", "lattice++"]
+    logits, probabilities = systems["ce_pointwise_identity"], systems["ce_pointwise"]
+    assert logits["ndcg@10"] == pytest.approx(probabilities["ndcg@10"], abs=1e-6)
+    assert logits["agreement"]["top1_agreement"] == probabilities["agreement"]["top1_agreement"]
+    top10 = {name: [[doc for doc, _ in json.loads(line)["ranking"][:10]] for line in
+                    (tmp_path / "rankings" / f"{name}.jsonl").read_text().splitlines()]
+             for name in ("ce_pointwise", "ce_pointwise_identity")}
+    assert top10["ce_pointwise"] == top10["ce_pointwise_identity"]
     for name, row in systems.items():
         for key in ("ndcg@10", "recall@10", "recall@100"):
             low, high = row[f"{key}_ci95"]
@@ -132,6 +157,20 @@ def test_the_table_shows_failed_slates_and_repairs_beside_the_figures() -> None:
     assert "| failed slates | repairs |" in rows["system"]
     assert "| 3/8 | missing 4, unscored_candidates 2 |" in rows["llm"]
     assert "| - | 0 |" in rows["bm25"] and "| - | - |" in rows["older"]
+
+
+def test_students_that_would_mislead_are_refused_by_name(lattice_tree: Path, ce_student: Path, tmp_path: Path,
+                                                        capsys) -> None:
+    """Before any stack starts: a student row searched on questions it trained on (no heldout_from: every question),
+    and a cross-encoder folder whose saved activation the server does not serve."""
+    args = ["eval", "lattice", "--config", str(ROOT / "configs/eval/lattice.yaml"), *HOTPOTQA_150, f"out={tmp_path}",
+            "tracking.backend=none", f"tree={lattice_tree}", "agreement_traces=", "--compare", "ce_pointwise"]
+    assert main([*args, "heldout_from=", f"systems.ce_pointwise.model={ce_student / 'final'}"]) == 2
+    assert re.search(r"systems.ce_pointwise.model: .* was trained on \d+ of the \d+ questions searched",
+                     capsys.readouterr().err)
+    tanh = _resaved(ce_student, tmp_path / "tanh", torch.nn.Tanh())
+    assert main([*args, f"heldout_from={ce_student}", f"systems.ce_pointwise.model={tanh}"]) == 2
+    assert "systems.ce_pointwise.model: " in (err := capsys.readouterr().err) and "activation Tanh is not served" in err
 
 
 def test_unknown_system_and_bad_fusion_name_the_key(tmp_path: Path, capsys) -> None:
