@@ -65,11 +65,26 @@ def test_bottom_up_tree_with_the_real_model(tmp_path: Path, monkeypatch) -> None
     assert [u["total"] for u in updates] == sorted(u["total"] for u in updates)
 
 
+# The shortest shipped QASPER paper (21 paragraphs in 5 sections and 7 subsections; the first paper, which limit_leaves
+# picked, has 35 in 7 and 16): still more than M=4 paragraphs, sections and subsections, so the hybrid keeps sections
+# and groups inside them (depth 5), with 10 node summaries to write instead of 22
+SHORT_PAPER = "1604.05559"
+
+
+def _one_paper(folder: Path, paper_id: str) -> Path:
+    """The shipped QASPER dev file cut to one paper (the official layout, keyed by arXiv id)."""
+    papers = json.loads((ROOT / "data/qasper/dev.json").read_text())
+    folder.mkdir()
+    (folder / "dev.json").write_text(json.dumps({paper_id: papers[paper_id]}))
+    return folder / "dev.json"
+
+
 @pytest.mark.slow
 def test_hybrid_tree_keeps_a_papers_sections(tmp_path: Path) -> None:
-    report = _build(tmp_path, "method=hybrid", "corpus.kind=qasper", f"corpus.path={ROOT / 'data/qasper/dev.json'}",
+    corpus = _one_paper(tmp_path / "qasper", SHORT_PAPER)
+    report = _build(tmp_path / "tree", "method=hybrid", "corpus.kind=qasper", f"corpus.path={corpus}",
                     "limit_leaves=10")
-    tree = Tree.load(tmp_path / "tree.json")
+    tree = Tree.load(tmp_path / "tree" / "tree.json")
     tree.validate(max_branching=4)
     leaves = [n for n in tree.nodes.values() if n.leaf]
     assert report["method"] == "hybrid" and len(leaves) >= 10  # whole papers: the tenth leaf's paper is complete
