@@ -15,11 +15,15 @@ compressor, and design (b), the fine-tuned text encoder, are compared on the sam
 a set compressor reads the children's embeddings, a text compressor their texts.
 
 For each method: cosine to e_gt, recall@k on the real questions whose evidence lies in the held-out
-documents (retrieving among the upper-level chunks embedded that way), wall-clock seconds, LLM
+documents (retrieving among the upper-level chunks embedded that way: under ``scope: auto`` those of the
+question's own document on a document-scoped dataset, QASPER, SQuAD or NarrativeQA, as ``eval pipeline`` searches
+them, and all of them on HotpotQA; ``scope: corpus`` ranks every held-out document's chunks for every question, the
+harder open-corpus variant; ``evaluation/scope.py``), wall-clock seconds, LLM
 tokens spent, and its repairs by kind: a summary that fails is replaced by the encoder on the chunk's
 text inside the ``summarize`` row (``summary_failed_direct_encode``), so that row measures partly
 direct_encode, and says how much. The children's embeddings are not counted as cost: they are the lower levels of the
-index, embedded anyway. Writes ``metrics.json`` and ``recall_vs_cost.png``.
+index, embedded anyway. Writes ``metrics.json`` (with the scope searched and how many chunks each question was
+ranked among) and ``recall_vs_cost.png``.
 """
 
 from __future__ import annotations
@@ -35,7 +39,9 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
+from rich.console import Console
 from rich.progress import Progress
+from rich.table import Table
 
 from overstory.core.config import ConfigError, to_dict
 from overstory.core.records import Chunk, QAExample, SummaryRecord, read_jsonl
@@ -47,8 +53,9 @@ from overstory.data_pipeline.summaries import SummariesConfig
 from overstory.data_pipeline.summarize import SummaryFailed, summarise
 from overstory.evaluation.plots import plot_recall_vs_cost
 from overstory.evaluation.repairs import repairs_cell
+from overstory.evaluation.scope import question_scope, resolve_scope, scope_title
 from overstory.models.text_compressor import checkpoint_kind
-from overstory.retrieval.index import DenseIndex, chunk_text_for_index
+from overstory.retrieval.index import DenseIndex, Hit, chunk_text_for_index
 from overstory.retrieval.metrics import bootstrap_interval, mean, recall_at_k
 from overstory.serving.client import Client
 from overstory.serving.config import RoleConfig, ServeConfig
@@ -70,6 +77,9 @@ class EvalCompressorConfig:
     held_out: Literal["validation", "all"] = "validation"
     val_fraction: float = 0.2
     k: int = 5
+    # auto: each question ranks its own document's chunks where the dataset poses it so (squad, qasper, narrativeqa),
+    # every held-out chunk otherwise (hotpotqa); document / corpus: force one (corpus on qasper: open-corpus QASPER)
+    scope: str = "auto"
     max_summary_tokens: int = 128
     max_input_chars: int = 12000  # as the summaries job's: chunks are cut at this many characters before summarising
     concurrency: int = 2
@@ -82,6 +92,12 @@ class EvalCompressorConfig:
         taken = set(self.extra_checkpoints) & set(BASELINES)
         if taken:
             raise ConfigError(f"extra_checkpoints: {', '.join(sorted(taken))} is a method name already; pick another")
+        resolve_scope(self.scope, self.corpus)  # an unknown scope, or document scope on an open corpus, names the key
+
+    @property
+    def scope_mode(self) -> str:
+        """Where questions are searched: ``document`` (each within its own document) or ``corpus`` (everywhere)."""
+        return resolve_scope(self.scope, self.corpus)
 
 
 @dataclass
@@ -174,16 +190,40 @@ def summarize_with(config: EvalCompressorConfig, data: HeldOut, client: Client, 
     return summarize_all
 
 
-def measure(build: Callable[[], np.ndarray], data: HeldOut, client: Client, k: int) -> dict:
+def rank(data: HeldOut, vectors: np.ndarray, client: Client, k: int, mode: str) -> list[list[Hit]]:
+    """Each question's top ``k`` upper-level chunks, embedded as ``vectors``: among its own document's under the
+    ``document`` mode, among all of them under ``corpus`` (``evaluation/scope.py``). Questions that share a scope
+    are embedded in one request."""
+    index = DenseIndex(data.upper, vectors, lambda texts: client.embed("embedder", texts))
+    groups: dict[tuple[str, ...] | None, list[int]] = {}
+    for i, question in enumerate(data.questions):
+        scope = question_scope(question, mode)
+        groups.setdefault(tuple(scope) if scope is not None else None, []).append(i)
+    ranked: list[list[Hit]] = [[] for _ in data.questions]
+    for scope, members in groups.items():
+        for i, hits in zip(members, index.search([data.questions[i].question for i in members], k, doc_ids=scope)):
+            ranked[i] = hits
+    return ranked
+
+
+def candidates_per_question(data: HeldOut, mode: str) -> float | None:
+    """How many upper-level chunks a question is ranked among, on average (recall@k over fewer than k is 1)."""
+    per_document = Counter(c.doc_id for c in data.upper)
+    counts = [len(data.upper) if mode == "corpus" else per_document[q.metadata.get("doc_id")]
+              for q in data.questions]
+    return mean(counts)
+
+
+def measure(build: Callable[[], np.ndarray], data: HeldOut, client: Client, k: int, mode: str) -> dict:
     """One method's row: its embeddings' cosine to e_gt, recall@k of the questions among the chunks embedded that
-    way (with a 95% bootstrap interval), the seconds it took and the generator tokens it spent."""
+    way (in each question's scope, ``mode``; with a 95% bootstrap interval), the seconds it took and the generator
+    tokens it spent."""
     before = client.stats.summary().get("generator", {})
     started = time.perf_counter()
     vectors = build()
     seconds = time.perf_counter() - started
     after = client.stats.summary().get("generator", {})
-    index = DenseIndex(data.upper, vectors, lambda texts: client.embed("embedder", texts))
-    hits = index.search([q.question for q in data.questions], k) if data.questions else []
+    hits = rank(data, vectors, client, k, mode)
     normed = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
     recalls = [recall_at_k([h.chunk for h in row], q.evidence, k) for q, row in zip(data.questions, hits)]
     interval = bootstrap_interval(recalls)
@@ -211,7 +251,7 @@ def run(config: EvalCompressorConfig) -> dict:
         }
         for i, method in enumerate(builders, 1):
             print(f"[{i}/{len(builders)}] {method}: embedding {len(data.upper)} upper-level chunks", flush=True)
-            results[method] = measure(builders[method], data, client, config.k)
+            results[method] = measure(builders[method], data, client, config.k, config.scope_mode)
             results[method]["repairs"] = ({k: n for k, n in summary_repairs.items() if n} if method == "summarize"
                                           else {})
             tracker.log({f"{method}/{k}": v for k, v in results[method].items()
@@ -219,25 +259,33 @@ def run(config: EvalCompressorConfig) -> dict:
         for method in builders:  # times under a millisecond count as one: below what the clock resolves here
             results[method]["speedup_vs_summarize"] = round(
                 results["summarize"]["seconds"] / max(results[method]["seconds"], 1e-3), 1)
-        report = {"checkpoints": checkpoints, "kinds": kinds, "n_upper_chunks": len(data.upper),
-                  "n_documents": data.n_documents, "n_questions": len(data.questions),
-                  "levels": sorted({c.level for c in data.upper}), "methods": results, "config": to_dict(config)}
+        report = build_report(config, data, checkpoints, kinds, results)
         tracker.summary({f"{m}/{k}": v for m, row in results.items() for k, v in row.items()
                          if isinstance(v, (int, float)) and not isinstance(v, bool)})
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.json").write_text(json.dumps(report, indent=2))
     plot_recall_vs_cost(results, config.k, out / "recall_vs_cost.png")
-    _print(report, config.k)
+    print_table(report, config.k)
     return report
 
 
-def _print(report: dict, k: int) -> None:
-    from rich.console import Console
-    from rich.table import Table
+def build_report(config: EvalCompressorConfig, data: HeldOut, checkpoints: dict[str, str], kinds: dict[str, str],
+                 results: dict[str, dict]) -> dict:
+    """metrics.json's content: what was evaluated (the dataset and the scope its questions were searched in, with
+    how many chunks each was ranked among), each method's row, and the config."""
+    return {"checkpoints": checkpoints, "kinds": kinds, "dataset": config.corpus.kind, "scope": config.scope_mode,
+            "candidates_per_question": candidates_per_question(data, config.scope_mode),
+            "n_upper_chunks": len(data.upper), "n_documents": data.n_documents, "n_questions": len(data.questions),
+            "levels": sorted({c.level for c in data.upper}), "methods": results, "config": to_dict(config)}
 
+
+def print_table(report: dict, k: int) -> None:
+    """The methods' rows, under what was evaluated and the scope the questions were searched in."""
+    candidates = report["candidates_per_question"]
     table = Table(title=f"{report['n_upper_chunks']} upper-level chunks of {report['n_documents']} held-out "
-                        f"documents, {report['n_questions']} questions")
+                        f"documents, {report['n_questions']} questions, each ranking "
+                        f"{'-' if candidates is None else f'{candidates:.1f}'} chunks on average")
     for column in ("method", "cosine to e_gt", f"recall@{k} [95% CI]", "seconds", "LLM tokens",
                    "speed-up vs summarize", "repairs"):
         table.add_column(column, justify="right")
@@ -249,4 +297,6 @@ def _print(report: dict, k: int) -> None:
         table.add_row(method, f"{row['cosine_to_target']:.3f}", shown,
                       f"{row['seconds']:.2f}", str(row["llm_prompt_tokens"] + row["llm_completion_tokens"]),
                       f"{row['speedup_vs_summarize']:g}x", repairs_cell(row.get("repairs")))
-    Console(width=110).print(table)
+    console = Console(width=110)
+    console.print(scope_title(report))
+    console.print(table)
