@@ -301,6 +301,7 @@ def test_every_field_of_either_schema_is_passed_on(stack: dict[str, Any]) -> Non
     assert json.loads(a.requests[-1]["body"]) == responses and len(a.requests) == 3
 
 
+@pytest.mark.vllm
 @pytest.mark.skipif(not os.environ.get("OVERSTORY_VLLM_PYTHON"), reason="no vLLM environment (OVERSTORY_VLLM_PYTHON)")
 def test_the_door_knows_every_field_of_the_installed_vllms_schemas() -> None:
     """The door's schemas are the embedded server's request models: each must hold every field (and alias) of
