@@ -66,6 +66,7 @@ from overstory.evaluation.plots import plot_quality_vs_cost
 from overstory.evaluation.qasper_metrics import Reference, gold_references, official_papers, qasper_scores
 from overstory.evaluation.repairs import repair_counts, repairs_cell
 from overstory.evaluation.report_tables import pipeline_qasper_table
+from overstory.evaluation.scope import question_scope, resolve_scope, scope_title
 from overstory.retrieval.answer import AnswerConfig
 from overstory.retrieval.arag import ARagConfig, ARagStrategy
 from overstory.retrieval.bm25_floor import BM25FloorStrategy
@@ -97,7 +98,6 @@ STRATEGIES = ("naive", "smartchunk", "lattice", "arag", "fable", "orion", "bm25_
 RUN_FAILURES = ("request_failed", "strategy_error")
 # where each question is searched: auto = the dataset's own setting, document = the question's document only,
 # corpus = every document (the open corpus)
-SCOPES = ("auto", "document", "corpus")
 # the shipped samples by name (`--data hotpotqa`); the `corpus` section names any other copy (../shared/data)
 DATASETS: dict[str, CorpusConfig] = {
     "hotpotqa": CorpusConfig("hotpotqa", "data/hotpotqa"),
@@ -186,17 +186,12 @@ class PipelineEvalConfig:
         if "lattice" in self.names and not self.lattice.tree:
             raise ConfigError("lattice.tree: the lattice strategy needs a tree from `overstory data lattice-tree` "
                               "over the same corpus")
-        if self.scope not in SCOPES:
-            raise ConfigError(f"scope: {self.scope!r} is not a scope; choose from {', '.join(SCOPES)} (auto: the "
-                              "question's document where the dataset has one, else the whole corpus)")
-        if "bm25_floor" in self.names and self.scope_mode == "corpus":
+        mode = self.scope_mode  # refuses an unknown scope, or document scope on an open corpus, naming the key
+        if "bm25_floor" in self.names and mode == "corpus":
             raise ConfigError("strategies: bm25_floor answers within each question's own document (BM25 over its "
                               "paragraphs), and these questions are searched over the open corpus "
                               f"({self.dataset.kind}, scope={self.scope}): leave it out, or use squad, qasper or "
                               "narrativeqa with scope=auto")
-        if self.scope == "document" and not self.dataset.document_scoped:
-            raise ConfigError(f"scope: document needs questions that are each about one document (squad, qasper, "
-                              f"narrativeqa); {self.dataset.kind}'s are posed over the open corpus: use scope=auto")
         check_failure_share(self.max_failure_share)
         if self.limit_questions < 0 or self.recall_k < 1 or self.concurrency < 1 or self.request_timeout_s <= 0:
             raise ConfigError("limit_questions must be >= 0, recall_k and concurrency >= 1, request_timeout_s > 0")
@@ -224,45 +219,13 @@ class PipelineEvalConfig:
     @property
     def scope_mode(self) -> str:
         """Where questions are searched: ``document`` (each within its own document) or ``corpus`` (everywhere)."""
-        if self.scope == "auto":
-            return "document" if self.dataset.document_scoped else "corpus"
-        return self.scope
+        return resolve_scope(self.scope, self.dataset)
 
 
 def select_questions(questions: Sequence[QAExample], limit: int, skip_unanswerable: bool) -> list[QAExample]:
     """The first ``limit`` questions (0: all), leaving out those without a reference answer when asked to."""
     kept = [q for q in questions if q.answers or not skip_unanswerable]
     return kept[:limit] if limit else kept
-
-
-def question_scope(question: QAExample, mode: str) -> list[str] | None:
-    """The documents a question is searched in: its own (``metadata["doc_id"]``, which the loaders of
-    document-scoped datasets set) under the ``document`` mode, None (the whole corpus) under ``corpus``.
-
-    >>> q = QAExample("q1", "Which dataset?", ["SQuAD"], [], "qasper", {"doc_id": "qasper/1"})
-    >>> question_scope(q, "document"), question_scope(q, "corpus")
-    (['qasper/1'], None)
-    """
-    if mode == "corpus":
-        return None
-    if not question.metadata.get("doc_id"):
-        raise ConfigError(f"scope: question {question.id} names no document (metadata doc_id), so it cannot be "
-                          "searched within its document; use scope=corpus")
-    return [question.metadata["doc_id"]]
-
-
-def scope_title(report: dict) -> str:
-    """What the table's questions were searched in, for its title.
-
-    >>> scope_title({"dataset": "qasper", "scope": "corpus", "n_documents": 6})
-    'qasper, open corpus: every question searched over all 6 documents'
-    >>> scope_title({"dataset": "qasper", "scope": "document", "n_documents": 6})
-    'qasper, document scope: each question searched within its own document (of 6)'
-    """
-    if report["scope"] == "document":
-        return f"{report['dataset']}, document scope: each question searched within its own document " \
-               f"(of {report['n_documents']})"
-    return f"{report['dataset']}, open corpus: every question searched over all {report['n_documents']} documents"
 
 
 def build_strategy(name: str, config: PipelineEvalConfig, documents: Sequence[Document], chunks: Sequence[Chunk],
