@@ -20,10 +20,11 @@ traces job writes per question and ``eval lattice`` shows beside its failed slat
 * ``prompt_too_long_failed``: a slate whose prompt plus ``max_tokens`` exceeds the scorer's context. It is not sent
   (the server would refuse it with a 400, and a refusal stops the whole search); it becomes a failed slate, unparsed
   and without scores, as a reply without usable scores does, with ``failure`` empty since asking again cannot help.
-  The context is the role's ``max_model_len`` in ``/v1/models`` (vLLM and the embedded server list it), read once;
-  the prompt's length is counted by the server's ``/tokenize`` with the same chat messages, so the count is the
-  served tokenizer's and chat template's, exact, not an estimate that would refuse slates that fit or send ones
-  that do not. A server that lists no ``max_model_len`` is not checked (it enforces its own limit).
+  The context is the role's ``max_model_len`` in ``/v1/models`` (vLLM and the embedded server list it; a LoRA
+  module's is its base model's), read once; the prompt's length is counted by the server's ``/tokenize`` with the
+  same chat messages, so the count is the served tokenizer's and chat template's, exact, not an estimate that would
+  refuse slates that fit or send ones that do not. A server that lists no ``max_model_len`` is not checked (it
+  enforces its own limit).
 """
 
 from __future__ import annotations
@@ -167,13 +168,15 @@ class LLMSlateScorer:
                 f"(now {self.max_candidate_chars}) or max_tokens>")
 
     def _context_length(self) -> int | None:
-        """The role's ``max_model_len`` from ``/v1/models`` (None when the server lists none), read once."""
+        """The role's ``max_model_len`` from ``/v1/models``, read once: its own entry's, else (a LoRA module, which vLLM
+        lists without one) its ``parent`` base model's; None when the server lists neither."""
         with self._context_lock:
             if not self._context_read:
-                entries = [entry for response in self.client.backend.get("/v1/models")
-                           for entry in response.get("data", []) if entry.get("id") == self.role]
-                lengths = [int(e["max_model_len"]) for e in entries if e.get("max_model_len")]
-                self._context, self._context_read = (min(lengths) if lengths else None), True
+                cards = {entry.get("id"): entry for response in self.client.backend.get("/v1/models")
+                         for entry in response.get("data", [])}
+                card = cards.get(self.role, {})
+                length = card.get("max_model_len") or cards.get(card.get("parent"), {}).get("max_model_len")
+                self._context, self._context_read = (int(length) if length else None), True
             return self._context
 
 

@@ -310,6 +310,24 @@ def test_a_truncated_reply_keeps_its_parsed_scores_and_is_counted():
     assert result.slates[0].failure == ""  # the server answered: no request failure to ask again on a rerun
 
 
+class LoraServer(TruncatingServer):
+    """The same stand-in listing the scorer as vLLM lists a LoRA module: without a context of its own, under a base
+    model whose context is 96 tokens, so a 50-token prompt and 48 completion tokens do not fit."""
+
+    def get(self, path):
+        return [{"object": "list", "data": [{"id": "scorer", "object": "model", "parent": "base"},
+                                            {"id": "base", "object": "model", "max_model_len": 96}]}]
+
+
+def test_a_lora_scorer_is_checked_against_its_base_models_context():
+    server = LoraServer("unused")
+    [result] = search(small_tree(), [("q", "query")], LLMSlateScorer(Client(server), max_tokens=48),
+                      SearchConfig(iterations=1))
+    assert server.paths == ["/tokenize"] and result.llm_calls == 0  # counted, never sent
+    assert result.failed_slates == 1 and result.problems["prompt_too_long_failed"] == 1
+    assert "96-token context" in result.slates[0].raw_reply
+
+
 @pytest.mark.slow
 def test_a_slate_prompt_longer_than_the_context_is_refused_before_sending(engines):
     """SmolLM2 served with a 320-token context: a slate of three real HotpotQA paragraphs does not fit with its
