@@ -58,8 +58,12 @@ lock:
 quickstart: env
 	$(VENV)/bin/overstory quickstart --out runs/quickstart
 
+# Two pytest-xdist workers with one torch thread each: on the 2-core CI machine both cores stay busy through the
+# suite's single-threaded stretches (imports, server starts, tokenising) without oversubscribing them; the vLLM tests
+# share one worker (tests/serving/conftest.py), so the cpu-vllm stack starts once. TEST_WORKERS=0 runs serially.
+TEST_WORKERS ?= 2
 test: env vllm-env
-	$(VENV)/bin/python -m pytest -q --durations=25
+	OMP_NUM_THREADS=1 $(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25
 
 lint: env
 	$(VENV)/bin/ruff check .

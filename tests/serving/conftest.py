@@ -22,6 +22,14 @@ from tests.serving.cross_encoder_fixture import build_tiny_cross_encoder
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`make test` runs two workers, ``--dist loadgroup``) every test of the cpu-vllm stack
+    goes to one worker, so the stack starts once, as in a serial run, instead of once per worker."""
+    for item in items:
+        if "cpu_vllm_stack" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("cpu_vllm_stack"))
+
+
 @pytest.fixture(scope="session")
 def engine() -> Iterator[EmbeddedEngine]:
     with EmbeddedEngine(ServeConfig.local(port=0)) as engine:
