@@ -13,8 +13,9 @@ System kinds (``systems`` in the config; ``--compare`` picks names):
 * ``search``: the calibrated tree search with a scorer: ``oracle`` (gold labels: can the tree and the search reach
   the gold at all), ``llm`` (the served ``scorer`` role: the teacher, or with ``model`` a distilled LoRA adapter
   on it) or ``cross_encoder`` (``model``: a CrossEncoder folder, served at ``/score``; whether it serves
-  probabilities or raw logits is read from the folder's saved activation, ``serving.cross_encoder.saved_activation``,
-  and the scorer maps either onto 0-100 in order). ``calibration: false``
+  probabilities or raw logits is what each response reports, checked against the folder's saved activation,
+  ``serving.cross_encoder.saved_activation``, which also stands in for a ``server_url`` that does not report one
+  (vLLM); the scorer maps either onto 0-100 in order). ``calibration: false``
   turns the slate-bias fit off (a pointwise scorer has no slate bias: measure both).
 * ``bm25``, ``dense`` (the built-in MiniLM), ``hybrid`` (their reciprocal rank fusion): flat retrieval over the
   same leaves.

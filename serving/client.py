@@ -15,7 +15,7 @@ import json
 import random
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -55,6 +55,23 @@ class ChatResult:
         if "content" in logprobs:
             return [entry["logprob"] for entry in logprobs["content"] or []]
         return list(logprobs.get("token_logprobs") or [])
+
+
+class Scores(list):
+    """A cross-encoder's scores as ``/score`` (floats in input order) or ``/v1/rerank`` (``(index, score)`` pairs,
+    best first) returned them: a plain list, plus ``activation``, what the server says the scores are, read from
+    the response's ``activation`` key: ``"sigmoid"`` (probabilities in [0, 1]) or ``"identity"`` (raw logits), as
+    the embedded server reports (``serving/cross_encoder.py``); None from a server that does not say (vLLM's
+    ``/score`` and ``/v1/rerank`` apply the model's saved activation without naming it).
+
+    >>> scores = Scores([0.2, 0.9], "sigmoid")
+    >>> scores == [0.2, 0.9], scores.activation, Scores([1.5], None).activation
+    (True, 'sigmoid', None)
+    """
+
+    def __init__(self, values: Iterable[Any] = (), activation: str | None = None):
+        super().__init__(values)
+        self.activation = activation
 
 
 @dataclass
@@ -303,16 +320,20 @@ class Client:
         rows = sorted(response["data"], key=lambda item: item["index"])
         return np.asarray([row["embedding"] for row in rows], dtype=np.float32)
 
-    def score(self, role: str, query: str, texts: list[str]) -> list[float]:
-        """Relevance of each text to ``query`` from a cross-encoder role (vLLM's ``/score``), in input order."""
+    def score(self, role: str, query: str, texts: list[str]) -> Scores:
+        """Relevance of each text to ``query`` from a cross-encoder role (vLLM's ``/score``), in input order, with
+        the response's ``activation`` (``Scores``)."""
         response, _ = self._call(role, "/score", {"model": role, "queries": query, "documents": list(texts)})
-        return [row["score"] for row in sorted(response["data"], key=lambda row: row["index"])]
+        return Scores([row["score"] for row in sorted(response["data"], key=lambda row: row["index"])],
+                      response.get("activation"))
 
-    def rerank(self, role: str, query: str, documents: list[str], top_n: int = 0) -> list[tuple[int, float]]:
-        """(document index, relevance) pairs, best first, ``top_n`` of them (0: all), from vLLM's ``/v1/rerank``."""
+    def rerank(self, role: str, query: str, documents: list[str], top_n: int = 0) -> Scores:
+        """(document index, relevance) pairs, best first, ``top_n`` of them (0: all), from vLLM's ``/v1/rerank``,
+        with the response's ``activation`` (``Scores``)."""
         response, _ = self._call(role, "/v1/rerank", {"model": role, "query": query, "documents": list(documents),
                                                       "top_n": top_n})
-        return [(row["index"], row["relevance_score"]) for row in response["results"]]
+        return Scores([(row["index"], row["relevance_score"]) for row in response["results"]],
+                      response.get("activation"))
 
     def models(self) -> list[str]:
         """The served model names (roles), over every server behind the backend."""

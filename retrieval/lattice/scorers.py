@@ -224,23 +224,33 @@ def parse_truncated_reply(text: str, n_candidates: int) -> SlateParse:
     return parse_slate_reply(json.dumps(rebuilt), n_candidates)
 
 
+ACTIVATIONS = ("sigmoid", "identity")  # what a served cross-encoder's scores can be (serving/cross_encoder.py)
+
+
 class CrossEncoderSlateScorer:
     """Pointwise scoring by a served cross-encoder (``/score``): one batched request per slate, each score mapped to
-    0-100. ``activation`` is what the served model returns (``serving/cross_encoder.py``; ``saved_activation`` reads
-    it from the folder): ``sigmoid``, relevance probabilities in [0, 1], scaled by 100 (the distilled pointwise
-    student is trained on teacher score / 100); ``identity``, raw logits, put through a sigmoid first. The sigmoid
-    keeps every logit's order and puts them on the 0-1 scale of the search's path relevance (the root's is 1): for a
-    binary cross-entropy model it is the probability it was trained for; for a listwise one (ListNet, LambdaLoss:
-    only differences between logits are learned) it is order-preserving, its level arbitrary. Probabilities outside
-    [0, 1] are logits served to a scorer told ``sigmoid``: a ConfigError naming the fix, not a silent clip. A transient
-    request failure leaves a failed slate (``failure``); a refused request raises ``RequestRefused``."""
+    0-100 by the activation the server reports with it (``Scores.activation``; ``serving/cross_encoder.py``):
+    ``sigmoid``, relevance probabilities in [0, 1], scaled by 100 (the distilled pointwise student is trained on
+    teacher score / 100); ``identity``, raw logits, put through a sigmoid first. The sigmoid keeps every logit's
+    order and puts them on the 0-1 scale of the search's path relevance (the root's is 1): for a binary
+    cross-entropy model it is the probability it was trained for; for a listwise one (ListNet, LambdaLoss: only
+    differences between logits are learned) it is order-preserving, its level arbitrary.
+
+    ``activation`` is needed only for a server that does not report one (vLLM's ``/score`` applies the folder's
+    saved activation without naming it; this project's stacks serve cross-encoders on the embedded server, which
+    always reports). Empty, it means "as the server reports", and a response without a report is a ConfigError
+    asking for it. Given, it is checked against each report: a mismatch (a scorer told ``identity`` by a server
+    serving probabilities, or the other way round) is a ConfigError naming both, never a silent misreading. Under
+    ``sigmoid`` from a server that does not report, scores outside [0, 1] are logits: a ConfigError naming the fix.
+    A transient request failure leaves a failed slate (``failure``); a refused request raises ``RequestRefused``."""
 
     listwise = False
 
     def __init__(self, client: Client, role: str = "scorer", concurrency: int = 4,
-                 activation: Literal["sigmoid", "identity"] = "sigmoid"):
-        if activation not in ("sigmoid", "identity"):
-            raise ConfigError(f"activation must be 'sigmoid' or 'identity', got {activation!r}")
+                 activation: Literal["", "sigmoid", "identity"] = ""):
+        if activation not in ("", *ACTIVATIONS):
+            raise ConfigError(f"activation must be 'sigmoid', 'identity' or empty (as the server reports), got "
+                              f"{activation!r}")
         self.client, self.role, self.concurrency, self.activation = client, role, concurrency, activation
 
     def score(self, slates: Sequence[Slate]) -> list[SlateScore]:
@@ -257,22 +267,53 @@ class CrossEncoderSlateScorer:
             raise_if_refused(exc, f"LATTICE's cross-encoder scorer (role {self.role!r})")
             return SlateScore(scores={}, raw=f"<request failed: {exc}>", parsed=False,
                               seconds=time.perf_counter() - started, failure=str(exc))
-        return SlateScore(scores=dict(enumerate(self.to_scores(values))), seconds=time.perf_counter() - started)
+        scores = self.to_scores(values, self.served_activation(values.activation))
+        return SlateScore(scores=dict(enumerate(scores)), seconds=time.perf_counter() - started)
 
-    def to_scores(self, values: Sequence[float]) -> list[float]:
-        """Served scores as 0-100, in order (see the class docstring).
+    def served_activation(self, reported: str | None) -> str:
+        """The activation of a response's scores: the server's ``reported`` one (checked against ``activation``
+        when that is set), else ``activation``; a ConfigError when they differ or neither says.
 
-        >>> scorer = CrossEncoderSlateScorer(client=None, activation="identity")
-        >>> [round(s, 1) for s in scorer.to_scores([-2.0, 0.0, 7.5])]
+        >>> CrossEncoderSlateScorer(client=None).served_activation("identity")
+        'identity'
+        >>> CrossEncoderSlateScorer(client=None, activation="sigmoid").served_activation(None)
+        'sigmoid'
+        >>> CrossEncoderSlateScorer(client=None, activation="sigmoid").served_activation("identity")
+        Traceback (most recent call last):
+        ...
+        overstory.core.config.ConfigError: role 'scorer' serves identity scores (raw logits), but the scorer was \
+told activation='sigmoid'; drop the setting (the server's report is used) or set activation='identity'
+        """
+        if reported is not None and reported not in ACTIVATIONS:
+            raise ConfigError(f"role {self.role!r} reports scores of activation {reported!r}, which LATTICE's "
+                              f"scorer cannot read (it reads {', '.join(ACTIVATIONS)})")
+        if reported and self.activation and reported != self.activation:
+            raise ConfigError(f"role {self.role!r} serves {reported} scores ({_MEANING[reported]}), but the scorer "
+                              f"was told activation={self.activation!r}; drop the setting (the server's report is "
+                              f"used) or set activation={reported!r}")
+        if not (reported or self.activation):
+            raise ConfigError(f"role {self.role!r}'s server does not say whether its scores are probabilities or "
+                              "raw logits (vLLM's /score does not); set the cross-encoder activation ('sigmoid' "
+                              "or 'identity', the folder's saved activation)")
+        return reported or self.activation
+
+    def to_scores(self, values: Sequence[float], activation: str) -> list[float]:
+        """Served scores of ``activation`` as 0-100, in order (see the class docstring).
+
+        >>> scorer = CrossEncoderSlateScorer(client=None)
+        >>> [round(s, 1) for s in scorer.to_scores([-2.0, 0.0, 7.5], "identity")]
         [11.9, 50.0, 99.9]
         """
-        if self.activation == "identity":
+        if activation == "identity":
             return [100.0 * float(expit(v)) for v in values]
         if not all(0.0 <= v <= 1.0 for v in values):
-            raise ConfigError(f"role {self.role!r} served scores outside [0, 1] ({list(values)[:5]}): its "
-                              "cross-encoder returns raw logits (activation identity); score with activation="
+            raise ConfigError(f"role {self.role!r} served scores outside [0, 1] ({list(values)[:5]}) as "
+                              "probabilities: its cross-encoder returns raw logits; set the activation to "
                               "'identity'")
         return [100.0 * float(v) for v in values]
+
+
+_MEANING = {"sigmoid": "probabilities", "identity": "raw logits"}
 
 
 class OracleSlateScorer:

@@ -28,9 +28,10 @@ class LatticeStrategyConfig:
     tree: str = ""  # a tree.json from `overstory data lattice-tree` over the same corpus
     leaf_level: str = "paragraph"  # the level the tree was built over
     scorer: Literal["llm", "cross_encoder"] = "llm"  # what the served `scorer` role is
-    # cross_encoder: what its folder serves, probabilities (sigmoid) or raw logits (identity); a scorer told sigmoid
-    # that receives logits outside [0, 1] stops with a ConfigError naming this key's fix
-    cross_encoder_activation: Literal["sigmoid", "identity"] = "sigmoid"
+    # cross_encoder: empty reads whether its scores are probabilities (sigmoid) or raw logits (identity) from each
+    # response, as the embedded server reports; set it only for a server that does not say (vLLM's /score). Set and
+    # reported otherwise, the search stops with a ConfigError naming both
+    cross_encoder_activation: Literal["", "sigmoid", "identity"] = ""
     search: SearchConfig = field(default_factory=lambda: SearchConfig(iterations=4, top_k=10))
     max_tokens: int = 256  # per listwise slate reply
     max_candidate_chars: int = 300
