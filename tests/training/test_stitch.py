@@ -157,16 +157,26 @@ def _one_solvable_one_not(labels: Path, adapter: Path, folder: Path, metadata_to
     plans greedily within ``limit`` tokens is labelled with that range (near-greedy rollouts hit it), another with a
     range that is neither its greedy plan nor its trace's (solved, if at all, only by chance). Stored with their
     hierarchy, as the pseudo-labels job does. (Labelling every other question of a random draw of three once gave CI
-    a draw that solved none.)"""
+    a draw that solved none.)
+
+    The plans are generated a batch of 8 at a time, in order, and only until both picked questions have one: the
+    same batches as one call over every question would make (a batch's greedy replies depend on what else is in it),
+    so the same two questions are picked, without planning the rest."""
     rows, _, _ = planner_rows(PlannerDataConfig(labels=str(labels), metadata_tokens=metadata_tokens, val_fraction=0),
                               "builtin:smollm2-135m-instruct")
     model, tokenizer, _ = load_lm_checkpoint(str(adapter))
-    replies, lengths, _ = generate_plans(model, tokenizer, [r["prompt"] for r in rows], limit, 8)
-    greedy = {r["example_id"]: (parse_plan(text), n) for r, text, n in zip(rows, replies, lengths)}
-    solvable = next(i for i, (plan, n) in greedy.items() if plan.valid and n < limit)
     every = list(read_jsonl(labels, PseudoLabel))
+    greedy: dict[str, tuple] = {}
+    for start in range(0, len(rows), 8):
+        batch = rows[start: start + 8]
+        replies, lengths, _ = generate_plans(model, tokenizer, [r["prompt"] for r in batch], limit, 8)
+        greedy |= {r["example_id"]: (parse_plan(text), n) for r, text, n in zip(batch, replies, lengths)}
+        solvable = next((i for i, (plan, n) in greedy.items() if plan.valid and n < limit), None)
+        hard = solvable and next(label for label in every if label.id != solvable)
+        if hard and hard.id in greedy:
+            break
+    assert solvable, f"the adapter planned none of {len(rows)} questions within {limit} tokens"
     easy = next(label for label in every if label.id == solvable)
-    hard = next(label for label in every if label.id != solvable)
     taken = {greedy[hard.id][0].levels, (hard.level_min, hard.level_max)}
     far = next(r for r in [("section", "document"), ("paragraph", "document"), ("sentence", "sentence")]
                if r not in taken)
