@@ -16,6 +16,10 @@ request failure (a timeout, a 5xx, the server down; the slate's ``failure`` fiel
 ``RequestRefused`` (``retrieval/strategy.py``) and stops the job. The job runs on the fan-out skeleton
 (``data_pipeline/fanout.py``): its settings and the scorer's served model are kept in ``<out>.settings.json`` (a rerun
 with others is refused), and it fails (exit code 1) when more than ``max_failure_share`` of its questions failed.
+The job's totals (its tracked summary and the line it prints) add up the questions written: slates, recall@10, and
+beside them the slate repairs (``SLATE_REPAIRS``): failed slates, those among them whose prompt did not fit the
+teacher's context (``prompt_too_long_failed``: not sent) and the replies cut at ``max_tokens`` (``reply_truncated``:
+their complete scores kept), each question's own counts being in its summary's ``failed_slates`` and ``problems``.
 ``scorer: oracle`` scores from the gold labels instead of an LLM (no server needed): it checks what the search can
 reach and gives a best-case trace set.
 """
@@ -77,6 +81,12 @@ class LatticeTracesConfig:
             raise ConfigError(f"limit must be >= 0, got {self.limit}")
 
 
+# the repairs of the teacher's slates the totals add up over the questions written (as evaluation/repairs.py
+# counts them): slates without usable scores, and two of their causes, a prompt refused before sending for want of
+# context (always a failed slate) and a reply cut at max_tokens (a failed slate only when no score was complete)
+SLATE_REPAIRS = ("failed_slates", "prompt_too_long_failed", "reply_truncated")
+
+
 def leads_to_gold(tree: Tree, node_ids: list[str], gold: set[str]) -> list[bool]:
     """For each node: is it a gold leaf, or does a gold leaf lie below it."""
     return [bool({leaf.id for leaf in tree.leaves(n)} & gold) for n in node_ids]
@@ -109,7 +119,7 @@ def run(config: LatticeTracesConfig) -> dict:
                           f"build the tree over the same corpus and hierarchy settings")
     out = Path(config.out)
     queries_path = out.with_name(out.stem + ".queries.jsonl")
-    totals = {"questions": 0, "slates": 0, "recall@10": 0.0}
+    totals = {"questions": 0, "slates": 0, "recall@10": 0.0, **dict.fromkeys(SLATE_REPAIRS, 0)}
     with ExitStack() as stack:
         tracker = stack.enter_context(start_run(config.tracking, "data lattice-traces", config))
         fanout = stack.enter_context(Fanout("lattice-traces", queries_path,
@@ -135,9 +145,9 @@ def run(config: LatticeTracesConfig) -> dict:
         totals = {**totals, **fanout.finish(),
                   "recall@10": round(totals["recall@10"] / max(totals["questions"], 1), 4)}
         tracker.summary(totals)
-    print(f"lattice traces ({teacher}): {totals['questions']} questions, {totals['slates']} slates, "
-          f"recall@10 {totals['recall@10']}, {totals['failed']} failed (searched again on rerun), "
-          f"{totals['skipped']} already done -> {out}")
+    print(f"lattice traces ({teacher}): {totals['questions']} questions, {totals['slates']} slates "
+          f"({repairs_line(totals)}), recall@10 {totals['recall@10']}, {totals['failed']} failed (searched again on "
+          f"rerun), {totals['skipped']} already done -> {out}")
     fanout.raise_if_failed()
     return totals
 
@@ -170,6 +180,19 @@ def _write_question(question: QAExample, result: SearchResult, tree: Tree, gold:
     fanout.write(summary, "questions")
     totals["questions"] += 1
     totals["recall@10"] += summary["recall@10"]
+    totals["failed_slates"] += result.failed_slates
+    for key in SLATE_REPAIRS[1:]:
+        totals[key] += result.problems.get(key, 0)
+
+
+def repairs_line(totals: dict) -> str:
+    """The slate repairs of a run's totals as its summary prints them.
+
+    >>> repairs_line({"failed_slates": 3, "prompt_too_long_failed": 1, "reply_truncated": 2})
+    '3 failed slates (1 prompt too long, not sent), 2 replies cut at max_tokens'
+    """
+    return (f"{totals['failed_slates']} failed slates ({totals['prompt_too_long_failed']} prompt too long, not "
+            f"sent), {totals['reply_truncated']} replies cut at max_tokens")
 
 
 def transient_failures(result: SearchResult) -> list[str]:

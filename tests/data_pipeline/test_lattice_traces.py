@@ -9,11 +9,14 @@ import json
 import threading
 from pathlib import Path
 
+import pytest
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from overstory.cli import main
+from overstory.core.config import load_config
 from overstory.core.records import read_jsonl
+from overstory.data_pipeline.lattice_traces import LatticeTracesConfig, run
 from overstory.serving.launch import serve_in_background
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -148,3 +151,24 @@ def test_a_rerun_with_other_settings_is_refused(lattice_tree: Path, tmp_path: Pa
 def test_a_non_positive_request_timeout_names_the_key(lattice_tree: Path, tmp_path: Path, capsys) -> None:
     assert _run(lattice_tree, tmp_path / "x.jsonl", "request_timeout_s=0") == 2
     assert "request_timeout_s" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_totals_add_up_truncated_replies_and_prompts_too_long(lattice_tree: Path, tmp_path: Path, capsys) -> None:
+    """The real SmolLM2 as the teacher, served with a 700-token context and replying in at most 24 tokens: slates of
+    long paragraphs do not fit and are not sent, the others' replies are cut inside their JSON. The job's totals and
+    its printed line add up each question's failed slates and both causes, as its per-question records count them."""
+    config = load_config(LatticeTracesConfig, ROOT / "configs/data/lattice_traces.yaml", [
+        f"tree={lattice_tree}", f"out={tmp_path / 'traces.jsonl'}", *CORPUS, "scorer=llm", "limit=2",
+        "search.iterations=4", "max_attempts=1", "max_tokens=24", "tracking.backend=none",
+        "serve.roles.scorer.model=builtin:smollm2-135m-instruct", "serve.roles.scorer.max_model_len=700"])
+    totals = run(config)
+    queries = list(read_jsonl(tmp_path / "traces.queries.jsonl"))
+    assert len(queries) == totals["questions"] == 2
+    assert totals["failed_slates"] == sum(q["failed_slates"] for q in queries)
+    for key in ("prompt_too_long_failed", "reply_truncated"):
+        assert totals[key] == sum(q["problems"].get(key, 0) for q in queries) > 0, key
+    assert totals["prompt_too_long_failed"] + totals["reply_truncated"] <= totals["slates"]
+    printed = capsys.readouterr().out
+    assert (f"{totals['failed_slates']} failed slates ({totals['prompt_too_long_failed']} prompt too long, not sent), "
+            f"{totals['reply_truncated']} replies cut at max_tokens") in printed
