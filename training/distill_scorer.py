@@ -29,13 +29,17 @@ share of the queries, and trains one of two students:
 
 Both write ``out/heldout_queries.json`` (the held-out query ids, which ``eval lattice`` scores agreement on),
 ``out/metrics.json`` and the ``overstory.json`` manifest. Checkpoints go to ``out/checkpoints``; a rerun resumes
-from the newest.
+from the newest, only under the settings they were trained with (``out/resume_settings.json``, written when the run
+starts afresh): a rerun that changes what is trained (the student, its loss or activation, the targets, the traces'
+content, a training setting other than its length) is refused naming the keys that differ, before anything in
+``out`` is touched, as the other recipes refuse theirs (``training/checkpoint_state.py``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +50,7 @@ import torch
 from overstory.core.config import ConfigError, to_dict
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.models.registry import MINILM, SMOLLM2, init_cross_encoder, load_causal_lm
+from overstory.training import checkpoint_state
 from overstory.training.callbacks import StopOnNonFiniteLoss, TrackingCallback
 from overstory.training.common import (
     LoraSettings,
@@ -66,6 +71,7 @@ from overstory.training.distill_data import (
 )
 from overstory.training.sft import SftTrainSettings, sft_args
 
+SETTINGS_FILE = "resume_settings.json"  # in out: the settings the checkpoints were trained with
 # the saved cross-encoder's activation by its configured (and served) name
 ACTIVATIONS: dict[str, type[torch.nn.Module]] = {"sigmoid": torch.nn.Sigmoid, "identity": torch.nn.Identity}
 
@@ -108,6 +114,8 @@ def run(config: DistillScorerConfig) -> dict:
     if not slates:
         raise ValueError(f"{config.traces} holds no scored slates (every teacher reply failed, or the file is "
                          f"empty); run `overstory data lattice-traces` and check its failed_slates")
+    traces_sha256 = hashlib.sha256(Path(config.traces).read_bytes()).hexdigest()[:16]
+    check_resume(config, traces_sha256)
     train, heldout = split_slates(slates, config.train.val_fraction)
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -115,12 +123,35 @@ def run(config: DistillScorerConfig) -> dict:
     manifest = {"kind": "scorer", "student": config.student, "base_model": config.model_name,
                 "targets": config.targets, "distilled": config.targets == "teacher",
                 "recipe": "distill_scorer", "config": to_dict(config), "traces": config.traces,
-                "traces_sha256": hashlib.sha256(Path(config.traces).read_bytes()).hexdigest()[:16],
-                "teachers": _teachers(config.traces)}
+                "traces_sha256": traces_sha256, "teachers": _teachers(config.traces)}
     train_fn = _train_llm if config.student == "llm" else _train_cross_encoder
     metrics = train_fn(config, train, heldout, manifest)
     print(json.dumps(metrics, indent=2))
     return metrics
+
+
+def resume_settings(config: DistillScorerConfig, traces_sha256: str) -> dict:
+    """What decides what a run trains: the config but its length (``train.epochs``, ``train.max_steps``, which a
+    resume may extend), its logging cadence, output folder and tracking; the traces by their content (a traces job
+    that resumed appends to the same file, and a moved file is the same data)."""
+    settings = to_dict(config)
+    for key in ("out", "tracking", "traces"):
+        settings.pop(key)
+    for key in ("epochs", "max_steps", "logging_steps"):
+        settings["train"].pop(key)
+    return {**settings, "traces_sha256": traces_sha256}
+
+
+def check_resume(config: DistillScorerConfig, traces_sha256: str) -> None:
+    """Before ``out`` is written to: refuse a rerun whose checkpoints were trained under other settings (or under
+    settings never recorded), naming the keys; a run without checkpoints records its settings (rank 0 only)."""
+    out = Path(config.out)
+    settings, record = resume_settings(config, traces_sha256), out / SETTINGS_FILE
+    if any(path.is_dir() for path in (out / "checkpoints").glob("checkpoint-*")):
+        state = json.loads(record.read_text()) if record.exists() else {}
+        checkpoint_state.check_settings(state, settings, out / "checkpoints")
+    elif int(os.environ.get("RANK", 0)) == 0:
+        checkpoint_state.atomic_write_text(record, json.dumps({"settings": settings}, indent=2))
 
 
 def _teachers(path: str) -> list[str]:

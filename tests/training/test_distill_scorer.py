@@ -148,3 +148,39 @@ def test_traces_without_scored_slates_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="holds no scored slates"):
         main(["train", "distill-scorer", "--config", str(ROOT / "configs/train/distill_scorer_llm.yaml"),
               f"traces={traces}", f"out={tmp_path / 'out'}", "tracking.backend=none"])
+
+
+def _rerun(traces: Path, out: Path, *overrides: str) -> int:
+    return main(["train", "distill-scorer", "--config", str(ROOT / "configs/train/distill_scorer_cross_encoder.yaml"),
+                 f"traces={traces}", f"out={out}", "train.val_fraction=0.2", "tracking.backend=none",
+                 "train.batch_size=4", "train.max_length=64", "max_candidate_chars=100", "train.save_steps=1",
+                 *overrides])
+
+
+def test_a_rerun_that_changes_what_is_trained_is_refused(lattice_oracle_traces: Path, tmp_path: Path,
+                                                         capsys) -> None:
+    """Two steps with a checkpoint after each, then reruns from those checkpoints: another activation, loss or set
+    of traces is refused naming the keys before anything in out changes; a longer run (max_steps) resumes; and
+    checkpoints without a record of their settings are refused too."""
+    out = tmp_path / "ce"
+    assert _rerun(lattice_oracle_traces, out, "train.max_steps=2") == 0
+    assert (out / "checkpoints" / "checkpoint-2").is_dir()
+    recorded = (out / "resume_settings.json").read_text()
+    held = (out / "heldout_queries.json").read_text()
+    capsys.readouterr()
+    other_traces = tmp_path / "traces.jsonl"
+    other_traces.write_text("".join(lattice_oracle_traces.read_text().splitlines(keepends=True)[:-3]))
+    for traces, overrides, keys in [
+            (lattice_oracle_traces, ["activation=identity"], "activation differ"),
+            (lattice_oracle_traces, ["loss=listwise", "train.lr=1e-4"], "loss, train.lr differ"),
+            (other_traces, ["train.val_fraction=0.5"], "traces_sha256, train.val_fraction differ")]:
+        assert _rerun(traces, out, "train.max_steps=3", *overrides) == 2
+        assert f"{out / 'checkpoints'} was trained with other settings ({keys})" in capsys.readouterr().err
+        assert (out / "resume_settings.json").read_text() == recorded
+        assert (out / "heldout_queries.json").read_text() == held
+    assert _rerun(lattice_oracle_traces, out, "train.max_steps=3") == 0
+    assert "resuming from" in capsys.readouterr().out
+    assert json.loads((out / "metrics.json").read_text())["steps"] == 3
+    (out / "resume_settings.json").unlink()
+    assert _rerun(lattice_oracle_traces, out, "train.max_steps=4") == 2
+    assert "without a record of its settings" in capsys.readouterr().err
