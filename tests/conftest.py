@@ -22,6 +22,17 @@ os.environ.setdefault("VLLM_CACHE_ROOT", str(ROOT / ".cache" / "vllm"))
 
 SQUAD = ROOT / "data/squad/dev-v2.0-articles.json"
 
+# Tests that `make test` runs after the two-worker phase, one at a time: each holds several GiB beside its worker's
+# own models (the teacher's 7 GB conversion; DeepSpeed's two launched processes), which next to the other worker and
+# the cpu-vllm stack exhausted the 24 GiB CI machine.
+ALONE = ("tests/models/test_teacher.py", "tests/training/test_distributed.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.nodeid.startswith(ALONE):
+            item.add_marker(pytest.mark.alone)
+
 
 @pytest.fixture
 def engines():
