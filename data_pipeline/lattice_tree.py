@@ -26,6 +26,7 @@ from typing import Literal
 from rich.progress import Progress
 
 from overstory.core.config import ConfigError
+from overstory.core.failures import check_failure_share, raise_if_too_many
 from overstory.core.records import Chunk, JsonlAppender, check_level, read_jsonl
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
@@ -79,6 +80,9 @@ class LatticeTreeConfig:
     clustering: ClusteringConfig = field(default_factory=ClusteringConfig)  # m_max and seed serve every method
     summaries: GroupSummaryConfig = field(default_factory=GroupSummaryConfig)
     limit_leaves: int = 0  # build over the first N leaves only (0 = all)
+    # bottom-up and hybrid: the share of node summaries whose requests may all fail (in transit: timeouts, 5xx)
+    # before the job exits non-zero; the tree is saved either way, such nodes named from their members' heads
+    max_failure_share: float = 0.0
     server_url: str = ""  # empty: start the stack in `serve` for the run
     request_timeout_s: float = 900.0  # per request: a keyword batch of 20 passages is a long reply on CPU
     serve: ServeConfig = field(default_factory=lambda: ServeConfig.local(port=0))
@@ -106,6 +110,7 @@ class LatticeTreeConfig:
             raise ConfigError(f"method must be top-down, bottom-up or hybrid, got {self.method!r}")
         if self.summaries.max_attempts < 1 or self.summaries.concurrency < 1:
             raise ConfigError("summaries.max_attempts and summaries.concurrency must be >= 1")
+        check_failure_share(self.max_failure_share)
 
 
 def corpus_chunks(config: LatticeTreeConfig) -> list[Chunk]:
@@ -156,7 +161,18 @@ def run(config: LatticeTreeConfig) -> dict:
     print(f"lattice tree ({config.method}): {len(leaves)} leaves, depth {report['stats']['depth']}, "
           f"branching {report['stats']['branching']['mean']} mean / {report['stats']['branching']['max']} max; "
           f"{cost} -> {out_dir / 'tree.json'}")
+    if "summaries" in report:
+        _raise_if_summaries_failed(report["summaries"]["placements"], config.max_failure_share, out_dir)
     return report
+
+
+def _raise_if_summaries_failed(placements: dict, max_failure_share: float, out_dir: Path) -> None:
+    """``TooManyFailures`` when more node summaries than the share allows had every request fail."""
+    failed = placements.get("summaries_failed", 0)
+    attempted = failed + placements.get("summaries_llm", 0) + placements.get("summaries_fallback", 0)
+    raise_if_too_many("data lattice-tree", {"failed": failed}, attempted, max_failure_share,
+                      where=f"{out_dir / 'build.json'} (summaries_failed: the saved tree names those nodes from their "
+                            "members' heads)")
 
 
 def _top_down(config: LatticeTreeConfig, client: Client, leaves: list[Node], stack: ExitStack,

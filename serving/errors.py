@@ -1,5 +1,5 @@
-"""The request errors every part of the embedded engine raises; the server maps them to 4xx answers
-(``UnknownModel`` -> 404, ``RequestTooLarge`` and ``BadRequest`` -> 400)."""
+"""The request errors every part of the embedded engine raises; the server maps them to HTTP answers
+(``UnknownModel`` -> 404, ``RequestTooLarge`` and ``BadRequest`` -> 400, ``NotReady`` -> 503)."""
 
 from __future__ import annotations
 
@@ -19,3 +19,13 @@ class BadRequest(ValueError):
 
 class RequestTooLarge(BadRequest):
     """Prompt plus requested completion exceed the model's context."""
+
+
+class NotReady(RuntimeError):
+    """A valid request the engine cannot serve yet (a grammar still compiling past its time limit on a busy
+    machine): a 503, which clients retry, never a 400, which they take as their own fault. ``param`` as in
+    ``BadRequest``."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param

@@ -33,7 +33,7 @@ from starlette.responses import StreamingResponse
 
 from overstory.serving.cross_encoder import RerankRequest, ScoreRequest, handle_rerank, handle_score
 from overstory.serving.engine import EmbeddedEngine, GenerationResult, TokenLogprob
-from overstory.serving.errors import BadRequest, RequestTooLarge, UnknownModel
+from overstory.serving.errors import BadRequest, NotReady, RequestTooLarge, UnknownModel
 from overstory.serving.operations import ServerMetrics, install_api_key, install_metrics, resolve_api_key
 from overstory.serving.protocol import (
     ChatRequest,
@@ -73,6 +73,8 @@ def _run(fn, *args, **kwargs):
         raise ApiError(400, str(exc), "context_length_exceeded") from exc
     except BadRequest as exc:
         raise ApiError(400, str(exc), param=exc.param) from exc
+    except NotReady as exc:
+        raise ApiError(503, str(exc), "service_unavailable", exc.param) from exc
 
 
 def _chat_logprobs(logprobs: list[TokenLogprob] | None) -> dict[str, Any] | None:

@@ -42,7 +42,7 @@ from jsonschema.exceptions import SchemaError
 from jsonschema.validators import validator_for
 from transformers import LogitsProcessor
 
-from overstory.serving.errors import BadRequest
+from overstory.serving.errors import BadRequest, NotReady
 
 PARAM = "response_format"
 JSON_OBJECT = "json_object"
@@ -165,7 +165,9 @@ class GrammarCompilerCache:
         ``any_whitespace=False``: xgrammar then allows exactly one layout, ``{"a": 1, "b": [2, 3]}``, instead of
         arbitrary whitespace between tokens, in which small models get stuck writing newlines until
         ``max_tokens``; the compact layout also costs the fewest tokens and parses the same. Raises
-        ``BadRequest`` when xgrammar refuses the spec or the compile outlasts ``compile_timeout_s``.
+        ``BadRequest`` when xgrammar refuses the spec; ``NotReady`` (a 503, which clients retry) when the compile
+        outlasts ``compile_timeout_s``: the schema is valid, and on a busy machine an ordinary one (a 150k-token
+        vocabulary) has taken longer than 10 s, so the time limit says "not yet", not "bad request".
         """
         key = _cache_key(spec)
         with self._lock:
@@ -183,9 +185,9 @@ class GrammarCompilerCache:
             return future.result(timeout=self.compile_timeout_s)
         except FutureTimeout:
             # xgrammar cannot be interrupted: the compile goes on in its thread and is cached if it ever ends.
-            raise BadRequest(f"response_format: compiling the grammar took longer than {self.compile_timeout_s:g} s; "
-                             "the schema is too complex to enforce, so the request is refused rather than left to "
-                             "hang (this is not a hang of the server)", param=PARAM) from None
+            raise NotReady(f"response_format: compiling the grammar has taken longer than {self.compile_timeout_s:g} s "
+                           "so far (a busy machine or a complex schema); it goes on and is kept once done, so a retry "
+                           "can succeed (this is not a hang of the server)", param=PARAM) from None
         except _CompileFailed as exc:
             raise BadRequest(f"response_format: the grammar compiler (xgrammar) cannot enforce this schema: {exc}",
                              param=PARAM) from None

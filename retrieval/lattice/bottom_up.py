@@ -34,6 +34,7 @@ from overstory.core.records import LEVELS, Chunk
 from overstory.models.json_reply import json_objects, loads_tolerant
 from overstory.retrieval.lattice.top_down import BuildStats, unit_rows
 from overstory.retrieval.lattice.tree import Node, Tree
+from overstory.retrieval.strategy import raise_if_refused
 from overstory.serving.client import Client, ClientError
 
 EmbedFn = Callable[[list[str]], np.ndarray]
@@ -149,17 +150,23 @@ class GroupSummariser:
         return result
 
     def _one(self, texts: Sequence[str]) -> tuple[str, str, list[str]]:
+        """One group's summary. A refused request (a 4xx: a wrong role, a bad request) stops the build with
+        ``RequestRefused``; a group whose every attempt failed in transit is named from its members' heads and
+        counted as ``summaries_failed`` (the job fails past its ``max_failure_share``), one whose replies never
+        parsed is named the same way and counted as ``summaries_fallback`` (a repair)."""
         members = "\n".join(f"[{i}] {' '.join(t.split())[: self.max_member_chars]}" for i, t in enumerate(texts))
         messages = [{"role": "user", "content": SUMMARY_PROMPT.format(members=members)}]
-        raw = ""
+        raw, answered = "", False
         for _ in range(self.max_attempts):
             self._count(llm_calls=1)
             try:
                 reply = self.client.chat(self.role, messages, max_tokens=self.max_tokens, temperature=0.0,
                                          response_format=summary_response_format(len(texts)))
             except ClientError as exc:
+                raise_if_refused(exc, f"the {self.role} role's node summary")
                 raw = f"<request failed: {exc}>"
                 continue
+            answered = True
             self._count(prompt_tokens=reply.usage.get("prompt_tokens", 0),
                         completion_tokens=reply.usage.get("completion_tokens", 0))
             raw = reply.text
@@ -167,7 +174,8 @@ class GroupSummariser:
             if parsed is not None:
                 self._count(summaries_llm=1)
                 return parsed
-        self._count(summaries_fallback=1, fallback_raw_chars=len(raw))
+        self._count(**({"summaries_fallback": 1, "fallback_raw_chars": len(raw)} if answered
+                       else {"summaries_failed": 1}))
         heads = [" ".join(t.split()[:4]) for t in texts[:3]]
         return heads[0], "; ".join(heads), []
 

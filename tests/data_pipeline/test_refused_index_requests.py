@@ -77,3 +77,38 @@ def test_a_transient_failure_is_a_counted_failed_item_for_the_rerun(job, corpus,
     (failure,) = read_jsonl(failures_path(out / JOBS[job][2]))  # the document: a rerun builds or tags it again
     assert failure["id"] == "nile" and "503: overloaded" in failure["raw"]
     assert not (out / JOBS[job][1]).read_text()
+
+
+# four one-paragraph documents under a tree of at most two children a node: the bottom-up build summarises 3 groups
+TREE_CORPUS = [{"id": f"d{i}", "title": title, "text": f"{title} is a river of {place}."}
+               for i, (title, place) in enumerate([("Nile", "Africa"), ("Rhine", "Europe"), ("Amazon", "Brazil"),
+                                                   ("Volga", "Russia")])]
+
+
+def run_tree(url: str, tmp_path: Path) -> tuple[int, Path]:
+    corpus, out = tmp_path / "rivers.jsonl", tmp_path / "tree"
+    corpus.write_text("".join(json.dumps(record) + "\n" for record in TREE_CORPUS))
+    code = main(["data", "lattice-tree", "--config", "configs/data/lattice_tree.yaml", "method=bottom-up",
+                 "corpus.kind=jsonl", f"corpus.path={corpus}", "clustering.m_max=2", f"out={out}",
+                 f"server_url={url}", "tracking.backend=none"])
+    return code, out
+
+
+def test_a_refused_node_summary_stops_the_tree_build(refusing, tmp_path, capsys):
+    code, out = run_tree(refusing, tmp_path)
+    assert code == 1
+    error = capsys.readouterr().err
+    assert error.startswith("request failed: ") and "node summary" in error and "HTTP 404" in error
+    assert not (out / "tree.json").exists()
+
+
+def test_node_summaries_that_fail_in_transit_are_counted_and_fail_the_tree_build(tmp_path, capsys):
+    with serve_in_background(with_embeddings(failing_server(503, "overloaded"))) as url:
+        code, out = run_tree(url, tmp_path)
+    assert code == 1
+    placements = json.loads((out / "build.json").read_text())["summaries"]["placements"]
+    groups = placements["summaries_failed"]
+    assert groups >= 2 and not placements.get("summaries_llm") and not placements.get("summaries_fallback")
+    assert f"job failed: data lattice-tree: {groups} of {groups} items failed" in capsys.readouterr().err
+    tree = json.loads((out / "tree.json").read_text())  # saved, its nodes named from their members' heads
+    assert tree
