@@ -18,9 +18,9 @@ from overstory.evaluation.pipeline import (
     answer_question,
     judge_sanity,
     markdown_table,
-    qasper_predictions,
     summarise,
 )
+from overstory.evaluation.pipeline_qasper import qasper_predictions
 from overstory.retrieval.strategy import RequestRefused
 from overstory.serving.client import Client, ClientError
 from tests.conftest import HOTPOTQA_150, ROOT

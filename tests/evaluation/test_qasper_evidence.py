@@ -14,7 +14,7 @@ from overstory.cli import main
 from overstory.core.records import Chunk
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
 from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies
-from overstory.evaluation.pipeline import citation_counts, qasper_predictions
+from overstory.evaluation.pipeline_qasper import citation_counts, qasper_predictions
 from overstory.evaluation.qasper_metrics import gold_references, official_papers, qasper_scores
 from tests.conftest import ROOT
 
