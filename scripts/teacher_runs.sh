@@ -23,7 +23,7 @@
 #   TEACHER_ENGINE   embedded (default: configs/serve/cpu-teacher.yaml) or vllm (cpu-teacher-vllm.yaml, needs
 #                    `make vllm-env`)
 #   TEACHER_THREADS  OMP/MKL (torch) threads of the stack and the jobs, and vLLM's bound cores (default: every core)
-#   TEACHER_JOBS     the jobs to run, in order (default: all, as listed in JOBS below)
+#   TEACHER_JOBS     the jobs to run, in order (default: all, as listed in KNOWN_JOBS below)
 #   TEACHER_RUNS     where everything goes (default runs/teacher)
 #   TEACHER_PORT     the stack's port (default 8000); TEACHER_URL uses a running stack instead of starting one
 #   TEACHER_MODEL    the model of every chat role (default the teacher; builtin:smollm2-135m-instruct with
@@ -36,8 +36,9 @@ DIR=${TEACHER_RUNS:-runs/teacher}
 PORT=${TEACHER_PORT:-8000}
 MODEL=${TEACHER_MODEL:-builtin:qwen2.5-coder-1.5b-instruct}
 SMOKE=${TEACHER_SMOKE:-0}
-JOBS=${TEACHER_JOBS:-tree-hotpotqa tree-qasper_train traces-hotpotqa traces-qasper_train tree-qasper_dev \
-fable-hotpotqa fable-qasper_dev orion-hotpotqa orion-qasper_dev eval-hotpotqa eval-qasper_dev}
+KNOWN_JOBS="tree-hotpotqa tree-qasper_train traces-hotpotqa traces-qasper_train tree-qasper_dev \
+fable-hotpotqa fable-qasper_dev orion-hotpotqa orion-qasper_dev eval-hotpotqa eval-qasper_dev"
+JOBS=${TEACHER_JOBS:-$KNOWN_JOBS}
 PYTHON=${PYTHON:-$( [[ -x .venv/bin/python ]] && echo .venv/bin/python || echo python )}
 OVERSTORY=${OVERSTORY:-$( [[ -x .venv/bin/overstory ]] && echo .venv/bin/overstory || echo overstory )}
 export OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
@@ -49,34 +50,27 @@ if [[ $SMOKE == 1 ]]; then
   FEWQ=(limit_questions=2)
 fi
 
-job_command() {  # the overstory command line of job $1 (every path under $DIR, the chat roles' model $MODEL)
-  local L=$DIR/lattice F=$DIR/fable O=$DIR/orion
-  case $1 in
-    tree-hotpotqa) echo data lattice-tree --config configs/data/lattice_tree-hotpotqa-teacher.yaml \
-      out="$L/hotpotqa" "${HOT[@]}" ;;
-    tree-qasper_train) echo data lattice-tree --config configs/data/lattice_tree-qasper_train-teacher.yaml \
-      out="$L/qasper_train" "${QTRAIN[@]}" ;;
-    tree-qasper_dev) echo data lattice-tree --config configs/data/lattice_tree-qasper_dev-teacher.yaml \
-      out="$L/qasper_dev" "${QDEV[@]}" ;;
-    traces-hotpotqa) echo data lattice-traces --config configs/data/lattice_traces-hotpotqa-teacher.yaml \
-      tree="$L/hotpotqa/tree.json" out="$L/hotpotqa/traces.jsonl" "${HOT[@]}" "${FEW[@]}" ;;
-    traces-qasper_train) echo data lattice-traces --config configs/data/lattice_traces-qasper_train-teacher.yaml \
-      tree="$L/qasper_train/tree.json" out="$L/qasper_train/traces.jsonl" "${QTRAIN[@]}" "${FEW[@]}" ;;
-    fable-hotpotqa) echo data fable-forest --config configs/data/fable_forest-hotpotqa-teacher.yaml \
-      out="$F/hotpotqa" "${HOT[@]}" ;;
-    fable-qasper_dev) echo data fable-forest --config configs/data/fable_forest-qasper_dev-teacher.yaml \
-      out="$F/qasper_dev" "${QDEV[@]}" ;;
-    orion-hotpotqa) echo data orion-tags --config configs/data/orion_tags-hotpotqa-teacher.yaml \
-      out="$O/hotpotqa" "${HOT[@]}" ;;
-    orion-qasper_dev) echo data orion-tags --config configs/data/orion_tags-qasper_dev-teacher.yaml \
-      out="$O/qasper_dev" "${QDEV[@]}" ;;
-    eval-hotpotqa|eval-qasper_dev)
-      local ds=${1#eval-} limits=("${HOT[@]}")
-      [[ $ds == qasper_dev ]] && limits=("${QDEV[@]}")
-      echo eval pipeline --config "configs/eval/pipeline-$ds-teacher.yaml" out="$DIR/eval/pipeline-$ds" \
-        lattice.tree="$L/$ds/tree.json" fable_forest="$F/$ds/forest.json" orion.tags="$O/$ds" \
-        smartchunk.tokenizer="$MODEL" "${limits[@]}" "${FEWQ[@]}" ;;
-    *) echo "unknown job $1 (the jobs: $JOBS)" >&2; return 2 ;;
+job_command() {  # the overstory command line of job $1, named <kind>-<dataset> (every path under $DIR, the chat
+  # roles' model $MODEL; each job's config is configs/{data,eval}/<command's config name>-<dataset>-teacher.yaml)
+  if [[ " $KNOWN_JOBS " != *" $1 "* ]]; then
+    echo "unknown job $1 (the jobs: $KNOWN_JOBS)" >&2
+    return 2
+  fi
+  local kind=${1%%-*} ds=${1#*-} L=$DIR/lattice F=$DIR/fable O=$DIR/orion limits
+  case $ds in
+    hotpotqa) limits=("${HOT[@]}") ;;
+    qasper_train) limits=("${QTRAIN[@]}") ;;
+    qasper_dev) limits=("${QDEV[@]}") ;;
+  esac
+  case $kind in
+    tree) echo data lattice-tree --config "configs/data/lattice_tree-$ds-teacher.yaml" out="$L/$ds" "${limits[@]}" ;;
+    traces) echo data lattice-traces --config "configs/data/lattice_traces-$ds-teacher.yaml" \
+      tree="$L/$ds/tree.json" out="$L/$ds/traces.jsonl" "${limits[@]}" "${FEW[@]}" ;;
+    fable) echo data fable-forest --config "configs/data/fable_forest-$ds-teacher.yaml" out="$F/$ds" "${limits[@]}" ;;
+    orion) echo data orion-tags --config "configs/data/orion_tags-$ds-teacher.yaml" out="$O/$ds" "${limits[@]}" ;;
+    eval) echo eval pipeline --config "configs/eval/pipeline-$ds-teacher.yaml" out="$DIR/eval/pipeline-$ds" \
+      lattice.tree="$L/$ds/tree.json" fable_forest="$F/$ds/forest.json" orion.tags="$O/$ds" \
+      smartchunk.tokenizer="$MODEL" "${limits[@]}" "${FEWQ[@]}" ;;
   esac
 }
 
