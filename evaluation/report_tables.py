@@ -158,8 +158,9 @@ def _quickstart_figures(name: str, stage: dict) -> str:
                          for corpus, levels in stage.items() if isinstance(levels, dict))
     if name == "serving":
         return f"roles {', '.join(stage['roles'])} on a free port"
-    if name == "retrieval":
-        return "; ".join(f"{corpus}, {row['n_questions']} questions: " + ", ".join(
+    if name == "retrieval":  # each corpus's scope: a SQuAD question within its own article, HotpotQA's everywhere
+        scopes = {"document": ", each within its own document", "corpus": " over the whole corpus"}
+        return "; ".join(f"{corpus}, {row['n_questions']} questions{scopes.get(row.get('scope'), '')}: " + ", ".join(
             f"{key.replace('_recall', ' recall')} {value:.3f}" for key, value in row.items() if "_recall@" in key)
             for corpus, row in stage.items() if isinstance(row, dict) and "n_questions" in row)
     if name == "rag_baseline":

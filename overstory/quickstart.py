@@ -9,7 +9,9 @@ port by default (``serve.port=0``: it is private to the job; the URL is printed 
 ``serving`` stage). The defaults are sized for a 2-core CPU: the whole job takes a few minutes. This stage set:
 
 - ``hierarchy``: per-level chunk counts and token statistics for both shipped corpora (and a PNG);
-- ``retrieval``: recall@5 of BM25, dense and hybrid indexes over paragraphs, for both corpora;
+- ``retrieval``: recall@5 of BM25, dense and hybrid indexes over paragraphs, for both corpora, each question
+  searched in its scope (``retrieval_scope``: a SQuAD question within its own article, HotpotQA's over the whole
+  corpus, as ``eval pipeline`` searches them);
 - ``rag_baseline``: plain retrieve-then-generate through the served stack on one corpus (``overstory eval rag``:
   the evaluation harness with the naive strategy);
 - ``compressor``: summaries of a slice, a short compressor training run, and the comparison of the
@@ -35,6 +37,7 @@ from rich.console import Console
 from rich.table import Table
 
 from overstory.core.config import ConfigError
+from overstory.core.records import QAExample
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
 from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies, chunks_at_levels, save_hierarchies
@@ -61,8 +64,9 @@ from overstory.evaluation.planner import run as run_planner_eval
 from overstory.evaluation.plots import plot_level_stats
 from overstory.evaluation.rag import RagEvalConfig
 from overstory.evaluation.repairs import repairs_cell
+from overstory.evaluation.scope import question_scope, resolve_scope
 from overstory.retrieval.arag import ARagConfig
-from overstory.retrieval.index import BM25Index, DenseIndex, HybridIndex
+from overstory.retrieval.index import BM25Index, DenseIndex, Hit, HybridIndex
 from overstory.retrieval.lattice.search import SearchConfig
 from overstory.retrieval.metrics import mean, recall_at_k
 from overstory.retrieval.naive import AnswerConfig, NaiveConfig
@@ -165,6 +169,10 @@ class QuickstartConfig:
     rag_questions: int = 10  # 0: all of the corpus's answerable questions (40 for the HotpotQA sample)
     # the indexes of the retrieval stage (recall@k of each kind), and the RAG baseline's (`index`) top-k chunks
     retrieval: NaiveConfig = field(default_factory=NaiveConfig)
+    # where the retrieval stage searches each question (evaluation/scope.py): auto follows each corpus (a SQuAD
+    # question within its own article, HotpotQA's over the whole corpus); corpus searches everything for every
+    # question (open-corpus SQuAD, a harder variant); document insists on the question's document
+    retrieval_scope: str = "auto"
     answer: AnswerConfig = field(default_factory=AnswerConfig)  # how the RAG baseline and the strategies answer
     compressor: CompressorStageConfig = field(default_factory=CompressorStageConfig)
     planner: PlannerStageConfig = field(default_factory=PlannerStageConfig)
@@ -180,6 +188,16 @@ class QuickstartConfig:
                           *(("strategies.corpora", name) for name in self.strategies.corpora)):
             if name not in self.corpora:
                 raise ConfigError(f"{key} {name!r} is not one of corpora: {', '.join(self.corpora)}")
+        for name in self.corpora:
+            self.retrieval_scope_of(name)  # an unknown scope, or document scope on an open corpus, names the key
+
+    def retrieval_scope_of(self, corpus: str) -> str:
+        """``document`` or ``corpus``: how the retrieval stage searches the questions of ``corpus`` (a name in
+        ``corpora``) under ``retrieval_scope``; ConfigError naming ``retrieval_scope`` and the corpus for a bad one."""
+        try:
+            return resolve_scope(self.retrieval_scope, self.corpora[corpus])
+        except ConfigError as exc:
+            raise ConfigError(f"retrieval_scope (corpus {corpus!r}): {exc}") from exc
 
 
 def _update_report(path: Path, stages: dict, **top: object) -> dict:
@@ -257,7 +275,7 @@ def run(config: QuickstartConfig) -> dict:
             _update_report(report_path, timer.done({"url": url, "port": port, "roles": client.models()}))
 
             timer = _Stage("retrieval")
-            retrieval_stage = _retrieval_stage(loaded, chunks, client, config.retrieval)
+            retrieval_stage = run_retrieval_stage(config, loaded, chunks, client)
             _update_report(report_path, timer.done(retrieval_stage))
 
             timer = _Stage("rag_baseline", f"rag_baseline ({config.rag_corpus})")
@@ -503,27 +521,45 @@ def _strategies_stage(config: QuickstartConfig, folder: Path, server_url: str) -
     return {"strategies": stage.strategies.split(","), "corpora": corpora}
 
 
-def _retrieval_stage(loaded: dict, chunks: dict, client: Client, retrieval: NaiveConfig) -> dict:
-    """recall@k of every index kind over the configured levels, for every corpus with questions."""
-    stage: dict[str, dict] = {}
-    for i, (name, (_, questions)) in enumerate(loaded.items(), 1):
-        indexed = chunks_at_levels(chunks[name], retrieval.levels)
-        console.print(f"[bold][{i}/{len(loaded)}][/] {name}: embedding {len(indexed)} chunks, then BM25, dense and "
-                      f"hybrid recall@{retrieval.k}")
-        dense = DenseIndex.build(indexed, lambda texts: client.embed("embedder", texts))
-        bm25 = BM25Index.build(indexed)
-        indexes = {"bm25": bm25, "dense": dense, "hybrid": HybridIndex(dense, bm25)}
+def run_retrieval_stage(config: QuickstartConfig, loaded: dict, chunks: dict, client: Client) -> dict:
+    """recall@k of every index kind over the configured levels, for every corpus with questions: each corpus
+    embedded once, each question searched in its scope (``retrieval_scope``; the stage records it per corpus)."""
+    retrieval, stage = config.retrieval, {}
+    for i, (name, (documents, questions)) in enumerate(loaded.items(), 1):
         answerable = [q for q in questions if q.evidence]
         if not answerable:
             continue
-        stage[name] = {"n_questions": len(answerable), "levels": list(retrieval.levels)}
-        for kind, index in indexes.items():
-            hits = index.search([q.question for q in answerable], retrieval.k)
-            recall = mean([recall_at_k([h.chunk for h in row], q.evidence, retrieval.k)
-                           for q, row in zip(answerable, hits)])
-            stage[name][f"{kind}_recall@{retrieval.k}"] = recall
+        mode = config.retrieval_scope_of(name)
+        indexed = chunks_at_levels(chunks[name], retrieval.levels)
+        console.print(f"[bold][{i}/{len(loaded)}][/] {name}: embedding {len(indexed)} chunks, then BM25, dense and "
+                      f"hybrid recall@{retrieval.k}, each question searched "
+                      + ("within its own document" if mode == "document" else "over the whole corpus"))
+        dense = DenseIndex.build(indexed, lambda texts: client.embed("embedder", texts))
+        bm25 = BM25Index.build(indexed)
+        stage[name] = {"n_questions": len(answerable), "levels": list(retrieval.levels), "scope": mode,
+                       "n_documents": len(documents)}
+        for kind, index in {"bm25": bm25, "dense": dense, "hybrid": HybridIndex(dense, bm25)}.items():
+            hits = scoped_search(index, answerable, retrieval.k, mode)
+            stage[name][f"{kind}_recall@{retrieval.k}"] = mean([
+                recall_at_k([h.chunk for h in row], q.evidence, retrieval.k) for q, row in zip(answerable, hits)])
         console.print(f"{name}: " + ", ".join(f"{k}={v:.3f}" for k, v in stage[name].items() if "recall" in k))
     return stage
+
+
+def scoped_search(index: BM25Index | DenseIndex | HybridIndex, questions: list[QAExample], k: int,
+                  mode: str) -> list[list[Hit]]:
+    """Each question's top ``k`` chunks of ``index``, among its own document's under the ``document`` mode and
+    among all under ``corpus`` (``question_scope``; the index restricts the search). Questions that share a
+    scope are searched, and embedded, in one call."""
+    groups: dict[tuple[str, ...] | None, list[int]] = {}
+    for i, question in enumerate(questions):
+        scope = question_scope(question, mode)
+        groups.setdefault(tuple(scope) if scope is not None else None, []).append(i)
+    ranked: list[list[Hit]] = [[] for _ in questions]
+    for scope, members in groups.items():
+        for i, hits in zip(members, index.search([questions[i].question for i in members], k, doc_ids=scope)):
+            ranked[i] = hits
+    return ranked
 
 
 def _print_summary(report: dict, seconds: float, path: Path) -> None:

@@ -106,6 +106,8 @@ def test_quickstart_end_to_end(tmp_path: Path, port_8000_taken) -> None:
         levels = stages["hierarchy"][corpus]
         assert set(levels) >= {"sentence", "paragraph", "subsection", "section", "document"}
         assert stages["retrieval"][corpus]["hybrid_recall@5"] > 0.5
+    # a SQuAD question searched within its own article, HotpotQA's over the whole corpus
+    assert (stages["retrieval"]["squad"]["scope"], stages["retrieval"]["hotpotqa"]["scope"]) == ("document", "corpus")
     compressor = stages["compressor"]
     assert compressor["summaries"]["ok"] == stages["hierarchy"]["squad"]["section"]["count"]  # every section
     assert compressor["training"]["epochs"] == 15
