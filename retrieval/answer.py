@@ -23,7 +23,7 @@ from typing import Any
 from overstory.core.config import ConfigError
 from overstory.core.records import Chunk
 from overstory.retrieval.metrics import normalize_answer
-from overstory.retrieval.strategy import StrategyAnswer
+from overstory.retrieval.strategy import StrategyAnswer, raise_if_refused
 from overstory.serving.client import Client, ClientError
 
 
@@ -124,7 +124,8 @@ def citation_details(reply: str, passages: Sequence[Chunk], prediction: str) -> 
 
 def generate_answer(question: str, context: Sequence[Chunk], client: Client, answer: AnswerConfig,
                     evidence: Sequence[Chunk] | None = None, **details) -> StrategyAnswer:
-    """Ask the ``generator`` for a short answer from ``context``; a failed request becomes a recorded failure.
+    """Ask the ``generator`` for a short answer from ``context``; a transient request failure becomes a
+    recorded failure, a refused one (a 4xx) raises ``RequestRefused``.
 
     Shared by the strategies that retrieve first and generate once (naive, SmartChunk, LATTICE), so their answers
     differ only by what they retrieved."""
@@ -134,6 +135,7 @@ def generate_answer(question: str, context: Sequence[Chunk], client: Client, ans
         reply = client.chat("generator", answer_messages(question, passages, answer.max_chunk_chars, answer.cite),
                             max_tokens=answer.max_tokens, temperature=0)
     except ClientError as exc:
+        raise_if_refused(exc, "the answer (role 'generator')")
         if answer.cite:
             details["citation"] = {"status": "fallback", "passages": [], "spans": []}
         return StrategyAnswer("", "", evidence, failure="request_failed", failure_detail=str(exc), details=details)

@@ -40,7 +40,7 @@ from overstory.core.config import ConfigError
 from overstory.core.records import Chunk
 from overstory.retrieval.answer import clean_answer
 from overstory.retrieval.index import DenseIndex
-from overstory.retrieval.strategy import StrategyAnswer
+from overstory.retrieval.strategy import StrategyAnswer, raise_if_refused
 from overstory.serving.client import Client, ClientError
 from overstory.serving.tools import CALL_OPEN
 
@@ -443,12 +443,14 @@ class ARagStrategy:
 
     def answer(self, question: str, client: Client, scope: Sequence[str] | None = None) -> StrategyAnswer:
         """Run the agent on ``question`` (its tools restricted to ``scope``'s documents, when given), every request
-        through ``client``; never raises for a bad reply or a failed request (``failure`` says what went wrong)."""
+        through ``client``; never raises for a bad reply or a transient request failure (``failure`` says what went
+        wrong); a request the server refuses (a 4xx) raises ``RequestRefused``."""
         state = _Question([{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}],
                           scope)
         try:
             raw, stopped_by = self._react(state, client)
         except ClientError as exc:
+            raise_if_refused(exc, "A-RAG's agent or its tools (roles 'generator', 'embedder')")
             return self._result(state, "", "request_failed", failure="request_failed", failure_detail=str(exc))
         prediction = "" if CALL_OPEN in raw else clean_answer(_TEMPLATE_TAG.sub("", raw))
         if not prediction:  # empty, or a tool call written where the answer was asked for

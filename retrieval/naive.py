@@ -12,7 +12,7 @@ from overstory.core.config import ConfigError
 from overstory.core.records import Chunk, check_level
 from overstory.retrieval.answer import AnswerConfig, generate_answer
 from overstory.retrieval.index import IndexKind, build_index
-from overstory.retrieval.strategy import StrategyAnswer
+from overstory.retrieval.strategy import StrategyAnswer, raise_if_refused
 from overstory.serving.client import Client, ClientError
 
 
@@ -54,5 +54,6 @@ class NaiveStrategy:
             hits = self.index.search([question], self.config.k,
                                      embed=lambda texts: client.embed("embedder", texts), doc_ids=scope)[0]
         except ClientError as exc:
+            raise_if_refused(exc, "naive's query embedding (role 'embedder')")
             return StrategyAnswer("", "", failure="request_failed", failure_detail=str(exc))
         return generate_answer(question, [h.chunk for h in hits], client, self.answer_config)

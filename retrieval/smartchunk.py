@@ -26,7 +26,7 @@ from overstory.models.planner import document_metadata, parse_plan, planner_mess
 from overstory.models.registry import SMOLLM2, load_tokenizer
 from overstory.retrieval.answer import AnswerConfig, answer_messages, generate_answer
 from overstory.retrieval.index import DenseIndex, Hit, chunk_text_for_index
-from overstory.retrieval.strategy import StrategyAnswer
+from overstory.retrieval.strategy import StrategyAnswer, raise_if_refused
 from overstory.serving.client import ChatResult, Client, ClientError
 
 # The range searched when a planner's reply has no usable plan: one setting for the runtime (``SmartChunkConfig``)
@@ -192,6 +192,7 @@ class SmartChunkStrategy:
             hits = self.retriever.index(level_min, level_max).search([question], self.config.k, embed=embed,
                                                                      doc_ids=scope)[0]
         except ClientError as exc:
+            raise_if_refused(exc, "SmartChunk's plan or retrieval (roles 'planner', 'embedder')")
             return StrategyAnswer("", "", failure="request_failed", failure_detail=str(exc))
         details = {"plan": [level_min, level_max], "planner_document": document.id}
         if not plan.valid:

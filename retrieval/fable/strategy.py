@@ -168,6 +168,7 @@ class FableStrategy:
         try:
             evidence, details = self.retrieve(asked, client, scope)
         except ClientError as exc:  # the question could not be embedded: there is nothing to retrieve with
+            raise_if_refused(exc, "FABLE's query embedding (role 'embedder')")
             return StrategyAnswer("", "", failure="request_failed", failure_detail=str(exc),
                                   details={"mode": self.config.mode, "request_failures": 1})
         details["question_truncated"] = len(asked) < len(question)

@@ -30,7 +30,7 @@ from overstory.retrieval.orion.query import (
     weighted_rrf,
 )
 from overstory.retrieval.orion.tags import VECTORS_FILE, ChunkTags, DocumentTags, load_tags, semantic_path
-from overstory.retrieval.strategy import StrategyAnswer
+from overstory.retrieval.strategy import StrategyAnswer, raise_if_refused
 from overstory.serving.client import Client, ClientError
 
 # embedded at every build and kept in vectors.npz: when the embedder serving now gives it another vector, the cached
@@ -183,8 +183,10 @@ class OrionStrategy:
 
     def answer(self, question: str, client: Client, scope: Sequence[str] | None = None) -> StrategyAnswer:
         """Rewrite, retrieve (from ``scope``'s documents only, when given) and fuse per sub-query, prune, answer from
-        the evidence grouped per sub-query; every call through ``client``. Never raises for a bad reply or a failed
-        request; a scope naming a document the tags lack raises ConfigError."""
+        the evidence grouped per sub-query; every call through ``client``. Never raises for a bad reply or a transient
+        request failure (counted, or the question's recorded failure); a request the server refuses (a 4xx: a wrong
+        role or model name) raises ``RequestRefused``, since every question would fail alike; a scope naming a
+        document the tags lack raises ConfigError."""
         if scope is not None and (missing := [d for d in scope if d not in self.masters]):
             raise ConfigError(f"orion.tags has no document {', '.join(missing)}: tag the corpus evaluated")
         question = question[: self.config.max_query_chars]
@@ -192,6 +194,7 @@ class OrionStrategy:
         try:
             fused = self.retrieve(sub_queries, client, scope)
         except ClientError as exc:
+            raise_if_refused(exc, "Orion-RAG's query embedding (role 'embedder')")
             return StrategyAnswer("", "", failure="request_failed", failure_detail=str(exc), details=details)
         evidence = self._best_first(fused)
         texts, counts = self._prune([(q, self.chunks[cid]) for q, hits in zip(sub_queries, fused) for cid, _ in hits],
@@ -202,6 +205,7 @@ class OrionStrategy:
         try:
             reply = client.chat("generator", messages, max_tokens=self.answer_config.max_tokens, temperature=0)
         except ClientError as exc:
+            raise_if_refused(exc, "Orion-RAG's answer (role 'generator')")
             return StrategyAnswer("", "", evidence, failure="request_failed", failure_detail=str(exc), details=details)
         prediction = clean_answer(reply.text)
         failure = {} if prediction else {"failure": "no_answer", "failure_detail": reply.text}
@@ -232,6 +236,7 @@ class OrionStrategy:
                                     response_format=rewrite_format(n, words),
                                     max_tokens=self.config.rewrite_max_tokens, temperature=0)
             except ClientError as exc:
+                raise_if_refused(exc, "Orion-RAG's query rewrite (role 'generator')")
                 details.update(rewrite_failures=1, rewrite_raw=str(exc))
             else:
                 parsed = parse_sub_queries(reply.text, question, n, words)
@@ -282,7 +287,8 @@ class OrionStrategy:
         try:
             reply = client.chat("generator", prune_messages(query, chunk, self.answer_config.max_chunk_chars),
                                 response_format=PRUNE_FORMAT, max_tokens=self.config.prune_max_tokens, temperature=0)
-        except ClientError:
+        except ClientError as exc:
+            raise_if_refused(exc, "Orion-RAG's pruning (role 'generator')")
             return chunk.text, "failed"
         pruned = parse_pruned(reply.text)
         if pruned is None:

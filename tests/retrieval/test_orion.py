@@ -408,6 +408,30 @@ def test_failed_requests_and_empty_answers_are_recorded(tags):
     assert answer.failure == "request_failed" and answer.evidence == []
 
 
+@pytest.mark.parametrize("step, schema", [("query rewrite", "sub_queries"), ("pruning", "pruned"), ("answer", "")])
+@pytest.mark.parametrize("status", [400, 404, 422])
+def test_a_refused_request_on_the_answer_side_raises_naming_the_step(tags, step, schema, status):
+    """A 4xx at any step of a question (a wrong role or model name) would fail every question alike: the strategy
+    raises instead of counting a rewrite or pruning failure or recording a failed answer; the pipeline stops."""
+    def refuse_one_step(payload):
+        if schema_name(payload) == schema:
+            return ClientError(status, "no model named 'generator'")
+        return prune_and_answer(payload)
+
+    with pytest.raises(RequestRefused, match=rf"Orion-RAG's {step} \(role 'generator'\): .*\(HTTP {status}\)"):
+        build(tags).answer("What is the capital of France?", Client(StandIn(refuse_one_step)))
+
+    class RefusingEmbedder(StandIn):  # the index was embedded at build time, through another client
+        def post(self, path, payload):
+            if path == "/v1/embeddings":
+                raise ClientError(status, "no model named 'embedder'")
+            return super().post(path, payload)
+
+    strategy = build(tags)
+    with pytest.raises(RequestRefused, match=r"Orion-RAG's query embedding \(role 'embedder'\)"):
+        strategy.answer("What is the capital of France?", Client(RefusingEmbedder(prune_and_answer)))
+
+
 def test_a_question_longer_than_the_context_is_cut(tags):
     backend = StandIn(prune_and_answer)
     question = "capital of France " * 400  # 7,200 characters
