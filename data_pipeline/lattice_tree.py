@@ -8,10 +8,16 @@ paper has dozens). ``method: top-down`` (the default): the ``generator`` writes 
 summaries (``retrieval.lattice.keywords``; appended to ``<out>/keywords.jsonl``, so a killed run resumes there),
 then ``retrieval.lattice.top_down`` clusters them into a tree of branching at most M. ``method: bottom-up``
 clusters embeddings layer by layer and has the generator summarise each new node; ``method: hybrid`` keeps each
-document's own hierarchy and builds bottom-up above the documents (``retrieval.lattice.bottom_up``). The job writes
-``<out>/tree.json`` (``Tree.load`` reads it) and ``<out>/build.json``: the tree's statistics and what each
-stage spent (LLM calls, prompt and completion tokens from the server's usage, seconds). A resumed run
-counts only what it did itself.
+document's own hierarchy and builds bottom-up above the documents (``retrieval.lattice.bottom_up``). Their node
+summaries are appended to ``<out>/summaries.jsonl`` as they are made (the reply and what was made of it, keyed by the
+group's members and prompt), on the data jobs' resumable skeleton (``data_pipeline/fanout.py``): a killed build
+rerun over the same corpus reuses them and asks only for the nodes it lacks; summaries that fell back are listed
+in ``<out>/summaries.failures.jsonl`` and asked again. The settings that decide the summaries and the served
+generator and embedder are kept in ``<out>/summaries.settings.json``, and a rerun with others is refused, naming the
+keys. The job writes ``<out>/tree.json`` (``Tree.load`` reads it) and ``<out>/build.json``: the tree's statistics
+and what each stage spent (LLM calls, prompt and completion tokens from the server's usage, seconds; for the node
+summaries, how many were reused from the record and how many asked for). A resumed run counts only what it did
+itself.
 """
 
 from __future__ import annotations
@@ -27,17 +33,20 @@ from rich.progress import Progress
 
 from overstory.core.config import ConfigError
 from overstory.core.failures import check_failure_share, raise_if_too_many
-from overstory.core.records import Chunk, JsonlAppender, check_level, read_jsonl
+from overstory.core.records import Chunk, FailureRecord, JsonlAppender, check_level, read_jsonl
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
+from overstory.data_pipeline.fanout import Fanout, job_settings
 from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies, chunks_at_levels
-from overstory.retrieval.lattice.bottom_up import BottomUpBuilder
+from overstory.retrieval.lattice.bottom_up import BottomUpBuilder, SummaryJournal
 from overstory.retrieval.lattice.keywords import KeywordSummariser
 from overstory.retrieval.lattice.top_down import TopDownBuilder
 from overstory.retrieval.lattice.tree import Node, Tree
 from overstory.serving.client import Client
 from overstory.serving.config import ServeConfig
-from overstory.serving.launch import client_for
+from overstory.serving.launch import client_for, served_models
+
+SUMMARIES_FILE = "summaries.jsonl"  # bottom-up / hybrid node summaries (with .settings.json and .failures.jsonl)
 
 
 @dataclass(frozen=True)
@@ -138,16 +147,30 @@ def corpus_leaves(config: LatticeTreeConfig) -> list[Node]:
             for c in chunks]
 
 
+def summary_settings(config: LatticeTreeConfig) -> dict:
+    """What decides the bottom-up and hybrid node summaries, recorded beside them: the job's settings without the
+    operational keys (``fanout.job_settings``: the corpus may move or grow), the top-down keyword stage,
+    ``limit_leaves`` (a summary is keyed by its group's members, so a build over more leaves reuses the groups it
+    shares) and ``summaries.concurrency``; of ``clustering``, the M and seed these methods use."""
+    settings = job_settings(config, drop={"keywords", "limit_leaves"})
+    settings["clustering"] = {key: settings["clustering"][key] for key in ("m_max", "seed")}
+    settings["summaries"] = {k: v for k, v in settings["summaries"].items() if k != "concurrency"}
+    return settings
+
+
 def run(config: LatticeTreeConfig) -> dict:
     out_dir = Path(config.out)
     with ExitStack() as stack:
+        # the bottom-up / hybrid record is checked first: other settings are refused before a server starts
+        record = None if config.method == "top-down" else stack.enter_context(
+            Fanout("lattice-tree", out_dir / SUMMARIES_FILE, summary_settings(config)))
         tracker = stack.enter_context(start_run(config.tracking, "data lattice-tree", config))
         client = stack.enter_context(client_for(config.serve, config.server_url, timeout_s=config.request_timeout_s))
-        if config.method == "top-down":
+        if record is None:
             leaves = corpus_leaves(config)
             tree, report = _top_down(config, client, leaves, stack, out_dir)
         else:
-            tree, report, leaves = _bottom_up(config, client)
+            tree, report, leaves = _bottom_up(config, client, record)
         tree.validate(max_branching=config.clustering.m_max, expected_leaves={leaf.id for leaf in leaves})
         tree.meta.update({"corpus": config.corpus.path, "leaf_level": config.leaf_level})
         tree.save(out_dir / "tree.json")
@@ -155,15 +178,26 @@ def run(config: LatticeTreeConfig) -> dict:
         (out_dir / "build.json").write_text(json.dumps(report, indent=2))
         tracker.summary({"leaves": len(leaves), "depth": report["stats"]["depth"],
                          "llm_calls": sum(part.get("llm_calls", 0) for part in report.values()
-                                          if isinstance(part, dict))})
+                                          if isinstance(part, dict)), **_summary_counts(report)})
     cost = "; ".join(f"{name} {part['llm_calls']} calls {part['seconds']} s" for name, part in report.items()
                      if isinstance(part, dict) and "llm_calls" in part)
+    counts = _summary_counts(report)
+    reused = (f"; node summaries: {counts['summaries_reused']} reused from {out_dir / SUMMARIES_FILE}, "
+              f"{counts['summaries_asked']} asked for" if counts else "")
     print(f"lattice tree ({config.method}): {len(leaves)} leaves, depth {report['stats']['depth']}, "
           f"branching {report['stats']['branching']['mean']} mean / {report['stats']['branching']['max']} max; "
-          f"{cost} -> {out_dir / 'tree.json'}")
+          f"{cost}{reused} -> {out_dir / 'tree.json'}")
     if "summaries" in report:
         _raise_if_summaries_failed(report["summaries"]["placements"], config.max_failure_share, out_dir)
     return report
+
+
+def _summary_counts(report: dict) -> dict[str, int]:
+    """The node summaries reused from the record and asked for this run (bottom-up and hybrid; else empty)."""
+    if "summaries" not in report:
+        return {}
+    placements = report["summaries"]["placements"]
+    return {key: placements.get(key, 0) for key in ("summaries_reused", "summaries_asked")}
 
 
 def _raise_if_summaries_failed(placements: dict, max_failure_share: float, out_dir: Path) -> None:
@@ -210,8 +244,19 @@ def _top_down(config: LatticeTreeConfig, client: Client, leaves: list[Node], sta
     return tree, {"keywords": keyword_cost, "clustering": builder.stats.as_dict()}
 
 
-def _bottom_up(config: LatticeTreeConfig, client: Client) -> tuple[Tree, dict, list[Node]]:
-    """Bottom-up over the leaves, or the hybrid over the documents' own hierarchies (no keyword stage)."""
+def _journal(record: Fanout) -> SummaryJournal:
+    """The node summaries recorded in ``record``'s output (reused), and its hooks for this run's: a summary to the
+    output, a fallback to the failures file (asked again by a rerun)."""
+    recorded = {str(r["id"]): r for r in read_jsonl(record.out.path)}
+    return SummaryJournal(recorded, write=lambda summary: record.write(summary, kind="summaries"),
+                          fail=lambda key, error, raw, attempts: record.fail(
+                              key, FailureRecord(key, record.job, error, raw, attempts)))
+
+
+def _bottom_up(config: LatticeTreeConfig, client: Client, record: Fanout) -> tuple[Tree, dict, list[Node]]:
+    """Bottom-up over the leaves, or the hybrid over the documents' own hierarchies (no keyword stage), reusing
+    the node summaries ``record`` holds and adding this run's to it."""
+    record.record_served(served_models(client, ["generator", "embedder"]))
     with Progress() as progress:
         # each layer's groups join the total as it is clustered, so the bar's total grows layer by layer
         task = progress.add_task("node summaries", total=None)
@@ -220,7 +265,8 @@ def _bottom_up(config: LatticeTreeConfig, client: Client) -> tuple[Tree, dict, l
                                   max_attempts=config.summaries.max_attempts,
                                   concurrency=config.summaries.concurrency,
                                   max_member_chars=config.summaries.max_member_chars, seed=config.clustering.seed,
-                                  progress=lambda queued, done: progress.update(task, total=queued, completed=done))
+                                  progress=lambda queued, done: progress.update(task, total=queued, completed=done),
+                                  journal=_journal(record))
         if config.method == "bottom-up":
             leaves = corpus_leaves(config)
             tree = builder.build(leaves)
@@ -230,6 +276,7 @@ def _bottom_up(config: LatticeTreeConfig, client: Client) -> tuple[Tree, dict, l
             leaves = [n for n in tree.nodes.values() if n.leaf]
         if not leaves:
             raise ConfigError(f"corpus {config.corpus.path!r} has no {config.leaf_level} chunks to build a tree over")
+    record.finish()  # the failures file keeps only the summaries still missing
     return tree, {"summaries": builder.stats.as_dict()}, leaves
 
 

@@ -10,9 +10,9 @@
 # Each job's config is configs/{data,eval}/*-teacher.yaml; docs/data.md#running-the-teacher-jobs says more.
 #
 # Resume: rerun the script. A job with <runs>/jobs/<job>.json is finished and skipped; any other job runs again and
-# resumes inside (finished items are skipped, failed ones retried; a LATTICE tree build restarts, a finished
-# tree.json is kept). A job that fails (exit 1: more of its items failed than its max_failure_share) stops the
-# script, its log says which; the next run retries.
+# resumes inside (finished items are skipped, failed ones retried; a LATTICE tree build reuses the node summaries
+# recorded in its summaries.jsonl and asks only for the rest). A job that fails (exit 1: more of its items failed
+# than its max_failure_share) stops the script, its log says which; the next run retries.
 # Record: each invocation of a job appends its wall time and the stack's own counters (the servers' Prometheus
 # /metrics: requests, prompt and generation tokens by served model, before and after) to
 # <runs>/jobs/<job>.invocations.jsonl; a finished job's <runs>/jobs/<job>.json sums its invocations: wall seconds,

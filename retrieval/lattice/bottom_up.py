@@ -17,15 +17,26 @@ documents' roots are then organised bottom-up as above.
 
 A summary reply that is unusable after ``max_attempts`` falls back to the members' first words (counted in the
 stats with the raw reply's length, never silently): the tree is always built.
+
+Resuming: a build takes a ``SummaryJournal``. Each summary the model writes is handed to it as it is made (the reply
+and what was made of it, under the group's ``group_key``: its members and the prompt that shows them), and a
+summary recorded by an earlier run for the same key is reused instead of asked for again. The clustering is
+deterministic (seeded k-means over the same embeddings), so a killed build rerun over the same corpus forms the same
+groups, reuses what it recorded and asks only for the rest; a changed group (other members, or a member whose own
+summary changed) has another key and is asked. Fallbacks are handed to the journal as failures and never reused.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 from sklearn.cluster import KMeans
@@ -39,6 +50,7 @@ from overstory.serving.client import Client, ClientError
 
 EmbedFn = Callable[[list[str]], np.ndarray]
 ProgressFn = Callable[[int, int], None]  # (groups queued so far, groups summarised so far): layers add to the total
+Group = tuple[list[str], list[str]]  # a group to summarise: its members' keys (see group_key) and texts, in order
 
 SUMMARY_PROMPT = """The passages below were grouped together because they are about related things.
 
@@ -109,13 +121,53 @@ def balanced_groups(vectors: np.ndarray, m_max: int, seed: int = 0) -> list[list
     return groups
 
 
+class GroupSummary(NamedTuple):
+    """One group's summary: its record key (``group_key``), theme, description and fingerprints."""
+
+    key: str
+    theme: str
+    summary: str
+    fingerprints: list[str]
+
+
+def group_key(member_keys: Sequence[str], prompt: str) -> str:
+    """The record key of a group's summary: a hash of its members (a leaf by its id, an internal node by its own
+    key, in prompt order) and of the prompt that shows their texts, so a recorded summary is reused only for the
+    same members read the same way.
+
+    >>> group_key(["a", "b"], "p") == group_key(["a", "b"], "p") != group_key(["b", "a"], "p")
+    True
+    """
+    return "g" + hashlib.sha256(json.dumps([list(member_keys), prompt]).encode()).hexdigest()[:32]
+
+
+def _ignore(*_: object) -> None:
+    """A journal hook that keeps nothing (a build without a record)."""
+
+
+@dataclass
+class SummaryJournal:
+    """Where a build's node summaries are recorded as they are made, and those recorded by earlier runs.
+
+    ``recorded``: key -> a record that ``write`` received before (``theme``, ``summary``, ``fingerprints``): reused
+    for the same key instead of asking again. ``write(record)``: a summary the model wrote this run (``id`` the key,
+    ``members``, the parsed fields, the raw ``reply``, ``attempts``). ``fail(key, error, raw, attempts)``: a group
+    named by the fallback (never reused: a rerun asks again). The hooks are called one at a time."""
+
+    recorded: Mapping[str, dict] = field(default_factory=dict)
+    write: Callable[[dict], None] = _ignore
+    fail: Callable[[str, str, str, int], None] = _ignore
+
+
 class GroupSummariser:
-    """Names and describes groups through the served ``role``, concurrently, with retries and a fallback."""
+    """Names and describes groups through the served ``role``, concurrently, with retries and a fallback; reuses
+    and records summaries through ``journal``."""
 
     def __init__(self, client: Client, stats: BuildStats, role: str = "generator", max_tokens: int = 256,
                  max_attempts: int = 2, concurrency: int = 4, max_member_chars: int = 300,
-                 progress: ProgressFn | None = None):
+                 progress: ProgressFn | None = None, journal: SummaryJournal | None = None):
         self.client, self.stats, self.role = client, stats, role
+        self.journal = journal or SummaryJournal()
         self.max_tokens, self.max_attempts = max_tokens, max_attempts
         self.concurrency, self.max_member_chars = concurrency, max_member_chars
         self.progress, self.queued, self.done = progress, 0, 0
@@ -129,8 +181,8 @@ class GroupSummariser:
                 else:
                     self.stats.placements[key] += amount
 
-    def summarise(self, groups: Sequence[Sequence[str]]) -> list[tuple[str, str, list[str]]]:
-        """(name, description, fingerprints) per group of member texts, in order."""
+    def summarise(self, groups: Sequence[Group]) -> list[GroupSummary]:
+        """A summary per group (its members' keys and texts), in order."""
         if not groups:
             return []
         self._advance(queued=len(groups))
@@ -144,20 +196,34 @@ class GroupSummariser:
             if self.progress is not None:
                 self.progress(self.queued, self.done)
 
-    def _one_counted(self, texts: Sequence[str]) -> tuple[str, str, list[str]]:
-        result = self._one(texts)
+    def _one_counted(self, group: Group) -> GroupSummary:
+        result = self._one(group)
         self._advance(done=1)
         return result
 
-    def _one(self, texts: Sequence[str]) -> tuple[str, str, list[str]]:
-        """One group's summary. A refused request (a 4xx: a wrong role, a bad request) stops the build with
-        ``RequestRefused``; a group whose every attempt failed in transit is named from its members' heads and
-        counted as ``summaries_failed`` (the job fails past its ``max_failure_share``), one whose replies never
-        parsed is named the same way and counted as ``summaries_fallback`` (a repair)."""
+    def _one(self, group: Group) -> GroupSummary:
+        """One group's summary: the journal's record for its key (counted as ``summaries_reused``), else asked for
+        (counted as ``summaries_asked``)."""
+        member_keys, texts = group
         members = "\n".join(f"[{i}] {' '.join(t.split())[: self.max_member_chars]}" for i, t in enumerate(texts))
-        messages = [{"role": "user", "content": SUMMARY_PROMPT.format(members=members)}]
+        prompt = SUMMARY_PROMPT.format(members=members)
+        key = group_key(member_keys, prompt)
+        recorded = self.journal.recorded.get(key)
+        if recorded is not None:
+            self._count(summaries_reused=1)
+            return GroupSummary(key, recorded["theme"], recorded["summary"], list(recorded["fingerprints"]))
+        self._count(summaries_asked=1)
+        return self._ask(key, member_keys, prompt, texts)
+
+    def _ask(self, key: str, member_keys: Sequence[str], prompt: str, texts: Sequence[str]) -> GroupSummary:
+        """Ask the model for one group's summary and record it. A refused request (a 4xx: a wrong role, a bad
+        request) stops the build with ``RequestRefused``; a group whose every attempt failed in transit is named
+        from its members' heads and counted as ``summaries_failed`` (the job fails past its
+        ``max_failure_share``), one whose replies never parsed is named the same way and counted as
+        ``summaries_fallback`` (a repair); both go to the journal as failures."""
+        messages = [{"role": "user", "content": prompt}]
         raw, answered = "", False
-        for _ in range(self.max_attempts):
+        for attempt in range(1, self.max_attempts + 1):
             self._count(llm_calls=1)
             try:
                 reply = self.client.chat(self.role, messages, max_tokens=self.max_tokens, temperature=0.0,
@@ -173,11 +239,19 @@ class GroupSummariser:
             parsed = parse_summary(reply.text)
             if parsed is not None:
                 self._count(summaries_llm=1)
-                return parsed
+                summary = GroupSummary(key, *parsed)
+                with self._lock:
+                    self.journal.write({"id": key, "members": list(member_keys), "theme": summary.theme,
+                                        "summary": summary.summary, "fingerprints": summary.fingerprints,
+                                        "reply": raw, "attempts": attempt})
+                return summary
         self._count(**({"summaries_fallback": 1, "fallback_raw_chars": len(raw)} if answered
                        else {"summaries_failed": 1}))
+        with self._lock:
+            self.journal.fail(key, "no reply held a usable summary" if answered else "every request failed", raw,
+                              self.max_attempts)
         heads = [" ".join(t.split()[:4]) for t in texts[:3]]
-        return heads[0], "; ".join(heads), []
+        return GroupSummary(key, heads[0], "; ".join(heads), [])
 
 
 class BottomUpBuilder:
@@ -185,15 +259,18 @@ class BottomUpBuilder:
 
     def __init__(self, client: Client, embed: EmbedFn, m_max: int = 10, role: str = "generator",
                  max_tokens: int = 256, max_attempts: int = 2, concurrency: int = 4, max_member_chars: int = 300,
-                 seed: int = 0, id_prefix: str = "b", progress: ProgressFn | None = None):
+                 seed: int = 0, id_prefix: str = "b", progress: ProgressFn | None = None,
+                 journal: SummaryJournal | None = None):
+        """``journal``: where the node summaries are recorded and found again (none: asked for, kept nowhere)."""
         if m_max < 2:
             raise ValueError(f"m_max must be >= 2, got {m_max}")
         self.embed, self.m_max, self.seed, self.id_prefix = embed, m_max, seed, id_prefix
         self.stats = BuildStats()
         self.summariser = GroupSummariser(client, self.stats, role=role, max_tokens=max_tokens,
                                           max_attempts=max_attempts, concurrency=concurrency,
-                                          max_member_chars=max_member_chars, progress=progress)
+                                          max_member_chars=max_member_chars, progress=progress, journal=journal)
         self._next_id = 0
+        self.keys: dict[str, str] = {}  # internal node id -> its summary's key (a leaf's key is its id)
 
     def build(self, leaves: Sequence[Node]) -> Tree:
         if not leaves:
@@ -228,6 +305,18 @@ class BottomUpBuilder:
         self._next_id += 1
         return f"{self.id_prefix}{self._next_id}"
 
+    def _group(self, members: Sequence[str]) -> Group:
+        """What the summariser reads of a group of node ids: their keys and texts."""
+        return [self.keys.get(n, n) for n in members], [self.nodes[n].display_text for n in members]
+
+    def _add(self, summary: GroupSummary, children: list[str], name: str, doc_id: str = "") -> str:
+        """A new internal node over ``children`` described by ``summary`` (named ``name``); returns its id."""
+        node = Node(id=self._new_id(), name=name, description=summary.summary, children=children,
+                    keywords=summary.fingerprints, doc_id=doc_id)
+        self.nodes[node.id] = node
+        self.keys[node.id] = summary.key
+        return node.id
+
     def _layers(self, layer: list[str]) -> str:
         """Cluster and summarise ``layer`` until at most M nodes remain; returns the root's id."""
         while len(layer) > self.m_max:
@@ -242,17 +331,14 @@ class BottomUpBuilder:
     def _wrap(self, groups: list[list[str]]) -> list[str]:
         """One summarised internal node per group of two or more; a single member moves up unchanged."""
         multi = [g for g in groups if len(g) > 1]
-        described = self.summariser.summarise([[self.nodes[n].display_text for n in g] for g in multi])
-        named = iter(described)
+        described = iter(self.summariser.summarise([self._group(g) for g in multi]))
         out = []
         for group in groups:
             if len(group) == 1:
                 out.append(group[0])
                 continue
-            name, description, prints = next(named)
-            node = Node(id=self._new_id(), name=name, description=description, children=group, keywords=prints)
-            self.nodes[node.id] = node
-            out.append(node.id)
+            summary = next(described)
+            out.append(self._add(summary, group, summary.theme))
         return out
 
     def _natural(self, chunks: Sequence[Chunk], leaf_level: str) -> dict[str, str | None]:
@@ -285,12 +371,9 @@ class BottomUpBuilder:
                     children = self._wrap([[children[i] for i in g]
                                            for g in balanced_groups(vectors, self.m_max, self.seed)])
                 pending.append((chunk, children))
-            described = self.summariser.summarise([[self.nodes[n].display_text for n in children]
-                                                   for _, children in pending])
-            for (chunk, children), (theme, summary, prints) in zip(pending, described, strict=True):
-                name = chunk.title if chunk.level == "document" and chunk.title else theme  # chunks carry the doc title
-                node = Node(id=self._new_id(), name=name, description=summary, children=children, keywords=prints,
-                            doc_id=chunk.doc_id)
-                self.nodes[node.id] = node
-                standing_for[chunk.id] = node.id
+            described = self.summariser.summarise([self._group(children) for _, children in pending])
+            for (chunk, children), summary in zip(pending, described, strict=True):
+                # chunks carry the document's title
+                name = chunk.title if chunk.level == "document" and chunk.title else summary.theme
+                standing_for[chunk.id] = self._add(summary, children, name, doc_id=chunk.doc_id)
         return standing_for
