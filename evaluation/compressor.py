@@ -53,7 +53,7 @@ from overstory.data_pipeline.summaries import SummariesConfig
 from overstory.data_pipeline.summarize import SummaryFailed, summarise
 from overstory.evaluation.plots import plot_recall_vs_cost
 from overstory.evaluation.repairs import repairs_cell
-from overstory.evaluation.scope import question_scope, resolve_scope, scope_title
+from overstory.evaluation.scope import resolve_scope, scope_title, search_in_scope
 from overstory.models.text_compressor import checkpoint_kind
 from overstory.retrieval.index import DenseIndex, Hit, chunk_text_for_index
 from overstory.retrieval.metrics import bootstrap_interval, mean, recall_at_k
@@ -195,15 +195,7 @@ def rank(data: HeldOut, vectors: np.ndarray, client: Client, k: int, mode: str) 
     ``document`` mode, among all of them under ``corpus`` (``evaluation/scope.py``). Questions that share a scope
     are embedded in one request."""
     index = DenseIndex(data.upper, vectors, lambda texts: client.embed("embedder", texts))
-    groups: dict[tuple[str, ...] | None, list[int]] = {}
-    for i, question in enumerate(data.questions):
-        scope = question_scope(question, mode)
-        groups.setdefault(tuple(scope) if scope is not None else None, []).append(i)
-    ranked: list[list[Hit]] = [[] for _ in data.questions]
-    for scope, members in groups.items():
-        for i, hits in zip(members, index.search([data.questions[i].question for i in members], k, doc_ids=scope)):
-            ranked[i] = hits
-    return ranked
+    return search_in_scope(index, data.questions, k, mode)
 
 
 def candidates_per_question(data: HeldOut, mode: str) -> float | None:

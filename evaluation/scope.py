@@ -4,14 +4,18 @@ QASPER, NarrativeQA and SQuAD ask each question about one given document (a pape
 questions are posed over the open corpus (``CorpusConfig.document_scoped`` says which). An evaluation's ``scope``
 setting picks: ``auto`` follows the dataset, ``document`` insists on the question's document, ``corpus`` searches
 everything for every question (on a document-scoped dataset, a harder open-corpus variant, named so in tables).
-``eval pipeline`` and ``eval compressor`` resolve it here, so both read a setting the same way.
+``eval pipeline``, ``eval compressor`` and the quickstart resolve it here, so all read a setting the same way, and
+the last two search an index in scope with ``search_in_scope``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from overstory.core.config import ConfigError
 from overstory.core.records import QAExample
 from overstory.data_pipeline.corpora import CorpusConfig
+from overstory.retrieval.index import BM25Index, DenseIndex, Hit, HybridIndex
 
 SCOPES = ("auto", "document", "corpus")
 
@@ -50,6 +54,22 @@ def question_scope(question: QAExample, mode: str) -> list[str] | None:
         raise ConfigError(f"scope: question {question.id} names no document (metadata doc_id), so it cannot be "
                           "searched within its document; use scope=corpus")
     return [question.metadata["doc_id"]]
+
+
+def search_in_scope(index: BM25Index | DenseIndex | HybridIndex, questions: Sequence[QAExample], k: int,
+                    mode: str) -> list[list[Hit]]:
+    """Each question's top ``k`` chunks of ``index``: among its own document's under the ``document`` mode, among all
+    under ``corpus`` (``question_scope``; the index restricts the search). Questions that share a scope are
+    searched, and embedded, in one call."""
+    groups: dict[tuple[str, ...] | None, list[int]] = {}
+    for i, question in enumerate(questions):
+        scope = question_scope(question, mode)
+        groups.setdefault(tuple(scope) if scope is not None else None, []).append(i)
+    ranked: list[list[Hit]] = [[] for _ in questions]
+    for scope, members in groups.items():
+        for i, hits in zip(members, index.search([questions[i].question for i in members], k, doc_ids=scope)):
+            ranked[i] = hits
+    return ranked
 
 
 def scope_title(report: dict) -> str:

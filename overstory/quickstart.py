@@ -37,7 +37,6 @@ from rich.console import Console
 from rich.table import Table
 
 from overstory.core.config import ConfigError
-from overstory.core.records import QAExample
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
 from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies, chunks_at_levels, save_hierarchies
@@ -64,9 +63,9 @@ from overstory.evaluation.planner import run as run_planner_eval
 from overstory.evaluation.plots import plot_level_stats
 from overstory.evaluation.rag import RagEvalConfig
 from overstory.evaluation.repairs import repairs_cell
-from overstory.evaluation.scope import question_scope, resolve_scope
+from overstory.evaluation.scope import resolve_scope, search_in_scope
 from overstory.retrieval.arag import ARagConfig
-from overstory.retrieval.index import BM25Index, DenseIndex, Hit, HybridIndex
+from overstory.retrieval.index import BM25Index, DenseIndex, HybridIndex
 from overstory.retrieval.lattice.search import SearchConfig
 from overstory.retrieval.metrics import mean, recall_at_k
 from overstory.retrieval.naive import AnswerConfig, NaiveConfig
@@ -539,27 +538,11 @@ def run_retrieval_stage(config: QuickstartConfig, loaded: dict, chunks: dict, cl
         stage[name] = {"n_questions": len(answerable), "levels": list(retrieval.levels), "scope": mode,
                        "n_documents": len(documents)}
         for kind, index in {"bm25": bm25, "dense": dense, "hybrid": HybridIndex(dense, bm25)}.items():
-            hits = scoped_search(index, answerable, retrieval.k, mode)
+            hits = search_in_scope(index, answerable, retrieval.k, mode)
             stage[name][f"{kind}_recall@{retrieval.k}"] = mean([
                 recall_at_k([h.chunk for h in row], q.evidence, retrieval.k) for q, row in zip(answerable, hits)])
         console.print(f"{name}: " + ", ".join(f"{k}={v:.3f}" for k, v in stage[name].items() if "recall" in k))
     return stage
-
-
-def scoped_search(index: BM25Index | DenseIndex | HybridIndex, questions: list[QAExample], k: int,
-                  mode: str) -> list[list[Hit]]:
-    """Each question's top ``k`` chunks of ``index``, among its own document's under the ``document`` mode and
-    among all under ``corpus`` (``question_scope``; the index restricts the search). Questions that share a
-    scope are searched, and embedded, in one call."""
-    groups: dict[tuple[str, ...] | None, list[int]] = {}
-    for i, question in enumerate(questions):
-        scope = question_scope(question, mode)
-        groups.setdefault(tuple(scope) if scope is not None else None, []).append(i)
-    ranked: list[list[Hit]] = [[] for _ in questions]
-    for scope, members in groups.items():
-        for i, hits in zip(members, index.search([questions[i].question for i in members], k, doc_ids=scope)):
-            ranked[i] = hits
-    return ranked
 
 
 def _print_summary(report: dict, seconds: float, path: Path) -> None:

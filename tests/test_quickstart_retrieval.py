@@ -14,8 +14,9 @@ from overstory.core.config import ConfigError
 from overstory.data_pipeline.corpora import load_corpus
 from overstory.data_pipeline.hierarchy import build_hierarchies, chunks_at_levels
 from overstory.evaluation.report_tables import quickstart_table
+from overstory.evaluation.scope import search_in_scope
 from overstory.models.registry import MINILM
-from overstory.quickstart import QuickstartConfig, run_retrieval_stage, scoped_search
+from overstory.quickstart import QuickstartConfig, run_retrieval_stage
 from overstory.retrieval.index import BM25Index
 from overstory.retrieval.metrics import mean, recall_at_k
 from overstory.serving.client import Client
@@ -80,11 +81,11 @@ def test_a_squad_question_is_searched_within_its_own_article(corpora) -> None:
     questions, index = squad_answerable(corpora)
     articles = {c.doc_id for c in index.chunks}
     assert len(articles) == 3 and len(questions) > 400
-    scoped = scoped_search(index, questions, K, "document")
+    scoped = search_in_scope(index, questions, K, "document")
     for question, hits in zip(questions, scoped):
         assert len(hits) == K and {h.chunk.doc_id for h in hits} == {question.metadata["doc_id"]}, question.id
     # the whole corpus brings in other articles' paragraphs for some questions: the scope is what keeps them out
-    everywhere = scoped_search(index, questions, K, "corpus")
+    everywhere = search_in_scope(index, questions, K, "corpus")
     foreign = sum(any(h.chunk.doc_id != q.metadata["doc_id"] for h in hits) for q, hits in zip(questions, everywhere))
     assert foreign > 0
     # grouped searches rank as one question's own search does
