@@ -9,6 +9,7 @@
 #    the teacher as generator, planner, scorer and judge.
 # Each job's config is configs/{data,eval}/*-teacher.yaml; docs/data.md#running-the-teacher-jobs says more.
 #
+# Stop: send the script TERM or INT (or run it under `timeout`): the running job stops, its invocation is recorded.
 # Resume: rerun the script. A job with <runs>/jobs/<job>.json is finished and skipped; any other job runs again and
 # resumes inside (finished items are skipped, failed ones retried; a LATTICE tree build reuses the node summaries
 # recorded in its summaries.jsonl and asks only for the rest). A job that fails (exit 1: more of its items failed
@@ -181,11 +182,22 @@ run_job() {
   echo "$job: overstory $command (log $DIR/logs/$job.log)"
   before=$(counters "$METRICS")
   started=$(date +%s.%N)
+  echo "== $(date -Is) overstory $command" >> "$DIR/logs/$job.log"
+  # The job runs in the background and the script waits for it, so that a TERM or INT to the script (a deadline:
+  # `timeout 2h bash scripts/teacher_runs.sh`, or Ctrl-C) stops the job and still records this invocation's wall
+  # time and counters; the job's own records are appended as it goes, so the next run resumes where it stopped.
   # shellcheck disable=SC2086  # the command's words are job_command's (no spaces inside a word)
-  { echo "== $(date -Is) overstory $command"; "$OVERSTORY" $command server_url="$URL"; } \
-    >> "$DIR/logs/$job.log" 2>&1 || status=$?
+  "$OVERSTORY" $command server_url="$URL" >> "$DIR/logs/$job.log" 2>&1 &
+  JOB_PID=$!
+  trap 'STOPPED=1; kill -TERM "$JOB_PID" 2> /dev/null' TERM INT
+  wait "$JOB_PID" || status=$?
+  while kill -0 "$JOB_PID" 2> /dev/null; do wait "$JOB_PID" || true; done  # a signal cut the wait short
+  trap - TERM INT
   after=$(counters "$METRICS")
   record "$job" "$status" "$(awk "BEGIN {print $(date +%s.%N) - $started}")" "$before" "$after"
+  if [[ ${STOPPED:-0} == 1 ]]; then
+    echo "$job stopped (signal): rerun the script to resume it" >&2; exit 143
+  fi
   if [[ $status != 0 ]]; then
     echo "$job failed (exit $status): see $DIR/logs/$job.log; rerun the script to resume it" >&2; exit "$status"
   fi

@@ -89,3 +89,31 @@ def test_an_unknown_job_stops_the_script_before_it_starts_a_stack(tmp_path: Path
                                "TEACHER_JOBS": "tree-hotpotqa no-such-job"})
     assert done.returncode == 2 and "unknown job no-such-job" in done.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_stopped_script_stops_its_job_and_records_the_invocation(tmp_path: Path) -> None:
+    """TERM to the script (a deadline, Ctrl-C) while a job runs: the job's process is stopped, the invocation is
+    recorded (its wall time, exit 143, no finished-job record) and the script exits 143, so a rerun resumes it. The
+    job is a stand-in (a shell script that sleeps): this checks the runbook's own signal handling."""
+    job = tmp_path / "overstory"
+    job.write_text(f"#!/usr/bin/env bash\necho $$ > {tmp_path}/job.pid\nexec sleep 60\n")
+    job.chmod(0o755)
+    env = {**os.environ, "TEACHER_RUNS": str(tmp_path), "OVERSTORY": str(job)}
+    snippet = (f"source {shlex.quote(str(SCRIPT))}\ncounters() {{ echo '{counters(0, 0, 0, 0)}'; }}\n"
+               f"mkdir -p {tmp_path}/logs {tmp_path}/jobs\nURL=http://127.0.0.1:9 METRICS=$URL\n"
+               "run_job traces-hotpotqa")
+    script = subprocess.Popen(["bash", "-c", snippet], cwd=ROOT, env=env, text=True, stderr=subprocess.PIPE)
+    pid_file = tmp_path / "job.pid"
+    for _ in range(100):
+        if pid_file.exists() and pid_file.read_text().strip():
+            break
+        subprocess.run(["sleep", "0.1"])
+    script.terminate()
+    _, stderr = script.communicate(timeout=30)
+    assert script.returncode == 143 and "traces-hotpotqa stopped (signal)" in stderr
+    job_pid = int(pid_file.read_text())
+    assert subprocess.run(["kill", "-0", str(job_pid)], capture_output=True).returncode != 0  # the job is gone
+    (invocation,) = [json.loads(line) for line in (tmp_path / "jobs" / "traces-hotpotqa.invocations.jsonl")
+                     .read_text().splitlines()]
+    assert invocation["exit"] == 143 and invocation["wall_s"] >= 0
+    assert not (tmp_path / "jobs" / "traces-hotpotqa.json").exists()
