@@ -143,6 +143,25 @@ def serve_bench_table(report: dict) -> str:
     return _table(header, rows)
 
 
+def teacher_engines_table(report: dict) -> str:
+    """scripts/compare_teacher_engines.py's summary.json: per engine, the answers job (questions per minute, mean
+    seconds and tokens per question, token F1) and the node-summaries job (calls, tokens, generation tokens/s), each
+    throughput with its ratio to the baseline engine."""
+    base = report["baseline"]
+    rows = []
+    for engine, row in report["engines"].items():
+        a, s = row["answers"], row["summaries"]
+        rows.append([engine, f"{a['questions']} in {_fmt(a['wall_s'], 0)} s", _fmt(a["questions_per_min"], 2),
+                     _fmt(row["ratios"]["answers_questions_per_min"], 2), _fmt(a["mean_s_per_question"], 1),
+                     f"{_fmt(a['tokens_in_per_question'], 0)} / {_fmt(a['tokens_out_per_question'], 1)}",
+                     _fmt(a["token_f1"]), f"{s['llm_calls']} in {_fmt(s['wall_s'], 0)} s",
+                     f"{s['tokens_in']} / {s['tokens_out']}", _fmt(s["teacher_tokens_per_s"], 2),
+                     _fmt(row["ratios"]["summaries_tokens_per_s"], 2)])
+    return _table(["engine", "answers: questions", "questions / min", f"vs {base}", "s / question (mean)",
+                   "tokens in / out per question", "token F1", "summaries: calls", "tokens in / out",
+                   "generation tokens/s", f"vs {base}"], rows)
+
+
 def train_bench_table(report: dict) -> str:
     """``bench train`` bench.json: samples/s and peak memory per recipe and launcher, ratios to the first."""
     rows = [[recipe, launcher, _fmt(r["samples_per_s"], 2), _fmt(r["throughput_ratio"], 2),
@@ -290,7 +309,7 @@ def lattice_table(report: dict) -> str:
 RENDERERS: dict[str, Callable[[dict], str]] = {
     "planner": planner_table, "planner_by_dataset": planner_by_dataset_table, "compressor": compressor_table,
     "serve_bench": serve_bench_table, "train_bench": train_bench_table, "quickstart": quickstart_table,
-    "lattice": lattice_table, "pipeline_qasper": pipeline_qasper_table,
+    "lattice": lattice_table, "pipeline_qasper": pipeline_qasper_table, "teacher_engines": teacher_engines_table,
 }
 
 
