@@ -28,6 +28,8 @@ from overstory.serving.client import ClientError
 
 # Flags that are shorthand for the override of the same name, for the jobs whose config has the key.
 SHORTHAND_FLAGS = ("out", "checkpoint", "data", "compare", "engine", "strategies")
+# Shorthand flags of one job only (other jobs' configs have a `model` key that means something else).
+JOB_FLAGS = {("serve", ""): ("model", "adapter")}
 
 
 def _add_job_args(parser: argparse.ArgumentParser) -> None:
@@ -36,15 +38,16 @@ def _add_job_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="dotted config overrides")
 
 
-def _describe_job(parser: argparse.ArgumentParser, cls: type) -> None:
-    """Add to a job's parser the shorthand flags its config ``cls`` has, and list its config keys in the epilog.
+def _describe_job(parser: argparse.ArgumentParser, cls: type, job: tuple[str, str]) -> None:
+    """Add to a job's parser the shorthand flags its config ``cls`` has (SHORTHAND_FLAGS, and JOB_FLAGS for ``job``),
+    and list its config keys in the epilog.
 
     A flag needs a top-level key that takes a value (``data: str``, not a section ``data: PlannerDataConfig``);
     a Literal-typed one (``--engine``) takes its values as choices: --help shows them and a typo fails early.
     """
     hints = typing.get_type_hints(cls)
     notes = source_notes(cls)[1]
-    for flag in SHORTHAND_FLAGS:
+    for flag in (*SHORTHAND_FLAGS, *JOB_FLAGS.get(job, ())):
         if flag not in hints or dataclasses.is_dataclass(hints[flag]):
             continue
         choices = typing.get_args(hints[flag]) if typing.get_origin(hints[flag]) is Literal else None
@@ -85,7 +88,7 @@ def build_parser(job: tuple[str, str] | None = None) -> argparse.ArgumentParser:
             _add_job_args(jp)
             jp.set_defaults(job=(group, name))
             if job == (group, name):
-                _describe_job(jp, job_config_class(group, name))
+                _describe_job(jp, job_config_class(group, name), job)
     return parser
 
 
@@ -118,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     if job is None:  # a group without a job name: show the group's jobs
         parser.parse_args([args.group, "--help"])
         return 0
-    overrides = list(args.overrides) + [f"{flag}={getattr(args, flag)}" for flag in SHORTHAND_FLAGS
+    overrides = list(args.overrides) + [f"{flag}={getattr(args, flag)}"
+                                        for flag in (*SHORTHAND_FLAGS, *JOB_FLAGS.get(job, ()))
                                         if getattr(args, flag, None) is not None]
     try:
         run_job(job[0], job[1], args.config, overrides)

@@ -9,6 +9,7 @@ from typing import Literal, get_args
 from overstory.core.config import ConfigError
 from overstory.core.tracking import TrackingConfig
 from overstory.models.registry import MINILM, SMOLLM2
+from overstory.serving.checkpoint_roles import checkpoint_role
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 DEVICE_PATTERN = re.compile(r"cpu|auto|cuda(:\d+)?")
@@ -74,6 +75,13 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8000  # 0 picks a free port (tests, background stacks)
     roles: dict[str, RoleConfig] = field(default_factory=dict)
+    # a trained checkpoint served without a roles file (`overstory serve --model DIR`): a full model folder whose
+    # overstory.json manifest names its role (serving/checkpoint_roles.py); the role joins `roles` (one of the same
+    # name there is refused), and an embedder is added when `roles` has none
+    model: str = ""
+    # a trained PEFT LoRA adapter folder served on its base model without a roles file (`overstory serve --adapter
+    # DIR`); as with model, its manifest names the role, which joins `roles`
+    adapter: str = ""
     # embedded: every role in one transformers server; vllm: chat roles on vLLM's OpenAI server
     # (serving/vllm.py), embedding and compression roles stay on an embedded server
     engine: Literal["embedded", "vllm"] = "embedded"
@@ -98,8 +106,11 @@ class ServeConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
+        if self.model or self.adapter:  # frozen: the derived roles are set once, here
+            object.__setattr__(self, "roles", with_checkpoint_roles(self.roles, self.model, self.adapter))
         if not self.roles:
-            raise ConfigError("roles: at least one role must be served")
+            raise ConfigError("roles: at least one role must be served (a roles section, or model=DIR / adapter=DIR "
+                              "for a trained checkpoint)")
         for name, role in self.roles.items():
             if name not in ROLES:
                 raise ConfigError(f"roles.{name}: unknown role; roles are {', '.join(ROLES)}")
@@ -118,3 +129,27 @@ class ServeConfig:
         chat = RoleConfig(model=SMOLLM2)
         return cls(port=port, roles={"generator": chat, "planner": chat, "scorer": chat,
                                      "embedder": RoleConfig(model=MINILM, kind="embedding")})
+
+
+def with_checkpoint_roles(roles: dict[str, RoleConfig], model: str, adapter: str) -> dict[str, RoleConfig]:
+    """``roles`` plus the role of the checkpoint ``model`` (a full model folder) and of ``adapter`` (a LoRA adapter),
+    each read from its manifest, plus an embedder (the one the checkpoint works with) when there is none.
+
+    A role that ``roles`` already has is refused unless it is the very same (a config rebuilt with
+    ``dataclasses.replace`` passes its derived roles in again), as are two checkpoints serving one role.
+    """
+    served, embedders = dict(roles), []
+    for flag, folder in (("model", model), ("adapter", adapter)):
+        if not folder:
+            continue
+        found = checkpoint_role(folder, adapter=flag == "adapter")
+        role = RoleConfig(model=found.model, kind=found.kind, adapter=found.adapter)
+        if served.get(found.role, role) != role:
+            raise ConfigError(f"{flag}={folder} serves the {found.role} role, which is already served by "
+                              f"{served[found.role].adapter or served[found.role].model}; leave roles.{found.role} "
+                              f"out of the config (or serve one of them)")
+        served[found.role] = role
+        embedders.append(found.embedder)
+    if "embedder" not in served:
+        served["embedder"] = RoleConfig(model=next((e for e in embedders if e != MINILM), MINILM), kind="embedding")
+    return served
