@@ -1,6 +1,6 @@
 """A capacity plan from measured costs: each pipeline step's calls, tokens and seconds per unit, projected to scale.
 
-    python scripts/capacity_plan.py --config configs/capacity.yaml --out runs/capacity
+    overstory bench capacity --config configs/capacity.yaml
 
 Each step of ``configs/capacity.yaml`` names the metrics file one of its runs wrote, the kind of that file, and the
 unit its costs are counted per (``document``, ``question``, ``training_step``: any key of ``targets``). From the
@@ -286,4 +286,6 @@ def run(config: CapacityConfig) -> dict:
     (out / "capacity.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "capacity.md").write_text(markdown(report))
     plot(report, out / "capacity.png")
+    print(markdown(report))
+    print(f"-> {out / 'capacity.json'}, capacity.md, capacity.png")
     return report

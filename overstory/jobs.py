@@ -117,6 +117,10 @@ JOBS: dict[tuple[str, str], tuple[str, str, str, str]] = {
         "overstory.bench.generate", "GenerateBenchConfig", "run",
         "batched generation tokens/s of one chat model per setting (dtype, device, batch limits) and concurrency",
     ),
+    ("bench", "capacity"): (
+        "overstory.bench.capacity", "CapacityConfig", "run",
+        "the capacity plan: calls, tokens and GPU-hours per pipeline step, projected to scale from measured metrics",
+    ),
     ("bench", "train"): (
         "overstory.bench.train", "TrainBenchConfig", "run",
         "training samples/s and peak memory per recipe, one process against DDP and DeepSpeed launchers",

@@ -123,15 +123,16 @@ def test_a_file_of_another_shape_is_named(tmp_path: Path) -> None:
         plan(cfg)
 
 
-def test_the_script_writes_the_plan(tmp_path: Path) -> None:
-    """scripts/capacity_plan.py on a config with one measured step: exit 0, the table printed and written."""
+def test_the_job_writes_the_plan(tmp_path: Path) -> None:
+    """``overstory bench capacity`` on a config with one measured step: exit 0, the table printed and written; a bad
+    value exits 2 naming the key."""
     cfg_path = tmp_path / "capacity.yaml"
     cfg_path.write_text(yaml.safe_dump({"fleet": FLEET, "steps": {"eval": step(
         "eval_pipeline", eval_metrics(tmp_path / "m.json"), "question", strategy="naive")}}))
-    done = subprocess.run([sys.executable, "scripts/capacity_plan.py", "--config", str(cfg_path), "--out",
-                           str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-m", "overstory.cli", "bench", "capacity", "--config", str(cfg_path),
+                           f"out={tmp_path / 'out'}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "| eval (naive) |" in done.stdout and (tmp_path / "out" / "capacity.md").is_file()
-    bad = subprocess.run([sys.executable, "scripts/capacity_plan.py", "--config", str(cfg_path), "fleet.gpus=0"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    bad = subprocess.run([sys.executable, "-m", "overstory.cli", "bench", "capacity", "--config", str(cfg_path),
+                          "fleet.gpus=0"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "fleet.gpus must be positive" in bad.stderr
