@@ -360,6 +360,17 @@ def load_sentence_encoder(name: str, device: str = "cpu"):
         raise _offline_hint(name, exc) from exc
 
 
+def builtin_name_of(folder: str) -> str:
+    """The ``builtin:`` name of a converted built-in's cache folder (its manifest's ``source``), else ``folder``:
+    vLLM reports the folder it serves, and a record should name the model, not this machine's cache path."""
+    manifest = Path(folder) / "overstory.json"
+    if manifest.is_file():
+        source = json.loads(manifest.read_text()).get("source", "")
+        if source in BUILTINS:
+            return source
+    return folder
+
+
 def base_model_of(checkpoint: str) -> str:
     """The base model of a checkpoint without loading it: the ``overstory.json`` manifest's ``base_model``, a
     PEFT adapter's ``base_model_name_or_path``, or the name itself (a base model or a full checkpoint)."""

@@ -30,6 +30,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from overstory.core.tracking import start_run
+from overstory.models.registry import builtin_name_of
 from overstory.serving.client import Client
 from overstory.serving.config import ServeConfig
 from overstory.serving.engine import EmbeddedEngine
@@ -216,7 +217,8 @@ def client_for(serve: ServeConfig, server_url: str | Mapping[str, str] = "", **h
 def served_models(client: Client, roles: list[str] | None = None) -> dict[str, str]:
     """Role -> the model that actually serves it, as its server's ``/v1/models`` says (``roles``: only these).
 
-    A base model reads as its ``root`` (vLLM's model path, the embedded engine's model name); a LoRA module as
+    A base model reads as its ``root`` (vLLM's model path, the embedded engine's model name; a built-in's cache
+    folder as its ``builtin:`` name, so both engines name the same model alike); a LoRA module as
     ``<parent> + <root>`` (the base model, then the adapter's folder), so a record names what answered it even
     when ``server_url`` points at another stack than the job's config describes.
     """
@@ -224,7 +226,8 @@ def served_models(client: Client, roles: list[str] | None = None) -> dict[str, s
     for response in client.backend.get("/v1/models"):
         for entry in response.get("data", []):
             root, parent = entry.get("root") or entry["id"], entry.get("parent")
-            served[entry["id"]] = f"{parent} + {root}" if parent and parent != root else root
+            name = builtin_name_of(root)
+            served[entry["id"]] = f"{builtin_name_of(parent)} + {root}" if parent and parent != root else name
     return {role: model for role, model in served.items() if roles is None or role in roles}
 
 

