@@ -43,7 +43,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -69,7 +69,7 @@ from overstory.training.distill_data import (
     read_slates,
     split_slates,
 )
-from overstory.training.sft import SftTrainSettings, sft_args
+from overstory.training.sft import SftTrainSettings, check_sft_section, sft_args
 
 SETTINGS_FILE = "resume_settings.json"  # in out: the settings the checkpoints were trained with
 # the saved cross-encoder's activation by its configured (and served) name
@@ -91,8 +91,15 @@ class DistillScorerConfig:
     lora: LoraSettings = field(default_factory=LoraSettings)  # llm only
     train: SftTrainSettings = field(default_factory=SftTrainSettings)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    # llm only: TRL SFTConfig fields passed through after the train block (docs/training.md, "TRL's own settings")
+    trl: dict[str, Any] = field(default_factory=dict)
+    push_to_hub: str = ""  # a hub repo id: out/final and its model card are uploaded there at the end
 
     def __post_init__(self) -> None:
+        if self.student == "cross_encoder" and self.trl:
+            raise ConfigError("trl applies to student=llm (TRL's SFTTrainer); the cross-encoder student trains with "
+                              "sentence-transformers' CrossEncoderTrainer: leave trl empty")
+        check_sft_section(self.trl, self.train)
         if self.student == "llm" and self.targets != "teacher":
             raise ConfigError(f"targets={self.targets!r} needs student=cross_encoder: the llm student learns the "
                               "teacher's JSON, which only teacher targets define")

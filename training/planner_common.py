@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from overstory.core.config import ConfigError
 from overstory.core.records import Chunk, PlannerTrace
@@ -23,6 +23,7 @@ from overstory.retrieval.smartchunk import DocumentRetrievers
 from overstory.serving.client import Client
 from overstory.training.distributed import process_group_backend
 from overstory.training.rewards import QAReward, align_reward, format_reward, make_cost_reward, make_length_reward
+from overstory.training.trl_args import HUB_OWNED, build_args
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,11 @@ class GrpoUpdateSettings:
     beta: float = 0.0  # KL coefficient; DAPO drops the KL term
     mask_truncated_completions: bool = True  # DAPO's overlong filtering
     bf16: bool = False  # bf16 autocast (GPUs)
+
+    def trl_aliases(self, prefix: str) -> dict[str, str]:
+        """The TRL GRPOConfig field each short name sets (field -> its config key under ``prefix``)."""
+        return {"learning_rate": f"{prefix}lr", **{name: f"{prefix}{name}" for name in (
+            "temperature", "loss_type", "epsilon", "epsilon_high", "beta", "mask_truncated_completions", "bf16")}}
 
     def update_kwargs(self) -> dict:
         """GRPOConfig's arguments for these settings."""
@@ -89,27 +95,52 @@ class GrpoSettings(GrpoUpdateSettings):
             raise ConfigError(f"train.batch_size ({self.batch_size}) must be a multiple of train.num_generations "
                               f"({self.num_generations})")
 
+    def trl_aliases(self, prefix: str = "train.") -> dict[str, str]:
+        """The update's aliases and those of the batch shape and schedule; ``vllm_server_url`` sets the vLLM fields
+        only when given (without it, a trl section may turn on vLLM itself, e.g. ``vllm_mode: colocate``)."""
+        sets = {"max_steps": ["max_steps"], "batch_size": ["per_device_train_batch_size"],
+                "grad_accum": ["gradient_accumulation_steps"], "steps_per_generation": ["steps_per_generation"],
+                "num_generations": ["num_generations"], "max_completion_length": ["max_completion_length"],
+                "logging_steps": ["logging_steps"], "save_steps": ["save_strategy", "save_steps"],
+                "seed": ["seed", "data_seed"], "deepspeed": ["deepspeed"],
+                "vllm_server_url": ["use_vllm", "vllm_mode", "vllm_server_base_url"] if self.vllm_server_url else []}
+        return {**super().trl_aliases(prefix),
+                **{trl_field: f"{prefix}{name}" for name, fields in sets.items() for trl_field in fields}}
+
     def run_kwargs(self) -> dict:
         """GRPOConfig's arguments for the batch shape, the schedule, checkpoints and rollouts."""
+        vllm = dict(use_vllm=True, vllm_mode="server", vllm_server_base_url=self.vllm_server_url)
         return dict(
             max_steps=self.max_steps, per_device_train_batch_size=self.batch_size,
             gradient_accumulation_steps=self.grad_accum, steps_per_generation=self.steps_per_generation or None,
             num_generations=self.num_generations, max_completion_length=self.max_completion_length,
-            logging_steps=self.logging_steps, save_strategy="steps", save_steps=self.save_steps, save_total_limit=2,
+            logging_steps=self.logging_steps, save_strategy="steps", save_steps=self.save_steps,
             seed=self.seed, data_seed=self.seed, deepspeed=self.deepspeed or None,
-            use_vllm=bool(self.vllm_server_url), vllm_mode="server", vllm_server_base_url=self.vllm_server_url or None)
+            **(vllm if self.vllm_server_url else {}))
 
 
-def grpo_args(settings: GrpoUpdateSettings, output_dir: str | Path, reward_weights: list[float], **shape):
-    """TRL's GRPOConfig for a planner GRPO update. planner_grpo's ``GrpoSettings`` carries its batch shape and
-    schedule; STITCH passes its own as ``shape`` (GRPOConfig derives the generation batch from them when it is
-    built, so they cannot be set afterwards)."""
-    from trl import GRPOConfig
+# GRPOConfig fields the GRPO recipes derive themselves: a trl section may not set them
+GRPO_OWNED: dict[str, str] = {
+    "output_dir": "checkpoints go to <out>/checkpoints, where a rerun resumes from the newest",
+    "reward_weights": "the rewards section's weights, in the order of its reward functions",
+    "remove_unused_columns": "the reward functions read the rows' own columns (labels, document ids)",
+    "logging_nan_inf_filter": "StopOnNonFiniteLoss stops a run on a non-finite loss, which the filter would hide",
+    **HUB_OWNED}
 
+
+def grpo_args(settings: GrpoUpdateSettings, output_dir: str | Path, reward_weights: list[float],
+              section: dict[str, Any] | None = None, key: str = "trl", **shape):
+    """TRL's GRPOConfig for a planner GRPO update: the recipe's arguments, then ``section`` (the config's ``key``,
+    checked by ``check_section`` when the config was loaded). planner_grpo's ``GrpoSettings`` carries its batch
+    shape and schedule; STITCH passes its own as ``shape`` (GRPOConfig derives the generation batch from them when
+    it is built, so they cannot be set afterwards)."""
     run = settings.run_kwargs() if isinstance(settings, GrpoSettings) else {}
-    return GRPOConfig(**{**dict(output_dir=str(output_dir), reward_weights=reward_weights, logging_nan_inf_filter=False,
-                                report_to="none", ddp_backend=process_group_backend(), remove_unused_columns=False),
-                         **settings.update_kwargs(), **run, **shape})
+    recipe = {"output_dir": str(output_dir), "reward_weights": reward_weights, "logging_nan_inf_filter": False,
+              "remove_unused_columns": False, **settings.update_kwargs(), **run, **shape,
+              # defaults a trl section may replace
+              "report_to": "none", "ddp_backend": process_group_backend(),
+              **({"save_total_limit": 2} if "save_strategy" in run else {})}
+    return build_args("GRPOConfig", recipe, section or {}, key)
 
 
 def trace_rows(traces: list[PlannerTrace]) -> list[dict]:

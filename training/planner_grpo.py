@@ -21,6 +21,7 @@ import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from overstory.core.config import to_dict
 from overstory.core.tracking import TrackingConfig, start_run
@@ -31,7 +32,15 @@ from overstory.serving.config import ServeConfig
 from overstory.serving.launch import client_for
 from overstory.training.callbacks import StopOnNonFiniteLoss, TrackingCallback
 from overstory.training.common import LoraSettings, lora_config, newest_checkpoint, save_final
-from overstory.training.planner_common import GrpoSettings, RewardSettings, build_rewards, grpo_args, make_qa_judge
+from overstory.training.planner_common import (
+    GRPO_OWNED,
+    GrpoSettings,
+    RewardSettings,
+    build_rewards,
+    grpo_args,
+    make_qa_judge,
+)
+from overstory.training.trl_args import check_section
 
 
 @dataclass(frozen=True)
@@ -48,6 +57,12 @@ class PlannerGrpoConfig:
     # use, so that every rank asks the same servers rather than starting a stack of its own
     server_url: str = ""
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    # TRL GRPOConfig fields passed through after the train block (docs/training.md, "TRL's own settings")
+    trl: dict[str, Any] = field(default_factory=dict)
+    push_to_hub: str = ""  # a hub repo id: out/final and its model card are uploaded there at the end
+
+    def __post_init__(self) -> None:
+        check_section(self.trl, "trl", "GRPOConfig", self.train.trl_aliases(), GRPO_OWNED)
 
 
 def run(config: PlannerGrpoConfig) -> dict:
@@ -65,7 +80,7 @@ def run(config: PlannerGrpoConfig) -> dict:
             client = stack.enter_context(client_for(config.serve, config.server_url))
             judge = make_qa_judge(train_rows, chunks, client, config.correctness, config.rewards.k)
         reward_funcs, weights = build_rewards(config.rewards, judge)
-        args = grpo_args(config.train, out / "checkpoints", weights)
+        args = grpo_args(config.train, out / "checkpoints", weights, config.trl, "trl")
         peft_config = None if isinstance(model, PeftModel) else lora_config(config.lora)  # an adapter keeps training
         tracker = start_run(config.tracking, "train planner_grpo", config) if args.process_index == 0 else None
         trainer = GRPOTrainer(

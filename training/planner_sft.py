@@ -20,6 +20,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from overstory.core.config import to_dict
 from overstory.core.records import PlannerTrace, read_jsonl
@@ -29,7 +30,7 @@ from overstory.models.registry import SMOLLM2, load_causal_lm
 from overstory.training.callbacks import StopOnNonFiniteLoss, TrackingCallback
 from overstory.training.common import LoraSettings, lora_config, newest_checkpoint, save_final, size_metrics
 from overstory.training.planner_common import trace_rows
-from overstory.training.sft import SftTrainSettings, sft_args
+from overstory.training.sft import SftTrainSettings, check_sft_section, sft_args
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,12 @@ class PlannerSftConfig:
     lora: LoraSettings = field(default_factory=LoraSettings)
     train: SftTrainSettings = field(default_factory=SftTrainSettings)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    # TRL SFTConfig fields passed through after the train block (docs/training.md, "TRL's own settings")
+    trl: dict[str, Any] = field(default_factory=dict)
+    push_to_hub: str = ""  # a hub repo id: out/final and its model card are uploaded there at the end
+
+    def __post_init__(self) -> None:
+        check_sft_section(self.trl, self.train)
 
 
 def run(config: PlannerSftConfig) -> dict:

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from overstory.core.config import ConfigError
 from overstory.training.distributed import process_group_backend
+from overstory.training.trl_args import HUB_OWNED, build_args, check_section
 
 
 @dataclass(frozen=True)
@@ -37,32 +38,63 @@ class SftTrainSettings:
         if self.lr <= 0 or self.batch_size < 1 or self.grad_accum < 1:
             raise ConfigError("train.lr, train.batch_size and train.grad_accum must be positive")
 
+    def trl_aliases(self, prefix: str = "train.") -> dict[str, str]:
+        """The TRL SFTConfig field each short name sets (field -> its config key); a ``trl`` section may not set
+        them too. ``save_steps`` also picks the save and evaluation strategy (0: every epoch)."""
+        sets = {"epochs": ["num_train_epochs"], "max_steps": ["max_steps"], "lr": ["learning_rate"],
+                "batch_size": ["per_device_train_batch_size", "per_device_eval_batch_size"],
+                "grad_accum": ["gradient_accumulation_steps"], "max_length": ["max_length"],
+                "warmup_ratio": ["warmup_steps"], "weight_decay": ["weight_decay"], "logging_steps": ["logging_steps"],
+                "save_steps": ["save_strategy", "save_steps", "eval_strategy", "eval_steps"],
+                "seed": ["seed", "data_seed"], "bf16": ["bf16"], "gradient_checkpointing": ["activation_checkpointing"],
+                "deepspeed": ["deepspeed"]}
+        return {trl_field: f"{prefix}{name}" for name, fields in sets.items() for trl_field in fields}
+
+    def trl_kwargs(self, evaluate: bool) -> dict[str, Any]:
+        """SFTConfig's arguments from the short names (``trl_aliases``); ``evaluate``: there is validation data."""
+        every_epoch = self.save_steps <= 0
+        return dict(
+            num_train_epochs=self.epochs, max_steps=self.max_steps, learning_rate=self.lr,
+            per_device_train_batch_size=self.batch_size, per_device_eval_batch_size=self.batch_size,
+            gradient_accumulation_steps=self.grad_accum, max_length=self.max_length,
+            warmup_steps=self.warmup_ratio, weight_decay=self.weight_decay,  # a float < 1 is a ratio
+            logging_steps=self.logging_steps, save_strategy="epoch" if every_epoch else "steps",
+            save_steps=self.save_steps or 500,
+            eval_strategy=("epoch" if every_epoch else "steps") if evaluate else "no",
+            eval_steps=None if every_epoch else self.save_steps, seed=self.seed, data_seed=self.seed, bf16=self.bf16,
+            activation_checkpointing=self.gradient_checkpointing, deepspeed=self.deepspeed or None)
+
+
+# SFTConfig fields the SFT recipes derive themselves: a ``trl`` section may not set them
+SFT_OWNED: dict[str, str] = {
+    "output_dir": "checkpoints go to <out>/checkpoints, where a rerun resumes from the newest",
+    "logging_nan_inf_filter": "StopOnNonFiniteLoss stops a run on a non-finite loss, which the filter would hide",
+    "include_num_input_tokens_seen": "metrics.json's tokens_seen (what `bench train` turns into tokens/s) counts "
+                                     "the non-padding tokens",
+    **HUB_OWNED}
+
+
+def check_sft_section(section: dict[str, Any], train: SftTrainSettings) -> None:
+    """A recipe config's ``trl`` section against SFTConfig, the ``train`` block's short names and SFT_OWNED."""
+    check_section(section, "trl", "SFTConfig", train.trl_aliases(), SFT_OWNED)
+
 
 class SftRun(Protocol):
     """What ``sft_args`` reads of a recipe's config."""
 
     out: str
     train: SftTrainSettings
+    trl: dict[str, Any]
 
 
 def sft_args(config: SftRun, evaluate: bool, **overrides):
-    """TRL's SFTConfig for a run (its ``out`` and ``train``); ``evaluate``: there is validation data.
-    ``overrides`` go to SFTConfig (tests build the arguments a launch would, e.g. with ``use_cpu=True`` where
-    bf16 needs a GPU)."""
-    from trl import SFTConfig
-
-    every_epoch = config.train.save_steps <= 0
-    return SFTConfig(**{**dict(
-        output_dir=str(Path(config.out) / "checkpoints"), num_train_epochs=config.train.epochs,
-        max_steps=config.train.max_steps, learning_rate=config.train.lr,
-        per_device_train_batch_size=config.train.batch_size, per_device_eval_batch_size=config.train.batch_size,
-        gradient_accumulation_steps=config.train.grad_accum,
-        warmup_steps=config.train.warmup_ratio, weight_decay=config.train.weight_decay,  # a float < 1 is a ratio
-        max_length=config.train.max_length, logging_steps=config.train.logging_steps, logging_nan_inf_filter=False,
-        save_strategy="epoch" if every_epoch else "steps", save_steps=config.train.save_steps or 500,
-        eval_strategy=("epoch" if every_epoch else "steps") if evaluate else "no",
-        eval_steps=None if every_epoch else config.train.save_steps,
-        save_total_limit=2, seed=config.train.seed, data_seed=config.train.seed, bf16=config.train.bf16,
-        activation_checkpointing=config.train.gradient_checkpointing, deepspeed=config.train.deepspeed or None,
-        report_to="none", completion_only_loss=True, ddp_backend=process_group_backend(),
-        include_num_input_tokens_seen="non_padding"), **overrides})  # tokens/s and MFU in `bench train`
+    """TRL's SFTConfig for a run: the ``train`` block's arguments, the recipe's own, its defaults, then the
+    config's ``trl`` section; ``evaluate``: there is validation data. ``overrides`` go last (tests build the
+    arguments a launch would, e.g. with ``use_cpu=True`` where bf16 needs a GPU)."""
+    recipe = {**config.train.trl_kwargs(evaluate),
+              "output_dir": str(Path(config.out) / "checkpoints"), "logging_nan_inf_filter": False,
+              "include_num_input_tokens_seen": "non_padding",  # tokens/s and MFU in `bench train`
+              # defaults a trl section may replace
+              "save_total_limit": 2, "report_to": "none", "completion_only_loss": True,
+              "ddp_backend": process_group_backend()}
+    return build_args("SFTConfig", recipe, {**config.trl, **overrides}, "trl")

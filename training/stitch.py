@@ -45,7 +45,7 @@ from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -62,6 +62,7 @@ from overstory.training import checkpoint_state
 from overstory.training.common import LoraSettings, lora_config, write_manifest
 from overstory.training.distributed import process_group_backend, world_size
 from overstory.training.planner_common import (
+    GRPO_OWNED,
     GrpoUpdateSettings,
     RewardSettings,
     build_rewards,
@@ -69,6 +70,7 @@ from overstory.training.planner_common import (
     make_qa_judge,
     trace_rows,
 )
+from overstory.training.trl_args import HUB_OWNED, build_args, check_section
 
 # (prompts, number of rollouts each) -> completions, prompt by prompt: the policy, or a stand-in in tests
 RolloutFn = Callable[[list[list[dict[str, str]]], int], list[list[str]]]
@@ -120,6 +122,62 @@ class StitchConfig:
     serve: ServeConfig = field(default_factory=lambda: ServeConfig.local(port=0))  # R_QA's generator
     server_url: str = ""  # R_QA on a running stack (a URL or stack.json) instead of one started for this run
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    # TRL GRPOConfig / SFTConfig fields passed through to each update's arguments (docs/training.md)
+    trl_grpo: dict[str, Any] = field(default_factory=dict)
+    trl_sft: dict[str, Any] = field(default_factory=dict)
+    push_to_hub: str = ""  # a hub repo id: out/final and its model card are uploaded there at the end
+
+    def __post_init__(self) -> None:
+        check_section(self.trl_grpo, "trl_grpo", "GRPOConfig", *grpo_trl_rules(self))
+        check_section(self.trl_sft, "trl_sft", "SFTConfig", *sft_trl_rules())
+
+
+# TRL fields STITCH derives for both updates: its optimizers are made once and passed to every update's trainer
+OPTIMIZER_OWNED = {name: "STITCH makes its two optimizers once, so that Adam's moments carry across updates"
+                   for name in ("optim", "optim_args", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon")}
+SAVE_OWNED = {"save_strategy": "STITCH saves each whole step itself, into out/last"}
+
+
+def grpo_trl_rules(config: StitchConfig) -> tuple[dict[str, str], dict[str, str]]:
+    """What ``trl_grpo`` may not set: the fields a config key sets (field -> key) and those STITCH owns (-> why)."""
+    aliases = {**config.grpo.trl_aliases("grpo."), "max_steps": "stitch.grpo_steps",
+               "num_generations": "stitch.num_generations", "seed": "stitch.seed", "data_seed": "stitch.seed",
+               "max_completion_length": "rewards.max_completion_tokens"}
+    shape = "STITCH sets each update's shape: G rollouts of every RL-buffer prompt, one prompt per micro-batch"
+    owned = {**GRPO_OWNED, **OPTIMIZER_OWNED, **SAVE_OWNED,
+             **{name: shape for name in ("per_device_train_batch_size", "gradient_accumulation_steps",
+                                         "steps_per_generation")}}
+    return aliases, owned
+
+
+def sft_trl_rules() -> tuple[dict[str, str], dict[str, str]]:
+    """What ``trl_sft`` may not set: the fields a config key sets (field -> key) and those STITCH owns (-> why)."""
+    aliases = {"num_train_epochs": "stitch.sft_epochs", "learning_rate": "stitch.sft_lr",
+               "per_device_train_batch_size": "stitch.sft_batch_size", "bf16": "grpo.bf16", "seed": "stitch.seed"}
+    owned = {"output_dir": "each injection trains in out/sft", **HUB_OWNED, **OPTIMIZER_OWNED, **SAVE_OWNED}
+    return aliases, owned
+
+
+def stitch_grpo_args(config: StitchConfig, weights: list[float], out: Path, n_prompts: int):
+    """A GRPO update's GRPOConfig: G rollouts of each of ``n_prompts`` prompts, ``grpo_steps`` optimizer steps."""
+    settings, G = config.stitch, config.stitch.num_generations
+    return grpo_args(config.grpo, out / "grpo", weights, config.trl_grpo, "trl_grpo", max_steps=settings.grpo_steps,
+                     save_strategy="no", num_generations=G, per_device_train_batch_size=G,
+                     gradient_accumulation_steps=n_prompts, steps_per_generation=None, logging_steps=1,
+                     seed=settings.seed, data_seed=settings.seed,
+                     max_completion_length=config.rewards.max_completion_tokens + LENGTH_MARGIN)
+
+
+def stitch_sft_args(config: StitchConfig, out: Path, n_traces: int):
+    """An SFT injection's SFTConfig: ``sft_epochs`` passes over ``n_traces`` traces."""
+    settings = config.stitch
+    recipe = {"output_dir": str(out / "sft"), "num_train_epochs": settings.sft_epochs,
+              "learning_rate": settings.sft_lr, "per_device_train_batch_size": min(settings.sft_batch_size, n_traces),
+              "save_strategy": "no", "bf16": config.grpo.bf16, "seed": settings.seed,
+              # defaults trl_sft may replace
+              "report_to": "none", "logging_steps": 1, "completion_only_loss": True,
+              "ddp_backend": process_group_backend()}
+    return build_args("SFTConfig", recipe, config.trl_sft, "trl_sft")
 
 
 def hint_traces(path: str | Path, teacher: str) -> dict[str, PlannerTrace]:
@@ -306,7 +364,7 @@ def resume_settings(config: StitchConfig) -> dict:
     """What decides a STITCH run's training: the whole config but its length (``stitch.steps``, which a resume
     extends), where it is written and tracked, and where R_QA's stack listens."""
     settings = to_dict(config)
-    for key in ("out", "tracking", "server_url"):
+    for key in ("out", "tracking", "server_url", "push_to_hub"):
         settings.pop(key)
     settings["stitch"].pop("steps")
     settings["serve"].pop("port")
@@ -359,11 +417,7 @@ def grpo_update(policy: Policy, rl: list[dict], config: StitchConfig, reward_fun
     from datasets import Dataset
     from trl import GRPOTrainer
 
-    settings, G = config.stitch, config.stitch.num_generations
-    args = grpo_args(config.grpo, out / "grpo", weights, max_steps=settings.grpo_steps, save_strategy="no",
-                     num_generations=G, per_device_train_batch_size=G, gradient_accumulation_steps=len(rl),
-                     steps_per_generation=None, logging_steps=1, seed=settings.seed, data_seed=settings.seed,
-                     max_completion_length=config.rewards.max_completion_tokens + LENGTH_MARGIN)
+    args = stitch_grpo_args(config, weights, out, len(rl))
     trainer = GRPOTrainer(model=policy.model, reward_funcs=reward_funcs, args=args, processing_class=policy.tokenizer,
                           train_dataset=Dataset.from_list(rl), optimizers=(policy.optimizers["grpo"], None))
     before = [p.detach().clone() for p in policy.trainable]
@@ -381,13 +435,9 @@ def grpo_update(policy: Policy, rl: list[dict], config: StitchConfig, reward_fun
 def sft_update(policy: Policy, imitation: list[PlannerTrace], config: StitchConfig, out: Path) -> dict:
     """SFT on every trace of the imitation buffer (``sft_epochs`` passes, ``sft_batch_size`` traces a step)."""
     from datasets import Dataset
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTTrainer
 
-    settings = config.stitch
-    args = SFTConfig(output_dir=str(out / "sft"), num_train_epochs=settings.sft_epochs, learning_rate=settings.sft_lr,
-                     per_device_train_batch_size=min(settings.sft_batch_size, len(imitation)), save_strategy="no",
-                     report_to="none", logging_steps=1, completion_only_loss=True, bf16=config.grpo.bf16,
-                     seed=settings.seed, ddp_backend=process_group_backend())
+    args = stitch_sft_args(config, out, len(imitation))
     trainer = SFTTrainer(model=policy.model, args=args, processing_class=policy.tokenizer,
                          train_dataset=Dataset.from_list(trace_rows(imitation)),
                          optimizers=(policy.optimizers["sft"], None))
@@ -483,6 +533,8 @@ def run(config: StitchConfig) -> dict:
             client = stack.enter_context(client_for(config.serve, config.server_url))
             judge = make_qa_judge(rows, chunks, client, config.correctness, config.rewards.k)
         rewards = build_rewards(config.rewards, judge)
+        stitch_grpo_args(config, rewards[1], out, 1)  # TRL refuses a bad trl_grpo / trl_sft value here, not
+        stitch_sft_args(config, out, 1)  # at the first update
 
         # --- train and save each step ------------------------------------------------------------------
         for step in range(state["step"] + 1, settings.steps + 1):
