@@ -320,7 +320,31 @@ def summarise(records: Sequence[dict], recall_k: int) -> dict:
     slates = slate_counts(records)
     if slates is not None:
         row["slates"] = slates
+    agreement = judge_agreement(records)
+    if agreement is not None:
+        row["judge_vs_contains"] = agreement
     return row
+
+
+def judge_agreement(records: Sequence[dict]) -> dict | None:
+    """How the LLM judge's verdicts compare with contain-match (the reference string inside the reply) over the
+    questions both scored: the judge is checked against a rule that needs no model. ``judge_only`` are answers
+    the judge accepts without the reference string (paraphrases, or a lenient judge), ``contains_only`` ones it
+    rejects although they contain it. None when no question was judged.
+
+    >>> judge_agreement([{"judge": 1.0, "contains_match": 1.0}, {"judge": 1.0, "contains_match": 0.0},
+    ...                  {"judge": 0.0, "contains_match": 0.0}, {"contains_match": 1.0}])
+    {'n': 3, 'both': 1, 'judge_only': 1, 'contains_only': 0, 'neither': 1, 'agreement': 0.667}
+    """
+    pairs = [(r["judge"] > 0, r["contains_match"] > 0) for r in records
+             if r.get("judge") is not None and r.get("contains_match") is not None]
+    if not pairs:
+        return None
+    counts = {"both": (True, True), "judge_only": (True, False), "contains_only": (False, True),
+              "neither": (False, False)}
+    out = {"n": len(pairs), **{name: pairs.count(pair) for name, pair in counts.items()}}
+    out["agreement"] = round((out["both"] + out["neither"]) / len(pairs), 3)
+    return out
 
 
 def costs_add_up(totals: dict[str, dict[str, int]], before: dict | None, after: dict | None) -> dict | None:
@@ -462,6 +486,11 @@ def markdown_table(report: dict) -> str:
             f"{row['llm_input_tokens']:g} / {row['llm_output_tokens']:g}", f"{row['generator_tokens']:g}",
             f"{row['seconds']:.2f}", _failed_cell(row), repairs_cell(row.get("repairs")),
             _slates_cell(row.get("slates")), _cost_cell(row.get("costs_add_up"))]) + " |")
+    agreements = [f"{name} {a['both'] + a['neither']}/{a['n']} (judge only {a['judge_only']}, contains only "
+                  f"{a['contains_only']})" for name, row in report["strategies"].items()
+                  if (a := row.get("judge_vs_contains"))]
+    if agreements:
+        lines.append("\njudge against contain-match, questions where they agree: " + "; ".join(agreements))
     sanity = report.get("judge_sanity")
     if sanity and sanity["reference_accepted"] < sanity["asked"]:
         lines.append(f"\njudge: it accepted the reference answer itself for {sanity['reference_accepted']} of "
