@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from overstory.training.model_card import finish_checkpoint
+
 
 @dataclass(frozen=True)
 class LoraSettings:
@@ -58,9 +60,11 @@ def size_metrics(model) -> dict[str, int]:
 
 
 def save_final(trainer, tokenizer, out: str | Path, manifest: dict[str, Any], metrics: dict[str, Any],
-               history: list[dict] | None = None, merge_lora: bool = False) -> Path:
-    """Write ``out/final`` (the model or its PEFT adapter, the tokenizer and the ``overstory.json`` manifest) and
-    ``out/metrics.json`` (``metrics`` plus the per-step ``history``).
+               history: list[dict] | None = None, merge_lora: bool = False, data: dict[str, str] | None = None,
+               push_to_hub: str = "") -> Path:
+    """Write ``out/final`` (the model or its PEFT adapter, the tokenizer, the ``overstory.json`` manifest and the
+    model card naming the ``data`` files, training/model_card.py) and ``out/metrics.json`` (``metrics`` plus the
+    per-step ``history``); then upload ``out/final`` to the hub repo ``push_to_hub`` when one is named.
 
     ``trainer.save_model`` runs on every rank: under DeepSpeed ZeRO-3 the weights are sharded and only a call on
     all ranks gathers them (a rank-0 ``save_pretrained`` would write an empty or partial state dict). The other
@@ -81,6 +85,9 @@ def save_final(trainer, tokenizer, out: str | Path, manifest: dict[str, Any], me
     tokenizer.save_pretrained(final)
     write_manifest(final, {**manifest, "metrics": metrics})
     (out / "metrics.json").write_text(json.dumps({**metrics, "history": history or []}, indent=2))
+    adapter = (final / "adapter_config.json").exists()
+    finish_checkpoint(final, {**manifest, "adapter": adapter}, data or {}, metrics,
+                      "peft" if adapter else "transformers", push_to_hub)
     return final
 
 

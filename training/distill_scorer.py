@@ -69,6 +69,7 @@ from overstory.training.distill_data import (
     read_slates,
     split_slates,
 )
+from overstory.training.model_card import finish_checkpoint
 from overstory.training.sft import SftTrainSettings, check_sft_section, sft_args
 
 SETTINGS_FILE = "resume_settings.json"  # in out: the settings the checkpoints were trained with
@@ -142,7 +143,7 @@ def resume_settings(config: DistillScorerConfig, traces_sha256: str) -> dict:
     resume may extend), its logging cadence, output folder and tracking; the traces by their content (a traces job
     that resumed appends to the same file, and a moved file is the same data)."""
     settings = to_dict(config)
-    for key in ("out", "tracking", "traces"):
+    for key in ("out", "tracking", "traces", "push_to_hub"):
         settings.pop(key)
     for key in ("epochs", "max_steps", "logging_steps"):
         settings["train"].pop(key)
@@ -198,7 +199,8 @@ def _train_llm(config: DistillScorerConfig, train: list[TracedSlate], heldout: l
     save_final(trainer, tokenizer, config.out,
                {**manifest, "adapter": config.lora.enabled and not config.lora.merge,
                 "tracking_run": tracker.id if tracker else None},
-               metrics, history=trainer.state.log_history, merge_lora=config.lora.enabled and config.lora.merge)
+               metrics, history=trainer.state.log_history, merge_lora=config.lora.enabled and config.lora.merge,
+               data={"traces": config.traces}, push_to_hub=config.push_to_hub)
     if tracker:
         tracker.summary(metrics)
         tracker.finish()
@@ -259,6 +261,8 @@ def _train_cross_encoder(config: DistillScorerConfig, train: list[TracedSlate], 
     if trainer.is_world_process_zero():
         model.save(str(final))
         write_manifest(final, {**manifest, "tracking_run": tracker.id if tracker else None, "metrics": metrics})
+        finish_checkpoint(final, manifest, {"traces": config.traces}, metrics, "sentence-transformers",
+                          config.push_to_hub)
         (Path(config.out) / "metrics.json").write_text(
             json.dumps({**metrics, "history": trainer.state.log_history}, indent=2))
     if tracker:

@@ -102,7 +102,8 @@ def run(config: PlannerGrpoConfig) -> dict:
     save_final(trainer, tokenizer, out, {
         "kind": "planner", "base_model": base, "adapter": isinstance(trainer.model, PeftModel),
         "recipe": "planner_grpo", "init": config.model, "config": to_dict(config),
-        "tracking_run": tracker.id if tracker else None}, metrics, history=history)
+        "tracking_run": tracker.id if tracker else None}, metrics, history=history,
+        data={"data.labels": config.data.labels}, push_to_hub=config.push_to_hub)
     if tracker:
         tracker.summary(metrics)
         tracker.finish()

@@ -95,7 +95,8 @@ def run(config: PlannerSftConfig) -> dict:
         "recipe": "planner_sft", "config": to_dict(config), "traces": config.traces,
         "traces_sha256": hashlib.sha256(Path(config.traces).read_bytes()).hexdigest()[:16],
         "teachers": sorted({t.teacher for t in traces}), "tracking_run": tracker.id if tracker else None},
-        metrics, history=trainer.state.log_history, merge_lora=config.lora.enabled and config.lora.merge)
+        metrics, history=trainer.state.log_history, merge_lora=config.lora.enabled and config.lora.merge,
+        data={"traces": config.traces}, push_to_hub=config.push_to_hub)
     if tracker:
         tracker.summary(metrics)
         tracker.finish()

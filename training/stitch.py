@@ -61,6 +61,7 @@ from overstory.serving.launch import client_for
 from overstory.training import checkpoint_state
 from overstory.training.common import LoraSettings, lora_config, write_manifest
 from overstory.training.distributed import process_group_backend, world_size
+from overstory.training.model_card import finish_checkpoint
 from overstory.training.planner_common import (
     GRPO_OWNED,
     GrpoUpdateSettings,
@@ -502,10 +503,12 @@ def finish(policy: Policy, state: dict, config: StitchConfig, extra: dict, track
                                                                    "sft_examples")}
     summary = {"steps": state["step"], "sft_injections": sum(r["sft_injection"] for r in history),
                "final_success_rate": state["success_rate"], **totals, **extra}
-    write_manifest(final, {"kind": "planner", "base_model": policy.base, "adapter": True, "recipe": "stitch",
-                           "init": config.model, "config": to_dict(config), "metrics": summary,
-                           "tracking_run": tracker.id})
+    manifest = {"kind": "planner", "base_model": policy.base, "adapter": True, "recipe": "stitch",
+                "init": config.model, "config": to_dict(config), "tracking_run": tracker.id}
+    write_manifest(final, {**manifest, "metrics": summary})
     (out / "metrics.json").write_text(json.dumps({**summary, "history": history}, indent=2))
+    finish_checkpoint(final, manifest, {"data.labels": config.data.labels, "traces": config.traces}, summary, "peft",
+                      config.push_to_hub)
     tracker.summary(summary)
     tracker.finish()
     return summary
