@@ -334,15 +334,21 @@ def resolve_device(device: str) -> str:
 
 
 def load_causal_lm(name: str, dtype: torch.dtype = torch.float32, device: str = "cpu"):
-    """(model, tokenizer) for a causal LM, in eval mode."""
+    """(model, tokenizer) for a causal LM, in eval mode. A PEFT adapter folder is loaded on its base model, found
+    by ``base_model_of`` (a ``builtin:`` name in the manifest resolves here, offline), with transformers' own
+    ``load_adapter``: the adapter's ``base_model_name_or_path`` names a hub id for travel, not a local folder."""
     from transformers import AutoModelForCausalLM
 
-    path = resolve(name)
+    adapter = (Path(name) / "adapter_config.json").exists()
+    base = base_model_of(name) if adapter else name
     tokenizer = load_tokenizer(name)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+        model = AutoModelForCausalLM.from_pretrained(resolve(base), dtype=dtype)
     except OSError as exc:
-        raise _offline_hint(name, exc) from exc
+        raise _offline_hint(base, exc) from exc
+    if adapter:
+        model.load_adapter(name)
+    model = model.to(device)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     model.eval()

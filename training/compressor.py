@@ -50,6 +50,7 @@ from overstory.training.compressor_contrastive import (
     question_positives,
 )
 from overstory.training.distributed import accelerator_handlers
+from overstory.training.model_card import finish_checkpoint
 
 STATE_FILE = "trainer_state.json"
 
@@ -96,6 +97,7 @@ class CompressorJobConfig:
     # the corpus whose questions (with evidence spans) the contrastive objective pulls chunks towards: the one the
     # summaries were made from; only questions whose evidence lies in a split's documents serve that split
     questions: CorpusConfig | None = None
+    push_to_hub: str = ""  # a hub repo id: out/best and its model card are uploaded there at the end
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
@@ -342,6 +344,11 @@ def summarise(config: CompressorJobConfig, prepared: Setup, state: dict, started
         tracker.summary(summary)
         tracker.finish()
         (Path(config.out) / "metrics.json").write_text(json.dumps({**summary, "history": history}, indent=2))
+        best = Path(config.out) / "best"
+        manifest = json.loads((best / "overstory.json").read_text())
+        # the set compressor works on its encoder's vectors: that encoder is the base its card names
+        finish_checkpoint(best, {**manifest, "base_model": manifest["encoder"], "recipe": "compressor"},
+                          {"data": config.data}, summary, "overstory", config.push_to_hub)
         accelerator.print(json.dumps(summary, indent=2))
     return summary
 

@@ -130,9 +130,26 @@ def push_folder(folder: str | Path, repo_id: str, recipe: str) -> str:
     return str(commit)
 
 
+def name_adapter_base(folder: str | Path, base_model: str) -> None:
+    """Point a saved PEFT adapter's ``base_model_name_or_path`` at its base model's hub id (a built-in's upstream
+    id, or the hub id it was trained from), not at the folder this machine loaded it from: PEFT and transformers
+    load the base from that field wherever the adapter travels. A base known only as a local folder keeps its name.
+    overstory itself reads the exact base (a ``builtin:`` name) from the ``overstory.json`` manifest beside it."""
+    path = Path(folder) / "adapter_config.json"
+    if not path.exists():
+        return
+    config = json.loads(path.read_text())
+    config["base_model_name_or_path"] = hub_base(base_model)[0] or base_model
+    scratch = path.with_suffix(".json.tmp")
+    scratch.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    scratch.replace(path)
+
+
 def finish_checkpoint(folder: str | Path, manifest: dict[str, Any], data: dict[str, str], metrics: dict[str, Any],
                       library: str, push_to_hub: str = "") -> Path:
-    """A final checkpoint's card, then its upload when ``push_to_hub`` names a repo; returns the card's path."""
+    """A final checkpoint's adapter config named for travel (``name_adapter_base``) and card, then its upload when
+    ``push_to_hub`` names a repo; returns the card's path."""
+    name_adapter_base(folder, manifest["base_model"])
     card = write_card(folder, manifest, data, metrics, library)
     if push_to_hub:
         push_folder(folder, push_to_hub, manifest["recipe"])

@@ -40,6 +40,7 @@ from overstory.training import checkpoint_state
 from overstory.training.callbacks import StopOnNonFiniteLoss, TrackingCallback
 from overstory.training.common import newest_checkpoint
 from overstory.training.distributed import process_group_backend
+from overstory.training.model_card import finish_checkpoint
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ class TextCompressorJobConfig:
     # the hierarchy the summaries were made from; empty: the one the summaries job kept next to `data`
     hierarchies: str = ""
     train: TextCompressorTrainConfig = field(default_factory=TextCompressorTrainConfig)
+    push_to_hub: str = ""  # a hub repo id: out/best and its model card are uploaded there at the end
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
 
@@ -160,6 +162,9 @@ def save_best(config: TextCompressorJobConfig, trainer, initial: dict, val_texts
             "n_train": split[0], "n_val": split[1], "metrics": metrics, "tracking_run": tracker.id})
         history = [row for row in trainer.state.log_history if "eval_loss" in row]
         (out / "metrics.json").write_text(json.dumps({**summary, "history": history}, indent=2))
+        manifest = json.loads((out / "best" / "overstory.json").read_text())
+        finish_checkpoint(out / "best", {**manifest, "base_model": encoder, "recipe": "text_compressor"},
+                          {"data": config.data}, summary, "sentence-transformers", config.push_to_hub)
         tracker.summary(summary)
         tracker.finish()
         print(json.dumps(summary, indent=2))

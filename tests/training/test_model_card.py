@@ -9,10 +9,11 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from huggingface_hub import HfApi, ModelCard
 
-from overstory.models.registry import SMOLLM2
-from overstory.training.model_card import finish_checkpoint
+from overstory.models.registry import SMOLLM2, load_causal_lm
+from overstory.training.model_card import finish_checkpoint, name_adapter_base
 
 MANIFEST = {"kind": "planner", "base_model": SMOLLM2, "adapter": True, "recipe": "planner_sft",
             "config": {"traces": "t.jsonl", "train": {"lr": 0.0002}}}
@@ -84,3 +85,26 @@ def test_the_sft_recipes_final_folder_carries_its_card(sft_planner: Path) -> Non
     assert card.data.base_model == "HuggingFaceTB/SmolLM2-135M-Instruct" and card.data.library_name == "peft"
     assert hashlib.sha256(Path(manifest["traces"]).read_bytes()).hexdigest() in card.text
     assert f"| steps | {manifest['metrics']['steps']} |" in card.text
+    # the adapter names its base by hub id, not by this machine's cache folder, and still loads offline here: the
+    # registry takes the exact base (the manifest's builtin: name) and puts the adapter on it
+    assert json.loads((final / "adapter_config.json").read_text())["base_model_name_or_path"] == \
+        "HuggingFaceTB/SmolLM2-135M-Instruct"
+    tuned, tokenizer = load_causal_lm(str(final))
+    base, _ = load_causal_lm(SMOLLM2)
+    ids = tokenizer("Which levels does this question need?", return_tensors="pt").input_ids
+    with torch.no_grad():
+        assert not torch.allclose(tuned(ids).logits, base(ids).logits)  # the trained adapter is on
+
+
+def test_an_adapter_names_its_base_by_hub_id_or_keeps_a_local_name(tmp_path: Path) -> None:
+    """A built-in base becomes its upstream hub id, a hub id stays, a local folder (no hub id known) keeps its name;
+    the adapter's other settings are untouched, and a folder without an adapter is left alone."""
+    folder = tmp_path / "final"
+    folder.mkdir()
+    for base, named in [(SMOLLM2, "HuggingFaceTB/SmolLM2-135M-Instruct"), ("org/model", "org/model"),
+                        (str(tmp_path), str(tmp_path))]:
+        (folder / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "/cache/x", "r": 8}))
+        name_adapter_base(folder, base)
+        assert json.loads((folder / "adapter_config.json").read_text()) == {"base_model_name_or_path": named, "r": 8}
+    name_adapter_base(tmp_path, SMOLLM2)
+    assert not (tmp_path / "adapter_config.json").exists()

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from accelerate import Accelerator
+from huggingface_hub import ModelCard
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 
@@ -57,6 +58,8 @@ def test_training_lowers_validation_loss_and_resumes(summaries: Path, tmp_path: 
     manifest = json.loads((out / "best" / "overstory.json").read_text())
     assert manifest["encoder"] == "builtin:all-minilm-l6-v2" and manifest["metrics"]["epoch"] > 0
     assert manifest["n_train"] + manifest["n_val"] == 30 and manifest["tracking_run"]
+    card = ModelCard.load(out / "best" / "README.md")  # the checkpoint travels with its card
+    assert card.data.base_model == "sentence-transformers/all-MiniLM-L6-v2" and "compressor" in card.data.tags
     assert any(p.abs().sum() > 0 for p in (best.query, best.layers.layers[0].linear2.weight))
     logged = [json.loads(line) for line in next((out / "tracking").glob("*/metrics.jsonl")).read_text().splitlines()]
     assert len(logged) == 30 and all(row["samples_per_s"] > 0 and row["lr"] >= 0 and "val_mse" in row

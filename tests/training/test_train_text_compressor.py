@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from huggingface_hub import ModelCard
 from safetensors.numpy import load_file
 
 from overstory.cli import main
@@ -31,6 +32,9 @@ def test_fine_tuning_lowers_validation_loss_changes_weights_and_resumes(summarie
     assert metrics["improved"] and metrics["best_val_mse"] < metrics["initial_val_mse"]
     assert [row["epoch"] for row in metrics["history"]] == [1.0, 2.0, 3.0]
     assert checkpoint_kind(out / "best") == "text-compressor"
+    card = ModelCard.load(out / "best" / "README.md")  # the checkpoint travels with its card
+    assert card.data.base_model == "sentence-transformers/all-MiniLM-L6-v2" and card.data.library_name == \
+        "sentence-transformers"
     model = load_text_compressor(out / "best", embedding_dim=384)
     assert model.encode(["A sentence.\nAnother one."]).shape == (1, 384)
     base = load_file(next(Path(resolve("builtin:all-minilm-l6-v2")).rglob("model.safetensors")))
