@@ -189,17 +189,30 @@ def to_dict(config: Any) -> dict[str, Any]:
     return convert(config)
 
 
+_ABSENT = object()  # a key one side of differing_keys lacks
+
+
 def differing_keys(old: object, new: object, prefix: str = "") -> list[str]:
-    """Dotted paths where two nested settings dicts differ.
+    """Dotted paths where two nested settings dicts differ. A key that only one side has, with an empty value there
+    (None, "", {} or []: a setting added to the code after the run started, left unset), is no difference: it
+    cannot have changed what the run made, and refusing it would strand every run made before the setting existed.
 
     >>> differing_keys({"a": 1, "b": {"c": 2, "d": 3}}, {"a": 1, "b": {"c": 5}, "e": 0})
     ['b.c', 'b.d', 'e']
+    >>> differing_keys({"a": 1}, {"a": 1, "push_to_hub": "", "trl": {}}), differing_keys({"a": 1}, {"trl": {"x": 1}})
+    ([], ['a', 'trl'])
     """
     if isinstance(old, dict) and isinstance(new, dict):
         keys = sorted(set(old) | set(new))
         return [path for key in keys
-                for path in differing_keys(old.get(key), new.get(key), f"{prefix}{key}.")]
+                for path in differing_keys(old.get(key, _ABSENT), new.get(key, _ABSENT), f"{prefix}{key}.")]
+    if (old is _ABSENT and _unset(new)) or (new is _ABSENT and _unset(old)):
+        return []
     return [] if old == new else [prefix.rstrip(".")]
+
+
+def _unset(value: object) -> bool:
+    return value is None or (isinstance(value, (str, dict, list)) and not value)
 
 
 def record_settings(record: Path, settings: dict, *, results: Path | None, remedy: str) -> None:
