@@ -399,7 +399,11 @@ def load_lm_checkpoint(name: str, dtype: torch.dtype | None = None):
 
         base = base_model_of(name)
         model, tokenizer = load_causal_lm(base, **kwargs)
-        return PeftModel.from_pretrained(model, folder, is_trainable=True), tokenizer, base
+        model = PeftModel.from_pretrained(model, folder, is_trainable=True)
+        # the exact base it was loaded on (a builtin: name), not the hub id a final adapter names for travel: what a
+        # step checkpoint saved from this model records, so that a resume from it loads offline
+        model.peft_config["default"].base_model_name_or_path = base
+        return model, tokenizer, base
     model, tokenizer = load_causal_lm(name, **kwargs)
     return model, tokenizer, name
 

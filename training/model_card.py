@@ -149,7 +149,8 @@ def finish_checkpoint(folder: str | Path, manifest: dict[str, Any], data: dict[s
                       library: str, push_to_hub: str = "") -> Path:
     """A final checkpoint's adapter config named for travel (``name_adapter_base``) and card, then its upload when
     ``push_to_hub`` names a repo; returns the card's path."""
-    name_adapter_base(folder, manifest["base_model"])
+    if manifest.get("base_model"):
+        name_adapter_base(folder, manifest["base_model"])
     card = write_card(folder, manifest, data, metrics, library)
     if push_to_hub:
         push_folder(folder, push_to_hub, manifest["recipe"])
