@@ -93,11 +93,19 @@ def label_question(example: QAExample, document: Document, retrievers: DocumentR
     doc_id = document.id
     retriever = retrievers[doc_id]
     gold_min, gold_max = gold_levels(example, document, doc_chunks)
+    truncated = {"truncated_replies": 0, "truncated_after_retry": 0, "truncated_raw": ""}
     for attempt in range(1, config.max_attempts + 1):
         lowest = LEVELS[min(attempt - 1, len(LEVELS) - 1)]
         k = config.k + (attempt - 1) * config.k_step
         reply, chunks = retriever.answer(example.question, lowest, "document", k=k,
                                          max_tokens=config.max_answer_tokens)
+        if reply.finish_reason == "length":  # cut by max_tokens: the same question once more, with twice the room
+            truncated["truncated_replies"] += 1
+            reply, chunks = retriever.answer(example.question, lowest, "document", k=k,
+                                             max_tokens=2 * config.max_answer_tokens)
+            if reply.finish_reason == "length":
+                truncated.update(truncated_after_retry=truncated["truncated_after_retry"] + 1,
+                                 truncated_raw=reply.text)
         answer = clean_answer(reply.text)
         correct = is_correct(answer, example.answers, example.question, config.correctness, client)
         if correct or attempt == config.max_attempts:
@@ -108,7 +116,7 @@ def label_question(example: QAExample, document: Document, retrievers: DocumentR
                 correct=correct, attempts=attempt, retrieved_ids=[c.id for c in chunks],
                 retrieved_levels=[c.level for c in chunks], answer=answer,
                 backbone=served.get("generator", ""), correctness=config.correctness.rule,
-                gold_level_min=gold_min, gold_level_max=gold_max, evidence=list(example.evidence))
+                gold_level_min=gold_min, gold_level_max=gold_max, evidence=list(example.evidence), **truncated)
     raise AssertionError("unreachable: the last attempt always returns")
 
 
@@ -152,7 +160,9 @@ def labelled_documents_hierarchy(documents: list[Document], needed: set[str],
 def run(config: PseudoLabelsConfig) -> dict:
     """Label every single-document question the output lacks, then report agreement with the gold levels."""
     documents, questions = load_corpus(config.corpus)
-    todo_all = single_document_questions(questions)
+    # QASPER marks questions whose evidence is only a figure or table, which the text the backbone reads lacks
+    figure_only = [q for q in questions if q.metadata.get("figure_table_only")]
+    todo_all = single_document_questions([q for q in questions if not q.metadata.get("figure_table_only")])
     if not todo_all:
         raise ValueError(f"{config.corpus.kind}: no answerable question has its evidence in a single document; "
                          f"SmartChunk plans per document (HotpotQA's two-document questions are not labelled)")
@@ -182,15 +192,20 @@ def run(config: PseudoLabelsConfig) -> dict:
 
             def write(_: tuple, result: PseudoLabel) -> None:
                 fanout.write(result, "correct" if result.correct else "unsolved")
-                tracker.log({"correct": fanout.counts["correct"], "unsolved": fanout.counts["unsolved"]})
+                fanout.counts["truncated_replies"] += result.truncated_replies
+                fanout.counts["truncated_after_retry"] += result.truncated_after_retry
+                tracker.log({key: fanout.counts[key] for key in ("correct", "unsolved", "truncated_replies")})
 
             fanout.run(todo, lambda pair: pair[0].id, label, write, "pseudo-labelling")
-        counts = {"correct": 0, "unsolved": 0, **fanout.finish()}
+        counts = {"correct": 0, "unsolved": 0, "truncated_replies": 0, "truncated_after_retry": 0, **fanout.finish(),
+                  "excluded_figure_table": len(figure_only)}
         agreement = report_agreement(config.out)
         tracker.summary({**counts, **({f"agreement/{k}": agreement[k]["value"] for k in AGREEMENT_SUMMARY}
                                       if agreement else {})})
     print(f"pseudo-labels: {counts['correct']} labelled, {counts['unsolved']} unsolved, {counts['failed']} failed "
-          f"(retried on rerun), {counts['skipped']} already done -> {config.out}")
+          f"(retried on rerun), {counts['skipped']} already done; backbone replies cut by max_tokens: "
+          f"{counts['truncated_replies']} (each asked again with twice the room), {counts['truncated_after_retry']} "
+          f"still cut; {len(figure_only)} questions excluded, their evidence only a figure or table -> {config.out}")
     fanout.raise_if_failed()
     return counts
 

@@ -210,19 +210,26 @@ class Setup:
     val_loader: DataLoader
     n_train: int
     n_val: int
+    coverage: dict[str, int]  # the contrastive objective's chunks and questions per split ({} for mse)
 
 
 def loaders(config: CompressorJobConfig, train_records: list[SummaryRecord], val_records: list[SummaryRecord],
-            accelerator: Accelerator) -> tuple[DataLoader, DataLoader]:
-    """Training and validation batches; with a contrastive objective each record also draws a covered question."""
+            accelerator: Accelerator) -> tuple[DataLoader, DataLoader, dict[str, int]]:
+    """Training and validation batches; with a contrastive objective each record also draws a covered question,
+    and the coverage counts (chunks covering a question, questions no chunk covers) come back beside them."""
     samplers: list[PositiveSampler | None] = [None, None]
+    coverage: dict[str, int] = {}
     if config.train.objective != "mse":
         chunks, questions = summary_chunks(config.data), load_corpus(config.questions)[1]
         encoder = load_sentence_encoder(train_records[0].encoder)
         positives = [positives_for(split, chunks, questions, encoder) for split in (train_records, val_records)]
+        coverage = positives[0].coverage("train") | positives[1].coverage("val")
         accelerator.print(f"contrastive objective: {positives[0].covered_records} of {len(train_records)} training "
                           f"and {positives[1].covered_records} of {len(val_records)} validation "
-                          f"chunks cover a question")
+                          f"chunks cover a question; {coverage['train_questions_uncovered']} of "
+                          f"{coverage['train_questions']} training and {coverage['val_questions_uncovered']} of "
+                          f"{coverage['val_questions']} validation questions have no chunk covering their evidence "
+                          f"(never a positive)")
         samplers = [PositiveSampler(positives[0], seed=config.train.seed),
                     PositiveSampler(positives[1], deterministic=True)]
     train_loader = DataLoader(list(range(len(train_records))), batch_size=config.train.batch_size, shuffle=True,
@@ -230,7 +237,7 @@ def loaders(config: CompressorJobConfig, train_records: list[SummaryRecord], val
                               generator=torch.Generator().manual_seed(config.train.seed))
     val_loader = DataLoader(list(range(len(val_records))), batch_size=config.train.batch_size,
                             collate_fn=RecordBatches(val_records, samplers[1]))
-    return train_loader, val_loader
+    return train_loader, val_loader, coverage
 
 
 def setup(config: CompressorJobConfig, accelerator: Accelerator) -> Setup:
@@ -241,12 +248,12 @@ def setup(config: CompressorJobConfig, accelerator: Accelerator) -> Setup:
     train_records, val_records = split_by_document(records, config.train.val_fraction)
     model = SetCompressor(SetCompressorConfig(embedding_dim=len(records[0].target_embedding),
                                               encoder=records[0].encoder, **to_dict(config.model)))
-    train_loader, val_loader = loaders(config, train_records, val_records, accelerator)
+    train_loader, val_loader, coverage = loaders(config, train_records, val_records, accelerator)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.train.lr, weight_decay=config.train.weight_decay)
     total_steps = config.train.epochs * math.ceil(len(train_records) / config.train.batch_size)
     scheduler = get_cosine_schedule_with_warmup(optimizer, int(config.train.warmup_ratio * total_steps), total_steps)
     prepared = accelerator.prepare(model, optimizer, train_loader, val_loader, scheduler)
-    return Setup(*prepared[:2], prepared[4], *prepared[2:4], len(train_records), len(val_records))
+    return Setup(*prepared[:2], prepared[4], *prepared[2:4], len(train_records), len(val_records), coverage)
 
 
 def resume_settings(config: CompressorJobConfig) -> dict:
@@ -337,7 +344,7 @@ def summarise(config: CompressorJobConfig, prepared: Setup, state: dict, started
     summary = {"objective": config.train.objective, "best_val_objective": state["best_val_objective"],
                "initial_val_objective": history[0]["val_objective"],
                "best_val_mse": state["best_val_mse"], "initial_val_mse": history[0]["val_mse"],
-               "epochs": state["epoch"], "n_train": prepared.n_train, "n_val": prepared.n_val,
+               "epochs": state["epoch"], "n_train": prepared.n_train, "n_val": prepared.n_val, **prepared.coverage,
                "seconds": round(time.perf_counter() - started, 1),
                **{k: v for k, v in history[-1].items() if k.startswith(("val_", "mean_pool"))}}
     if tracker is not None:

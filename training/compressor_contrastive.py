@@ -36,6 +36,18 @@ class QuestionPositives:
     def covered_records(self) -> int:
         return sum(bool(q) for q in self.by_record)
 
+    @property
+    def uncovered_questions(self) -> int:
+        """Questions with evidence in these records' documents that no record's chunk covers: never a positive (an
+        upper-level chunk was not summarised, or the evidence spans two of them), counted rather than dropped
+        silently."""
+        return len(self.embeddings) - len({i for ids in self.by_record for i in ids})
+
+    def coverage(self, split: str) -> dict[str, int]:
+        """The counts a run reports for ``split``: chunks covering a question, questions, questions uncovered."""
+        return {f"{split}_chunks_covering": self.covered_records, f"{split}_questions": len(self.embeddings),
+                f"{split}_questions_uncovered": self.uncovered_questions}
+
 
 def question_positives(records: Sequence[SummaryRecord], chunks: dict[str, Chunk], questions: Sequence[QAExample],
                        encode) -> QuestionPositives:

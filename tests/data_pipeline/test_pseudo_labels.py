@@ -55,15 +55,20 @@ def test_pseudo_labels_on_a_real_slice_and_resume(tmp_path: Path) -> None:
     assert out.read_text() == before
 
 
-def test_qasper_labels_carry_gold_levels_and_narrativeqa_labels_their_document(tmp_path: Path) -> None:
+def test_qasper_labels_carry_gold_levels_and_narrativeqa_labels_their_document(tmp_path: Path,
+                                                                               capsys: pytest.CaptureFixture) -> None:
     """QASPER questions get the gold levels of gold_labels.py beside the pseudo-label, and the run ends with the
-    agreement report; NarrativeQA questions (no evidence spans) are labelled on the summary they were asked about."""
+    agreement report; questions whose evidence is only a figure or table are excluded and counted; NarrativeQA
+    questions (no evidence spans) are labelled on the summary they were asked about."""
     qasper = tmp_path / "qasper.jsonl"
     assert main(["data", "pseudo-labels", "--config", str(ROOT / "configs/data/pseudo_labels-qasper.yaml"),
                  "--out", str(qasper), f"corpus.path={ROOT / 'data/qasper'}", "limit=4", "max_attempts=1",
                  "tracking.backend=none"]) == 0
     labels = list(read_jsonl(qasper, PseudoLabel))
     documents, questions = load_corpus(CorpusConfig(kind="qasper", path=str(ROOT / "data/qasper")))
+    figure_only = {q.id for q in questions if q.metadata["figure_table_only"]}
+    assert len(figure_only) == 2 and not figure_only & {x.id for x in labels}  # the shipped papers hold two
+    assert "2 questions excluded, their evidence only a figure or table" in capsys.readouterr().out
     gold, _ = label_corpus(documents, [q for q in questions if q.id in {x.id for x in labels}],
                            load_hierarchies(stored_hierarchy_path(qasper)))
     assert len(labels) == 4 and gold  # the first questions round-robin over papers include gold-labelled ones
@@ -90,3 +95,24 @@ def test_bad_settings_name_the_key() -> None:
         load_config(PseudoLabelsConfig, CONFIG, ["correctness.f1_threshold=0"])
     with pytest.raises(ConfigError, match="compressor role"):
         load_config(PseudoLabelsConfig, CONFIG, ["upper=compressor"])
+
+
+def test_replies_cut_by_max_tokens_are_asked_again_with_more_room_and_counted(tmp_path: Path,
+                                                                              capsys: pytest.CaptureFixture) -> None:
+    """With room for one token the real backbone's every first reply is cut (finish_reason "length"): each is asked
+    once more with twice the room; what is still cut is counted with its raw text, and the job's line says both."""
+    out = tmp_path / "labels.jsonl"
+    args = ["data", "pseudo-labels", "--config", str(CONFIG), "--out", str(out),
+            f"corpus.path={ROOT / 'data/squad/dev-v2.0-articles.json'}", "limit=2", "max_attempts=2",
+            "max_answer_tokens=1", "tracking.backend=none"]
+    assert main(args) == 0
+    labels = list(read_jsonl(out, PseudoLabel))
+    assert len(labels) == 2
+    for label in labels:
+        assert label.truncated_replies == label.attempts  # one cut first reply per attempt
+        assert 0 <= label.truncated_after_retry <= label.truncated_replies
+        assert bool(label.truncated_raw) == (label.truncated_after_retry > 0)
+    total = sum(label.truncated_replies for label in labels)
+    still = sum(label.truncated_after_retry for label in labels)
+    assert f"backbone replies cut by max_tokens: {total} (each asked again with twice the room), {still} still cut" \
+        in capsys.readouterr().out

@@ -107,6 +107,9 @@ def test_contrastive_objective_lowers_its_loss_and_changes_parameters(summaries:
     metrics = json.loads((out / "metrics.json").read_text())
     history = metrics["history"]
     assert metrics["objective"] == "contrastive" and "train_summary" not in history[1]
+    # how many questions the chunks cover is reported, and the uncovered ones with it
+    assert 0 < metrics["train_chunks_covering"] <= metrics["n_train"]
+    assert 0 <= metrics["train_questions_uncovered"] < metrics["train_questions"]
     fitted, start = _contrastive_on_the_training_split(summaries, out)
     # measured: 0.1647 at the mean-pool start, 0.0226 after training (0.14x), the same in two runs: the summaries are
     # the same every run (the fixture generates them one at a time, so no batch changes a greedy summary). The
