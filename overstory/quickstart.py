@@ -109,7 +109,7 @@ class PlannerStageConfig:
     # many questions tried once each (the template teacher turns every correct one into a trace) rather than
     # few questions with retries; the stage shows the recipe end to end in a few minutes (the planner pipeline of
     # docs/data.md, scripts/planner_gold_pipeline.sh, trains on hundreds of labels)
-    questions: int = 24  # about 6 labels at SmolLM2's rate (8 of 30 measured): enough for SFT to learn the format
+    questions: int = 30
     max_attempts: int = 1
     label_k: int = 3  # chunks retrieved per labelling attempt (the job's default is 5): shorter prompts on CPU
     metadata_tokens: int = 48  # short prompts keep SFT steps, rollouts and plans cheap on CPU
