@@ -103,7 +103,7 @@ def test_replies_cut_by_max_tokens_are_asked_again_with_more_room_and_counted(tm
     once more with twice the room; what is still cut is counted with its raw text, and the job's line says both."""
     out = tmp_path / "labels.jsonl"
     args = ["data", "pseudo-labels", "--config", str(CONFIG), "--out", str(out),
-            f"corpus.path={ROOT / 'data/squad/dev-v2.0-articles.json'}", "limit=2", "max_attempts=2",
+            f"corpus.path={ROOT / 'data/squad/dev-v2.0-articles.json'}", "limit=2", "max_attempts=1",
             "max_answer_tokens=1", "tracking.backend=none"]
     assert main(args) == 0
     labels = list(read_jsonl(out, PseudoLabel))
