@@ -48,9 +48,9 @@ def test_later_stages_keep_every_serve_setting_but_the_port(tmp_path: Path) -> N
 
 
 # A slice of the job's defaults (configs/quickstart.yaml), each size the smallest that keeps its checks able to fail
-# and reliably true: the first 3 HotpotQA questions (hybrid retrieval finds their gold paragraphs); 6 SQuAD questions,
-# 2 per article (the backbone answers the first question of two articles: one label to train on, one held out, and
-# the held-out article's other question is planned unlabelled); 8 SFT epochs on that one trace (loss ~0.05: the plan
+# and reliably true: the first 3 HotpotQA questions (hybrid retrieval finds their gold paragraphs); 9 SQuAD questions,
+# 3 per article (the backbone, whose cut replies are asked again with more room, answers both first questions of
+# the held-out article when there are 2 per article: with 3, one is left to be planned unlabelled); 8 SFT epochs on that one trace (loss ~0.05: the plan
 # format is learned; 4 were not enough); a 20-leaf tree (the paragraphs of 2 questions), depth 2, so the search keeps
 # its 2 iterations; 2 traced questions, one held out; 1 question per strategy corpus, the first 60 HotpotQA documents
 # holding all of one question's paragraphs. Summaries are shorter and read less of each section.
@@ -61,7 +61,7 @@ STUDENT_STEPS = 4
 STRATEGY_QUESTIONS = 1
 SLICE = [f"rag_questions={RAG_QUESTIONS}",
          "compressor.max_summary_tokens=16", "compressor.max_input_chars=500",
-         "planner.questions=6", "planner.sft_epochs=8", "planner.eval_questions=1",
+         "planner.questions=9", "planner.sft_epochs=8", "planner.eval_questions=1",
          f"lattice.leaves={LEAVES}", f"lattice.m_max={M_MAX}", f"lattice.trace_questions={TRACE_QUESTIONS}",
          "lattice.heldout_fraction=0.5", f"lattice.student_steps={STUDENT_STEPS}",
          f"strategies.questions={STRATEGY_QUESTIONS}", "strategies.limit_docs=60"]
