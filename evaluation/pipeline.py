@@ -60,6 +60,7 @@ from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
 from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies
 from overstory.data_pipeline.lattice_leaves import tree_leaf_chunks
 from overstory.data_pipeline.orion_index import tag_and_index
+from overstory.evaluation.pipeline_judge import JudgeConfig, judge_agreement, judge_answers, judge_sanity
 from overstory.evaluation.pipeline_qasper import QasperConfig, qasper_outputs
 from overstory.evaluation.pipeline_records import StrategyRecords, combined_cost_check
 from overstory.evaluation.plots import plot_quality_vs_cost
@@ -71,7 +72,6 @@ from overstory.retrieval.answer import AnswerConfig
 from overstory.retrieval.arag import ARagConfig, ARagStrategy
 from overstory.retrieval.bm25_floor import BM25FloorStrategy
 from overstory.retrieval.fable.strategy import FableConfig, FableStrategy
-from overstory.retrieval.judge import CorrectnessConfig, is_correct
 from overstory.retrieval.lattice.strategy import LatticeStrategy, LatticeStrategyConfig
 from overstory.retrieval.lattice.tree import Tree
 from overstory.retrieval.metrics import (
@@ -107,12 +107,6 @@ DATASETS: dict[str, CorpusConfig] = {
 }
 QUALITY = ("exact_match", "token_f1", "contains_match", "rouge_l")
 NOT_LLM_ROLES = ("embedder", "compressor")  # their requests are encoder passes, not LLM calls
-
-
-@dataclass(frozen=True)
-class JudgeConfig:
-    enabled: bool = False
-    role: str = "scorer"  # the served role that judges (yes / no); its cost is reported apart from the strategies'
 
 
 @dataclass(frozen=True)
@@ -326,27 +320,6 @@ def summarise(records: Sequence[dict], recall_k: int) -> dict:
     return row
 
 
-def judge_agreement(records: Sequence[dict]) -> dict | None:
-    """How the LLM judge's verdicts compare with contain-match (the reference string inside the reply) over the
-    questions both scored: the judge is checked against a rule that needs no model. ``judge_only`` are answers
-    the judge accepts without the reference string (paraphrases, or a lenient judge), ``contains_only`` ones it
-    rejects although they contain it. None when no question was judged.
-
-    >>> judge_agreement([{"judge": 1.0, "contains_match": 1.0}, {"judge": 1.0, "contains_match": 0.0},
-    ...                  {"judge": 0.0, "contains_match": 0.0}, {"contains_match": 1.0}])
-    {'n': 3, 'both': 1, 'judge_only': 1, 'contains_only': 0, 'neither': 1, 'agreement': 0.667}
-    """
-    pairs = [(r["judge"] > 0, r["contains_match"] > 0) for r in records
-             if r.get("judge") is not None and r.get("contains_match") is not None]
-    if not pairs:
-        return None
-    counts = {"both": (True, True), "judge_only": (True, False), "contains_only": (False, True),
-              "neither": (False, False)}
-    out = {"n": len(pairs), **{name: pairs.count(pair) for name, pair in counts.items()}}
-    out["agreement"] = round((out["both"] + out["neither"]) / len(pairs), 3)
-    return out
-
-
 def costs_add_up(totals: dict[str, dict[str, int]], before: dict | None, after: dict | None) -> dict | None:
     """Compare the per-question sums by role with the change in the servers' counters (served model name = role).
 
@@ -365,32 +338,6 @@ def costs_add_up(totals: dict[str, dict[str, int]], before: dict | None, after: 
     return {"match": server == ours, "server": server}
 
 
-def _judge(records: list[dict], questions: dict[str, QAExample], client: Client, config: JudgeConfig) -> dict:
-    """Score every record this judge role has not scored yet (a resumed run keeps its verdicts); its usage."""
-    judge = client.fork()
-    rule = CorrectnessConfig("judge")
-    for record in records:
-        if record.get("judge_role") == config.role:
-            continue
-        record["judge_role"] = config.role
-        if record["failure"] and not record["prediction"]:
-            record["judge"] = 0.0  # no answer is a wrong answer: accuracy is over all questions
-            continue
-        question = questions[record["id"]]
-        record["judge"] = float(is_correct(record["prediction"], question.answers, question.question, rule, judge,
-                                           role=config.role))
-    return judge.stats.summary()
-
-
-def judge_sanity(questions: Sequence[QAExample], client: Client, config: JudgeConfig, n: int = 5) -> dict:
-    """Whether the judge accepts the reference answer itself, on the first ``n`` questions: a judge that refuses an
-    exact copy (SmolLM2-135M answers "No" every time) makes the judge column a measure of the judge, not of the
-    answers, and the table says so."""
-    judge = client.fork()
-    rule = CorrectnessConfig("judge")
-    asked = [q for q in questions if q.answers][:n]
-    accepted = sum(is_correct(q.answers[0], q.answers, q.question, rule, judge, role=config.role) for q in asked)
-    return {"reference_accepted": accepted, "asked": len(asked), "usage": judge.stats.summary()}
 
 
 def run_strategy(name: str, strategy: Strategy, questions: Sequence[QAExample], client: Client,
@@ -455,7 +402,7 @@ def evaluate_strategy(name: str, config: PipelineEvalConfig, corpus: tuple[Seque
     ordered = [done[i] for i in ids]
     row: dict = {}
     if config.judge.enabled:
-        row["judge_usage"] = _judge(ordered, {q.id: q for q in questions}, client, config.judge)
+        row["judge_usage"] = judge_answers(ordered, {q.id: q for q in questions}, client, config.judge)
     if todo or config.judge.enabled:
         records.rewrite(ordered)  # the questions' order (they were appended as they finished), with any verdicts
     runs = records.runs()
