@@ -51,22 +51,15 @@ def test_a_misspelt_trl_field_is_refused_with_the_closest_name(tmp_path: Path) -
     (PlannerGrpoConfig, GRPO_YAML, "trl.per_device_train_batch_size=4", "is what train.batch_size sets"),
     (StitchConfig, STITCH_YAML, "trl_sft.learning_rate=0.1", "trl_sft.learning_rate is what stitch.sft_lr sets"),
     (StitchConfig, STITCH_YAML, "trl_grpo.max_steps=3", "trl_grpo.max_steps is what stitch.grpo_steps sets"),
-])
-def test_a_value_given_both_ways_is_refused(cls: type, path: Path, override: str, message: str,
-                                            tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=message):
-        load_config(cls, path, [f"out={tmp_path}", override])
-
-
-@pytest.mark.parametrize(("cls", "path", "override", "message"), [
+    # fields the recipe owns, refused saying why
     (PlannerSftConfig, SFT_YAML, "trl.output_dir=/tmp/x", r"trl.output_dir: the recipe sets it itself \(checkpoints"),
     (PlannerGrpoConfig, GRPO_YAML, "trl.reward_weights=[1.0]", "the rewards section's weights"),
     (PlannerSftConfig, SFT_YAML, "trl.push_to_hub=true", "set the recipe's push_to_hub"),
     (StitchConfig, STITCH_YAML, "trl_grpo.gradient_accumulation_steps=2", "STITCH sets each update's shape"),
     (StitchConfig, STITCH_YAML, "trl_sft.optim=adafactor", "Adam's moments carry across updates"),
 ])
-def test_fields_the_recipe_owns_are_refused_saying_why(cls: type, path: Path, override: str, message: str,
-                                                       tmp_path: Path) -> None:
+def test_a_value_given_both_ways_or_owned_by_the_recipe_is_refused(cls: type, path: Path, override: str, message: str,
+                                                                   tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=message):
         load_config(cls, path, [f"out={tmp_path}", override])
 
