@@ -80,16 +80,22 @@ job_command() {  # the overstory command line of job $1, named <kind>-<dataset> 
 # What the stack's servers have counted so far (Prometheus /metrics: vLLM's names or the embedded server's), by
 # served model name: requests answered, prompt and generation tokens; and under "failed_requests" the completion
 # requests answered with an error status (not by model: the HTTP layer does not know it). Read before and after
-# each job.
+# each job. A stack that no longer answers (a signal to the whole process group stopped it with the job) gives
+# {"unavailable": why}: the invocation is still recorded, with its counters marked missing.
 counters() {
   "$PYTHON" - "$1" <<'PY'
 import json, sys
 from prometheus_client.parser import text_string_to_metric_families
-from overstory.serving.client import Client
+from overstory.serving.client import Client, ClientError
 names = {"request_success_total": "calls", "prompt_tokens_total": "prompt_tokens",
          "generation_tokens_total": "completion_tokens"}
 zero, totals = dict.fromkeys(names.values(), 0), {}
-for page in Client.from_url(sys.argv[1]).backend.metrics_texts():
+try:
+    pages = Client.from_url(sys.argv[1]).backend.metrics_texts()
+except (ClientError, OSError) as exc:
+    print(json.dumps({"unavailable": str(exc)}))
+    sys.exit()
+for page in pages:
     for family in text_string_to_metric_families(page):
         for sample in family.samples:
             name, labels = sample.name.split(":", 1)[-1], sample.labels
@@ -113,16 +119,21 @@ from pathlib import Path
 jobs, job, status, wall, before, after, engine, threads, model = sys.argv[1:]
 before, after = json.loads(before), json.loads(after)
 zero = {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0}
-spent = {name: {k: v - before.get(name, zero)[k] for k, v in row.items()} for name, row in after.items()}
+missing = before.get("unavailable") or after.get("unavailable")  # the stack did not answer: no counts to take
+spent = {} if missing else {name: {k: v - before.get(name, zero)[k] for k, v in row.items()}
+                            for name, row in after.items()}
 spent = {name: row for name, row in spent.items() if any(row.values())}
+row = {"job": job, "exit": int(status), "wall_s": round(float(wall), 1), "engine": engine, "threads": int(threads),
+       "model": model, "ended": time.strftime("%Y-%m-%dT%H:%M:%S"), "by_served_model": spent}
+if missing:
+    row["counters_unavailable"] = missing
 with (Path(jobs) / f"{job}.invocations.jsonl").open("a") as out:
-    out.write(json.dumps({"job": job, "exit": int(status), "wall_s": round(float(wall), 1), "engine": engine,
-                          "threads": int(threads), "model": model, "ended": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                          "by_served_model": spent}) + "\n")
+    out.write(json.dumps(row) + "\n")
 if status != "0":
     sys.exit()
 runs = [json.loads(line) for line in (Path(jobs) / f"{job}.invocations.jsonl").read_text().splitlines()]
 wall_s = sum(run["wall_s"] for run in runs)
+counted_s = sum(run["wall_s"] for run in runs if "counters_unavailable" not in run)  # the tokens/s denominator
 apart = ("embedder", "failed_requests")
 chat = {k: sum(row[k] for run in runs for name, row in run["by_served_model"].items() if name not in apart)
         for k in zero}
@@ -131,10 +142,12 @@ failed = sum(run["by_served_model"].get("failed_requests", zero)["calls"] for ru
 summary = {"job": job, "finished": True, "invocations": len(runs), "wall_s": round(wall_s, 1),
            "llm_calls": chat["calls"], "failed_llm_calls": failed,
            "tokens_in": chat["prompt_tokens"], "tokens_out": chat["completion_tokens"],
-           "teacher_tokens_per_s": round(chat["completion_tokens"] / wall_s, 2) if wall_s else 0.0,
+           "teacher_tokens_per_s": round(chat["completion_tokens"] / counted_s, 2) if counted_s else 0.0,
            "embedder": embedder, "engines": sorted({run["engine"] for run in runs}),
            "threads": sorted({run["threads"] for run in runs}), "models": sorted({run["model"] for run in runs}),
-           "failed_invocations": sum(run["exit"] != 0 for run in runs)}
+           "failed_invocations": sum(run["exit"] != 0 for run in runs),
+           # invocations whose calls and tokens went uncounted (the stack was gone): the sums above leave them out
+           "invocations_without_counters": sum("counters_unavailable" in run for run in runs)}
 (Path(jobs) / f"{job}.json").write_text(json.dumps(summary, indent=2) + "\n")
 print(json.dumps(summary))
 if failed:  # a job may finish on fallbacks for refused requests: say so beside its record

@@ -117,3 +117,28 @@ def test_a_stopped_script_stops_its_job_and_records_the_invocation(tmp_path: Pat
                      .read_text().splitlines()]
     assert invocation["exit"] == 143 and invocation["wall_s"] >= 0
     assert not (tmp_path / "jobs" / "traces-hotpotqa.json").exists()
+
+
+def test_an_invocation_whose_stack_was_gone_is_recorded_without_counts(tmp_path: Path) -> None:
+    """The stack stopped with the job (a signal to the whole process group): the invocation is recorded with its
+    counters marked missing, and the finished job's tokens/s divides only the counted invocations' tokens by their
+    own wall time, so the uncounted stretch does not lower the teacher's measured rate."""
+    env = {"TEACHER_RUNS": str(tmp_path), "TEACHER_THREADS": "2"}
+    (tmp_path / "jobs").mkdir()
+    gone = json.dumps({"unavailable": "transport error: ConnectError calling http://127.0.0.1:8001/metrics"})
+    first = sourced(f"record tree-hotpotqa 143 500.0 '{counters(0, 0, 0, 0)}' '{gone}'", **env)
+    assert first.returncode == 0, first.stderr
+    second = sourced(f"record tree-hotpotqa 0 100.0 '{counters(0, 0, 0, 0)}' '{counters(5, 900, 700, 0)}'", **env)
+    assert second.returncode == 0, second.stderr
+    rows = [json.loads(line) for line in (tmp_path / "jobs" / "tree-hotpotqa.invocations.jsonl").read_text()
+            .splitlines()]
+    assert "ConnectError" in rows[0]["counters_unavailable"] and rows[0]["by_served_model"] == {}
+    summary = json.loads((tmp_path / "jobs" / "tree-hotpotqa.json").read_text())
+    assert summary["invocations_without_counters"] == 1 and summary["wall_s"] == 600.0
+    assert summary["tokens_out"] == 700 and summary["teacher_tokens_per_s"] == 7.0
+
+
+def test_counters_of_a_stack_that_does_not_answer_say_so(tmp_path: Path) -> None:
+    done = sourced("counters http://127.0.0.1:9", TEACHER_RUNS=str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert "ConnectError" in json.loads(done.stdout)["unavailable"]
