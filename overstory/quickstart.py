@@ -112,15 +112,19 @@ class PlannerStageConfig:
     questions: int = 30
     max_attempts: int = 1
     label_k: int = 3  # chunks retrieved per labelling attempt (the job's default is 5): shorter prompts on CPU
+    # the backbone's first room per reply (the job's default is 24): half of SmolLM2's replies run past 24 tokens,
+    # and each cut reply is asked again with twice the room, a second pass over its ~1000-token prompt; greedy
+    # decoding gives the same first tokens either way, so 48 at once keeps the labels and skips most re-asks
+    answer_tokens: int = 48
     metadata_tokens: int = 48  # short prompts keep SFT steps, rollouts and plans cheap on CPU
-    sft_epochs: float = 6  # a handful of traces: more passes, small batches (the format is learned by epoch 3-4)
+    sft_epochs: float = 4  # a handful of traces: more passes, small batches (the format is learned by epoch 3-4)
     sft_batch_size: int = 2
     sft_lr: float = 2e-3  # a LoRA adapter on a few dozen traces: a high rate learns the format in few steps
     stitch_steps: int = 1
     stitch_generations: int = 2
     # held-out questions per variant in the comparison (0 = all), and at most as many without a label: a few dozen
     # labels hold out a handful of questions, so the unlabelled ones are planned and answered too (`unlabelled`)
-    eval_questions: int = 4
+    eval_questions: int = 3
     # SmartChunk QA for the predicted ranges in the comparison (the strategies stage answers with SmartChunk already)
     qa: bool = False
 
@@ -132,9 +136,9 @@ class LatticeStageConfig:
     corpus: str = "hotpotqa"
     # the corpus's first N paragraphs, organised bottom-up (one generator summary per new node: about N / M calls,
     # where the top-down build first writes keyword summaries of every paragraph)
-    leaves: int = 40
+    leaves: int = 30
     m_max: int = 10
-    trace_questions: int = 4  # the served teacher (the job's scorer role) walks the tree for this many questions
+    trace_questions: int = 3  # the served teacher (the job's scorer role) walks the tree for this many questions
     iterations: int = 2  # search iterations per question (the paper: 20)
     max_tokens: int = 192  # per slate reply: the reasoning, then the scores
     max_candidate_chars: int = 200  # each candidate's text in the slate prompt (and in the student's pairs)
@@ -148,7 +152,7 @@ class StrategiesStageConfig:
 
     strategies: str = "naive,smartchunk,arag"
     corpora: list[str] = field(default_factory=lambda: ["hotpotqa", "squad"])
-    questions: int = 2  # per corpus: the stage shows the harness end to end; `eval pipeline` measures
+    questions: int = 1  # per corpus: the stage shows the harness end to end; `eval pipeline` measures
     limit_docs: int = 100  # the corpus's first N documents (HotpotQA: 6 questions have all their paragraphs in them)
     # A-RAG's agent at CPU size: a tool call (the first turn is constrained to one), then the answer
     arag: ARagConfig = field(default_factory=lambda: ARagConfig(max_turns=2, max_context_tokens=6000, max_tokens=96,
@@ -165,7 +169,7 @@ class QuickstartConfig:
     hierarchy: HierarchyConfig = field(default_factory=HierarchyConfig)
     # the corpus whose questions the RAG baseline answers with the generator
     rag_corpus: str = "hotpotqa"
-    rag_questions: int = 10  # 0: all of the corpus's answerable questions (40 for the HotpotQA sample)
+    rag_questions: int = 6  # 0: all of the corpus's answerable questions (40 for the HotpotQA sample)
     # the indexes of the retrieval stage (recall@k of each kind), and the RAG baseline's (`index`) top-k chunks
     retrieval: NaiveConfig = field(default_factory=NaiveConfig)
     # where the retrieval stage searches each question (evaluation/scope.py): auto follows each corpus (a SQuAD
@@ -394,7 +398,8 @@ def _planner_stage(config: QuickstartConfig, folder: Path, server_url: str) -> d
                                                  f"({stage.max_attempts} attempt(s) each)")
     counts = run_pseudo_labels(PseudoLabelsConfig(
         corpus=corpus, out=str(labels), hierarchy=config.hierarchy, max_attempts=stage.max_attempts,
-        k=stage.label_k, limit=stage.questions, server_url=server_url, serve=stage_serve(config), tracking=quiet))
+        k=stage.label_k, max_answer_tokens=stage.answer_tokens, limit=stage.questions, server_url=server_url,
+        serve=stage_serve(config), tracking=quiet))
     finish()
     if counts["correct"] + counts["skipped"] == 0:
         return {"pseudo_labels": counts, "skipped": "the backbone answered no question correctly",
