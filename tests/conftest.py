@@ -28,10 +28,29 @@ SQUAD = ROOT / "data/squad/dev-v2.0-articles.json"
 ALONE = ("tests/models/test_teacher.py", "tests/training/test_distributed.py")
 
 
+# Session fixtures that take about a minute each to make (a real SmolLM2 run, a chain of real jobs), by the xdist group
+# of the tests that use them: under `--dist loadgroup` every worker would make its own copy of a session fixture its
+# tests use, so the tests sharing one are kept on one worker, which makes it once.
+SHARED_FIXTURE_GROUPS = {"llm_student": "lattice_students", "ce_student": "lattice_students",
+                         "lattice_oracle_traces": "lattice_students", "sft_planner": "sft_planner",
+                         "summaries": "summaries"}
+
+
+def shared_fixture_group(item: pytest.Item) -> str | None:
+    """The xdist group of the costly session fixture ``item`` uses (directly or through another fixture), if any; none
+    for a test of the cpu-vllm stack, which tests/serving/conftest.py keeps in that stack's group."""
+    used = getattr(item, "fixturenames", ())
+    if "cpu_vllm_stack" in used:
+        return None
+    return next((group for name, group in SHARED_FIXTURE_GROUPS.items() if name in used), None)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.nodeid.startswith(ALONE):
             item.add_marker(pytest.mark.alone)
+        elif item.get_closest_marker("xdist_group") is None and (group := shared_fixture_group(item)):
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture
