@@ -18,9 +18,12 @@ The skeleton does the rest, the same way for every job:
   ``max_failure_share`` of the items this run attempted failed (default 0: any failure), which ``overstory`` turns
   into exit code 1 with the count.
 
-The runner is a seam: ``RUNNERS`` maps a name to a function that maps ``work`` over the items and yields each
-item's result or exception as it completes. Local threads are the one runner today; Ray Data slots in beside them
-as a second entry (same contract: results back to the job's thread, which alone writes).
+The runner is a seam: ``RUNNERS`` maps a name (a job config's ``runner``) to a function that maps ``work`` over the
+items and yields each item's result or exception as it completes, back to the job's thread, which alone writes.
+``threads`` runs them on local threads; ``ray`` on Ray Data (``data_pipeline/ray_runner.py``), spreading the requests
+over the servers of the config's ``ray.endpoints``. Work that calls served models is handed over as
+:class:`ServedWork` (``build(client)`` makes the function of one item): the thread runner builds it around the
+job's client, the Ray runner around a client built on each worker for each endpoint.
 """
 
 from __future__ import annotations
@@ -29,26 +32,43 @@ import json
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from rich.progress import Progress
 
 from overstory.core.config import ConfigError, differing_keys, record_settings, to_dict
 from overstory.core.failures import check_failure_share, raise_if_too_many
 from overstory.core.records import FailureRecord, JsonlAppender, drop_records, read_jsonl, write_jsonl
-from overstory.serving.client import ClientError
+from overstory.data_pipeline.ray_runner import RayConfig, endpoint_urls, ray_map
+from overstory.serving.client import Client, ClientError
+from overstory.serving.launch import served_models
 
 T = TypeVar("T")
 
 # Config keys that change how a job runs, not what it writes: left out of the recorded settings. ``serve`` is left
 # out because what served the output is recorded from the server itself (``served``), whatever the config says.
 OPERATIONAL_KEYS = frozenset({"out", "limit", "concurrency", "server_url", "request_timeout_s",
-                              "max_failure_share", "tracking", "serve"})
+                              "max_failure_share", "tracking", "serve", "runner", "ray"})
 # A corpus may move or grow: a run over more documents of the same corpus adds their results.
 CORPUS_OPERATIONAL_KEYS = frozenset({"path", "limit_docs"})
 
-Runner = Callable[[Callable[[T], Any], Sequence[T], int], Iterator[tuple[T, Any, BaseException | None]]]
+
+
+@dataclass(frozen=True)
+class ServedWork(Generic[T]):
+    """Work whose model calls go through a client: ``build(client)`` returns the function of one item. The runner
+    decides which client: the job's own (threads), or one per endpoint built on each Ray worker from its URL (with
+    ``http_options``, as ``Client.from_url`` takes them), so nothing live crosses process boundaries."""
+
+    build: Callable[[Client], Callable[[T], Any]]
+    client: Client
+    http_options: dict[str, Any] = field(default_factory=dict)
+
+
+Work = Callable[[T], Any] | ServedWork
+Runner = Callable[[Work, Sequence[T], int, RayConfig], Iterator[tuple[T, Any, BaseException | None]]]
 
 
 def thread_runner(work: Callable[[T], Any], items: Sequence[T], concurrency: int
@@ -70,7 +90,23 @@ def thread_runner(work: Callable[[T], Any], items: Sequence[T], concurrency: int
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-RUNNERS: dict[str, Runner] = {"threads": thread_runner}
+def run_threads(work: Work, items: Sequence[T], concurrency: int, _: RayConfig
+                ) -> Iterator[tuple[T, Any, BaseException | None]]:
+    """The ``threads`` runner: :func:`thread_runner`, a ``ServedWork`` built around the job's client."""
+    return thread_runner(work.build(work.client) if isinstance(work, ServedWork) else work, items, concurrency)
+
+
+def run_ray(work: Work, items: Sequence[T], concurrency: int, settings: RayConfig
+            ) -> Iterator[tuple[T, Any, BaseException | None]]:
+    """The ``ray`` runner: ``concurrency`` Ray Data actors, the items spread over the endpoints
+    (``data_pipeline/ray_runner.py``). Only ``ServedWork`` can run there: its client is rebuilt on the workers."""
+    if not isinstance(work, ServedWork):
+        raise ConfigError("runner: ray runs a job's model calls on Ray workers, and this job's work does not say "
+                          "which client it calls through (ServedWork); use runner: threads")
+    return ray_map(work.build, work.client, items, concurrency, settings, work.http_options)
+
+
+RUNNERS: dict[str, Runner] = {"threads": run_threads, "ray": run_ray}
 
 
 def job_settings(config: Any, drop: Collection[str] = ()) -> dict[str, Any]:
@@ -142,12 +178,16 @@ class Fanout:
 
     def __init__(self, job: str, out: str | Path, settings: dict[str, Any], *, concurrency: int = 1,
                  max_failure_share: float = 0.0, failure_types: tuple[type[BaseException], ...] = (ClientError,),
-                 runner: str = "threads", beside: str | Path | None = None):
+                 runner: str = "threads", ray: RayConfig | None = None, beside: str | Path | None = None):
         """``out`` is the JSONL whose ids mark the items done; the settings and failures files are named after
-        ``beside`` (default ``out``: a job whose main output is another file keeps them next to that one)."""
+        ``beside`` (default ``out``: a job whose main output is another file keeps them next to that one).
+        ``runner`` names an entry of ``RUNNERS``; ``ray`` is the Ray runner's settings (address, endpoints)."""
         check_failure_share(max_failure_share)
+        if runner not in RUNNERS:
+            raise ConfigError(f"runner: {runner!r} is not one of {sorted(RUNNERS)}")
         self.job, self.concurrency, self.max_failure_share = job, concurrency, max_failure_share
-        self.failure_types, self.runner = failure_types, RUNNERS[runner]
+        self.failure_types, self.runner, self.ray = failure_types, runner, ray or RayConfig()
+        self.served: dict[str, str] = {}
         self.record = SettingsRecord(Path(out), settings, settings_path(beside or out))
         self.out = JsonlAppender(out)
         self.failures = JsonlAppender(failures_path(beside or out))
@@ -168,14 +208,17 @@ class Fanout:
     def record_served(self, served: dict[str, str]) -> None:
         """Record the models that serve this run (role -> model, from the server); refuses other ones."""
         self.record.add_served(served)
+        self.served.update(served)
 
-    def run(self, items: Sequence[T], key: Callable[[T], str], work: Callable[[T], Any],
+    def run(self, items: Sequence[T], key: Callable[[T], str], work: Work,
             write: Callable[[T, Any], None], description: str) -> None:
         """``work`` over ``items`` on the runner; each result goes to ``write`` on this thread, each failure of
         the failure types to the failures file; any other exception stops the run."""
+        if self.runner == "ray" and isinstance(work, ServedWork) and items:
+            self.check_endpoints(work)
         with Progress() as progress:
             task = progress.add_task(description, total=len(items))
-            for item, result, error in self.runner(work, items, self.concurrency):
+            for item, result, error in RUNNERS[self.runner](work, items, self.concurrency, self.ray):
                 if error is None:
                     write(item, result)
                 elif isinstance(error, self.failure_types):
@@ -183,6 +226,19 @@ class Fanout:
                 else:
                     raise error
                 progress.advance(task)
+
+    def check_endpoints(self, work: ServedWork) -> None:
+        """Refuse endpoints that serve other models than those recorded for the output (each record names what
+        answered it); an endpoint that does not answer is let through: its items fail, counted, and a rerun
+        retries them."""
+        for url in endpoint_urls(self.ray, work.client):
+            client = Client.from_url(url, **work.http_options)
+            try:
+                self.record_served(served_models(client, list(self.served)))
+            except ClientError:
+                continue
+            finally:
+                client.close()
 
     def write(self, record: Any, kind: str = "done") -> None:
         """Append one finished item's record to the output and count it under ``kind``."""

@@ -18,14 +18,16 @@ that was summarised is kept in ``<out>.hierarchy.jsonl`` for resumes and later j
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from typing import Literal
 
 from overstory.core.config import ConfigError
-from overstory.core.records import Chunk, check_level
+from overstory.core.records import Chunk, SummaryRecord, check_level
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
-from overstory.data_pipeline.fanout import Fanout, failures_path, job_settings
+from overstory.data_pipeline.fanout import Fanout, ServedWork, failures_path, job_settings
 from overstory.data_pipeline.hierarchy import (
     HierarchyConfig,
     build_hierarchies,
@@ -33,8 +35,9 @@ from overstory.data_pipeline.hierarchy import (
     save_hierarchies,
     stored_hierarchy_path,
 )
+from overstory.data_pipeline.ray_runner import RayConfig
 from overstory.data_pipeline.summarize import SummaryFailed, summarise
-from overstory.serving.client import ClientError
+from overstory.serving.client import Client, ClientError
 from overstory.serving.config import ServeConfig
 from overstory.serving.launch import client_for, served_models
 
@@ -53,6 +56,8 @@ class SummariesConfig:
     temperature: float = 0.0
     max_attempts: int = 3
     concurrency: int = 2
+    runner: Literal["threads", "ray"] = "threads"  # ray: Ray Data workers, requests spread over ray.endpoints
+    ray: RayConfig = field(default_factory=RayConfig)
     limit: int = 0  # summarise at most this many chunks (0 = all)
     max_failure_share: float = 0.0  # the job fails (exit 1) when more of its chunks than this failed
     server_url: str = ""
@@ -82,15 +87,20 @@ def run(config: SummariesConfig) -> dict:
         tracker = stack.enter_context(start_run(config.tracking, "data summaries", config))
         fanout = stack.enter_context(Fanout("summaries", config.out, job_settings(config, drop={"hierarchies"}),
                                             concurrency=config.concurrency, failure_types=(SummaryFailed, ClientError),
-                                            max_failure_share=config.max_failure_share))
+                                            max_failure_share=config.max_failure_share, runner=config.runner,
+                                            ray=config.ray))
         todo = fanout.todo(targets, lambda c: c.id)
         generator_tokens = 0
         if todo:
             client = stack.enter_context(client_for(config.serve, config.server_url))
             served = served_models(client, ["generator", "embedder"])
             fanout.record_served(served)
-            fanout.run(todo, lambda c: c.id,
-                       lambda c: summarise(c, [by_id[k] for k in c.children], client, config, served),
+            children = {c.id: [by_id[k] for k in c.children] for c in todo}
+
+            def summariser(worker_client: Client) -> Callable[[Chunk], SummaryRecord]:
+                return lambda c: summarise(c, children[c.id], worker_client, config, served)
+
+            fanout.run(todo, lambda c: c.id, ServedWork(summariser, client),
                        lambda _, record: fanout.write(record, "ok"), "summarising")
             generator_tokens = client.stats.summary().get("generator", {}).get("completion_tokens", 0)
         counts = {"ok": 0, **fanout.finish()}
