@@ -30,18 +30,16 @@ ALONE = ("tests/models/test_teacher.py", "tests/training/test_distributed.py")
 
 # Session fixtures that take about a minute each to make (a real SmolLM2 run, a chain of real jobs), by the xdist group
 # of the tests that use them: under `--dist loadgroup` every worker would make its own copy of a session fixture its
-# tests use, so the tests sharing one are kept on one worker, which makes it once.
+# tests use, so the tests sharing one are kept on one worker, which makes it once. The SFT planner's tests join the
+# cpu-vllm stack's group (tests/serving/conftest.py): that stack serves the SFT adapter, so its worker makes it anyway.
 SHARED_FIXTURE_GROUPS = {"llm_student": "lattice_students", "ce_student": "lattice_students",
-                         "lattice_oracle_traces": "lattice_students", "sft_planner": "sft_planner",
+                         "lattice_oracle_traces": "lattice_students", "sft_planner": "cpu_vllm_stack",
                          "summaries": "summaries"}
 
 
 def shared_fixture_group(item: pytest.Item) -> str | None:
-    """The xdist group of the costly session fixture ``item`` uses (directly or through another fixture), if any; none
-    for a test of the cpu-vllm stack, which tests/serving/conftest.py keeps in that stack's group."""
+    """The xdist group of the costly session fixture ``item`` uses (directly or through another fixture), if any."""
     used = getattr(item, "fixturenames", ())
-    if "cpu_vllm_stack" in used:
-        return None
     return next((group for name, group in SHARED_FIXTURE_GROUPS.items() if name in used), None)
 
 
