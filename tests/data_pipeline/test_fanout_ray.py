@@ -63,15 +63,24 @@ def _down_url() -> str:
         return f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
+@pytest.fixture(scope="module")
+def threads_run(tmp_path_factory: pytest.TempPathFactory, fleet: list[str]) -> Path:
+    """The thread runner's output for the slice (4 chunks), one request at a time on the fleet's first server."""
+    out = tmp_path_factory.mktemp("threads") / "summaries.jsonl"
+    counts = summaries.run(_config(out, "limit=4", "concurrency=1", f"server_url={fleet[0]}"))
+    assert (counts["ok"], counts["failed"]) == (4, 0)
+    return out
+
+
 @pytest.mark.slow
-def test_ray_and_threads_summarise_the_same_chunks_alike(tmp_path: Path, ray_cluster: None, fleet: list[str]) -> None:
+def test_ray_and_threads_summarise_the_same_chunks_alike(tmp_path: Path, ray_cluster: None, fleet: list[str],
+                                                        threads_run: Path) -> None:
     """One request at a time on each runner (greedy decoding of a request served alone is the same every run): the
     Ray worker's chunks, spread over both servers, get the summaries the thread runner got from one."""
-    threads = summaries.run(_config(tmp_path / "threads.jsonl", "limit=4", "concurrency=1", f"server_url={fleet[0]}"))
     on_ray = summaries.run(_config(tmp_path / "ray.jsonl", "limit=4", "concurrency=1", "runner=ray",
                                    _endpoints(fleet)))
-    assert threads["ok"] == on_ray["ok"] == 4 and threads["failed"] == on_ray["failed"] == 0
-    expected, got = _records(tmp_path / "threads.jsonl"), _records(tmp_path / "ray.jsonl")
+    assert (on_ray["ok"], on_ray["failed"]) == (4, 0)
+    expected, got = _records(threads_run), _records(tmp_path / "ray.jsonl")
     assert sorted(r.id for r in got) == sorted(r.id for r in expected)
     by_id = {r.id: r for r in expected}
     for record in got:
@@ -81,34 +90,24 @@ def test_ray_and_threads_summarise_the_same_chunks_alike(tmp_path: Path, ray_clu
 
 
 @pytest.mark.slow
-def test_two_ray_workers_over_two_servers_resume_by_id(tmp_path: Path, ray_cluster: None, fleet: list[str]) -> None:
-    """Two workers against two servers: a partial run (the first 3 chunks), then the whole slice: only the other 3
-    are summarised, and the output holds each of the 6 ids once, the ids the thread runner's slice holds."""
+def test_two_workers_a_server_down_and_a_rerun_finish_the_slice_once(tmp_path: Path, ray_cluster: None,
+                                                                      fleet: list[str], threads_run: Path) -> None:
+    """Two workers over three endpoints, the third down: the chunk sent there fails (a transport error, in the
+    failures file the thread runner writes), the others are written. The rerun over the two live servers, for the
+    whole slice, does only what is missing (the failed chunk and the 4th): each id is written once, the thread
+    runner's ids, and the failure is resolved."""
     out = tmp_path / "ray.jsonl"
-    first = summaries.run(_config(out, "limit=3", "concurrency=2", "runner=ray", _endpoints(fleet)))
-    rest = summaries.run(_config(out, "limit=6", "concurrency=2", "runner=ray", _endpoints(fleet)))
-    assert (first["ok"], rest["ok"], rest["skipped"]) == (3, 3, 3)
-    ids = [r.id for r in _records(out)]
-    assert len(ids) == len(set(ids)) == 6
-    targets = [c for c in summaries.summarised_hierarchy(_config(out)) if c.level == "paragraph" and c.children]
-    assert set(ids) == {c.id for c in targets[:6]}
-    assert json.loads(settings_path(out).read_text())["served"]["generator"] == "builtin:smollm2-135m-instruct"
-
-
-@pytest.mark.slow
-def test_a_server_that_is_down_fails_its_items_which_a_rerun_retries(tmp_path: Path, ray_cluster: None,
-                                                                      fleet: list[str]) -> None:
-    """Three endpoints, the third down: the chunk sent there fails (a transport error, in the failures file the
-    thread runner writes), the others are written; a rerun against the two live servers writes it."""
-    out = tmp_path / "ray.jsonl"
-    counts = summaries.run(_config(out, "limit=3", "concurrency=2", "runner=ray", "max_failure_share=1.0",
-                                   _endpoints([*fleet, _down_url()])))
-    assert (counts["ok"], counts["failed"]) == (2, 1)
+    partial = summaries.run(_config(out, "limit=3", "concurrency=2", "runner=ray", "max_failure_share=1.0",
+                                    _endpoints([*fleet, _down_url()])))
+    assert (partial["ok"], partial["failed"]) == (2, 1)
     (failure,) = read_jsonl(failures_path(out))
     assert "transport error" in failure["error"] and failure["id"] not in {r.id for r in _records(out)}
-    again = summaries.run(_config(out, "limit=3", "concurrency=2", "runner=ray", _endpoints(fleet)))
-    assert (again["ok"], again["skipped"], again["resolved"]) == (1, 2, 1)
-    assert failure["id"] in {r.id for r in _records(out)} and list(read_jsonl(failures_path(out))) == []
+    rest = summaries.run(_config(out, "limit=4", "concurrency=2", "runner=ray", _endpoints(fleet)))
+    assert (rest["ok"], rest["skipped"], rest["failed"], rest["resolved"]) == (2, 2, 0, 1)
+    ids = [r.id for r in _records(out)]
+    assert len(ids) == len(set(ids)) == 4 and set(ids) == {r.id for r in _records(threads_run)}
+    assert list(read_jsonl(failures_path(out))) == []
+    assert json.loads(settings_path(out).read_text())["served"]["generator"] == "builtin:smollm2-135m-instruct"
 
 
 def test_bad_ray_settings_name_their_key(tmp_path: Path) -> None:
