@@ -88,14 +88,15 @@ def save_versioned(folder: str | Path, write: Callable[[Path], None]) -> Path:
 def read_versioned(folder: str | Path, read: Callable[[Path, bool], T], attempts: int = 3) -> T:
     """``read(files_folder, versioned)`` on the version ``current`` names (or on ``folder`` itself when it was saved
     before versioned saves); read again when a save removed that version while it was being read."""
-    for attempt in range(attempts):
+    for _ in range(attempts - 1):
         version = current_version(folder)
         try:
             return read(version or Path(folder), version is not None)
         except FileNotFoundError:
-            if version is None or current_version(folder) == version or attempt == attempts - 1:
-                raise
-    raise AssertionError("unreachable: the last attempt returns or raises")
+            if version is None or current_version(folder) == version:
+                raise  # missing from the version still current: the folder is incomplete, not replaced
+    version = current_version(folder)
+    return read(version or Path(folder), version is not None)
 
 
 def write_manifest(folder: Path, manifest: Mapping[str, Any]) -> None:
