@@ -15,7 +15,8 @@ questions are posed over the open corpus. ``scope: auto`` follows the dataset (`
 ``scope: corpus`` searches the whole corpus for every question (open-corpus QASPER: a harder variant, named so in
 the table and in metrics.json), ``scope: document`` insists on the question's document.
 
-Each strategy is built once over the corpus (its index cost is recorded apart), then answers every question
+Each strategy is built once over the corpus by the Python API's builder (``overstory.retrieval.api.build_strategy``,
+the one users call; its index cost is recorded apart), then answers every question
 through a client of its own for that question (``Client.fork``), so the calls and tokens it spent are counted per
 question and per role from the servers' ``usage``. Per strategy the report gives exact match, token F1,
 contain-match and ROUGE-L (for free-form answers such as NarrativeQA's), an optional LLM judge's accuracy over all
@@ -58,7 +59,6 @@ from overstory.core.records import Chunk, Document, QAExample
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
 from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies
-from overstory.data_pipeline.lattice_leaves import tree_leaf_chunks
 from overstory.data_pipeline.orion_index import tag_and_index
 from overstory.evaluation.pipeline_judge import JudgeConfig, judge_agreement, judge_answers, judge_sanity
 from overstory.evaluation.pipeline_qasper import QasperConfig, qasper_outputs
@@ -68,12 +68,12 @@ from overstory.evaluation.qasper_metrics import gold_references, official_papers
 from overstory.evaluation.repairs import repair_counts, repairs_cell
 from overstory.evaluation.report_tables import pipeline_qasper_table
 from overstory.evaluation.scope import question_scope, resolve_scope, scope_title
+from overstory.retrieval import api
 from overstory.retrieval.answer import AnswerConfig
-from overstory.retrieval.arag import ARagConfig, ARagStrategy
-from overstory.retrieval.bm25_floor import BM25FloorStrategy
-from overstory.retrieval.fable.strategy import FableConfig, FableStrategy
-from overstory.retrieval.lattice.strategy import LatticeStrategy, LatticeStrategyConfig
-from overstory.retrieval.lattice.tree import Tree
+from overstory.retrieval.api import check_lattice_tree, check_strategies, usage_by_role
+from overstory.retrieval.arag import ARagConfig
+from overstory.retrieval.fable.strategy import FableConfig
+from overstory.retrieval.lattice.strategy import LatticeStrategyConfig
 from overstory.retrieval.metrics import (
     bootstrap_interval,
     contains_match,
@@ -83,16 +83,15 @@ from overstory.retrieval.metrics import (
     rouge_l,
     token_f1,
 )
-from overstory.retrieval.naive import NaiveConfig, NaiveStrategy
-from overstory.retrieval.orion.strategy import OrionConfig, OrionStrategy
+from overstory.retrieval.naive import NaiveConfig
+from overstory.retrieval.orion.strategy import OrionConfig
 from overstory.retrieval.orion.tagger import ChunkingConfig, TaggingConfig
-from overstory.retrieval.smartchunk import SmartChunkConfig, SmartChunkStrategy
+from overstory.retrieval.smartchunk import SmartChunkConfig
 from overstory.retrieval.strategy import RequestRefused, Strategy, StrategyAnswer
 from overstory.serving.client import Client
 from overstory.serving.config import ServeConfig
 from overstory.serving.launch import client_for
 
-STRATEGIES = ("naive", "smartchunk", "lattice", "arag", "fable", "orion", "bm25_floor")
 # Questions the harness could not get answered: the requests failed after the client's retries, or the strategy
 # raised. Replies a strategy could not use (no_answer, no_tool_call, budget_exhausted, ...) are measurements.
 RUN_FAILURES = ("request_failed", "strategy_error")
@@ -151,15 +150,12 @@ class PipelineEvalConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
-        unknown = [s for s in self.names if s not in STRATEGIES]
-        if unknown or not self.names:
-            raise ConfigError(f"strategies: {', '.join(unknown) or 'none given'}; choose from {', '.join(STRATEGIES)}")
+        check_strategies(self.names)
         if self.data and self.data not in DATASETS:
             raise ConfigError(f"data: {self.data!r} is not a shipped sample ({', '.join(DATASETS)}); name another "
                               "copy in the corpus section")
-        if "lattice" in self.names and not self.lattice.tree:
-            raise ConfigError("lattice.tree: the lattice strategy needs a tree from `overstory data lattice-tree` "
-                              "over the same corpus")
+        if "lattice" in self.names:
+            check_lattice_tree(self.lattice)
         mode = self.scope_mode  # refuses an unknown scope, or document scope on an open corpus, naming the key
         if "bm25_floor" in self.names and mode == "corpus":
             raise ConfigError("strategies: bm25_floor answers within each question's own document (BM25 over its "
@@ -204,29 +200,15 @@ def select_questions(questions: Sequence[QAExample], limit: int, skip_unanswerab
 
 def build_strategy(name: str, config: PipelineEvalConfig, documents: Sequence[Document], chunks: Sequence[Chunk],
                    client: Client) -> Strategy:
-    """Build one strategy over the corpus; index calls go through ``client``."""
-    answer = config.answer_settings
-    if name == "bm25_floor":
-        return BM25FloorStrategy.build(chunks)
-    if name == "naive":
-        return NaiveStrategy.build(chunks, client, config.naive, answer)
-    if name == "smartchunk":
-        return SmartChunkStrategy.build(documents, chunks, client, config.smartchunk, answer)
-    if name == "arag":
-        return ARagStrategy.build(chunks, client, config.arag)
-    if name == "fable":
-        if config.fable_forest:
-            return FableStrategy.load(config.fable_forest, config.fable, answer)
-        return FableStrategy.build(documents, chunks, client, config=config.fable, answer=answer)
-    if name == "orion":
-        orion = config.orion
-        if not orion.tags:
-            orion = replace(orion, tags=str(Path(config.out) / "orion_tags"))
-            tag_and_index(documents, client, orion.tags, config.orion_chunking, config.orion_tagging)
-        return OrionStrategy.build(client, orion, answer)
-    tree = Tree.load(config.lattice.tree)
-    return LatticeStrategy(tree, tree_leaf_chunks(tree, documents, config.hierarchy, config.lattice.leaf_level),
-                           config.lattice, answer)
+    """Build one strategy over the corpus with the API's builder (``retrieval.api.build_strategy``) and this config's
+    sections; index calls go through ``client``. Orion-RAG without a tags folder has the corpus tagged first into
+    ``<out>/orion_tags`` (a data job, so it runs here, above the API)."""
+    section = getattr(config, name, None)
+    if name == "orion" and not config.orion.tags:
+        section = replace(config.orion, tags=str(Path(config.out) / "orion_tags"))
+        tag_and_index(documents, client, section.tags, config.orion_chunking, config.orion_tagging)
+    return api.build_strategy(name, documents, chunks, client, section, config.answer_settings,
+                              forest=config.fable_forest if name == "fable" else "")
 
 
 def answer_question(strategy: Strategy, question: QAExample, client: Client, recall_k: int,
@@ -242,9 +224,7 @@ def answer_question(strategy: Strategy, question: QAExample, client: Client, rec
     except Exception as exc:  # a strategy bug must not lose the question: it is recorded, with the error
         result = StrategyAnswer("", "", failure="strategy_error", failure_detail=f"{type(exc).__name__}: {exc}")
     seconds = time.perf_counter() - started
-    usage = {role: {"calls": s["requests"], "prompt_tokens": s["prompt_tokens"],
-                    "completion_tokens": s["completion_tokens"], "failed_calls": s["failures"]}
-             for role, s in own.stats.summary().items()}
+    usage = usage_by_role(own)
     return {
         "id": question.id, "question": question.question, "answers": question.answers,
         "scope": list(scope) if scope is not None else None, "prediction": result.prediction, "raw": result.raw,

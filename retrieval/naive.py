@@ -12,7 +12,7 @@ from overstory.core.config import ConfigError
 from overstory.core.records import Chunk, check_level
 from overstory.retrieval.answer import AnswerConfig, generate_answer
 from overstory.retrieval.index import IndexKind, build_index
-from overstory.retrieval.strategy import StrategyAnswer, raise_if_refused
+from overstory.retrieval.strategy import Retrieval, StrategyAnswer, raise_if_refused
 from overstory.serving.client import Client, ClientError
 
 
@@ -48,12 +48,21 @@ class NaiveStrategy:
         return cls(build_index(config.index, indexed, embed=lambda texts: client.embed("embedder", texts)),
                    config, answer)
 
-    def answer(self, question: str, client: Client, scope: Sequence[str] | None = None) -> StrategyAnswer:
-        """The top-k chunks (of the documents ``scope`` names, when given) go to the generator."""
+    def retrieve_evidence(self, question: str, client: Client, scope: Sequence[str] | None = None,
+                          k: int | None = None) -> Retrieval:
+        """The top ``k`` chunks (``naive.k`` when None; of the documents ``scope`` names, when given) with their
+        index scores; the query embedding goes through ``client``."""
         try:
-            hits = self.index.search([question], self.config.k,
+            hits = self.index.search([question], k or self.config.k,
                                      embed=lambda texts: client.embed("embedder", texts), doc_ids=scope)[0]
         except ClientError as exc:
             raise_if_refused(exc, "naive's query embedding (role 'embedder')")
-            return StrategyAnswer("", "", failure="request_failed", failure_detail=str(exc))
-        return generate_answer(question, [h.chunk for h in hits], client, self.answer_config)
+            return Retrieval(failure="request_failed", failure_detail=str(exc))
+        return Retrieval([h.chunk for h in hits], [h.score for h in hits])
+
+    def answer(self, question: str, client: Client, scope: Sequence[str] | None = None) -> StrategyAnswer:
+        """The top-k chunks (of the documents ``scope`` names, when given) go to the generator."""
+        found = self.retrieve_evidence(question, client, scope)
+        if found.failure:
+            return found.failed_answer()
+        return found.scored(generate_answer(question, found.evidence, client, self.answer_config))

@@ -26,7 +26,7 @@ from overstory.models.planner import document_metadata, parse_plan, planner_mess
 from overstory.models.registry import SMOLLM2, load_tokenizer
 from overstory.retrieval.answer import AnswerConfig, answer_messages, generate_answer
 from overstory.retrieval.index import DenseIndex, Hit, chunk_text_for_index
-from overstory.retrieval.strategy import StrategyAnswer, raise_if_refused
+from overstory.retrieval.strategy import Retrieval, StrategyAnswer, raise_if_refused
 from overstory.serving.client import ChatResult, Client, ClientError
 
 # The range searched when a planner's reply has no usable plan: one setting for the runtime (``SmartChunkConfig``)
@@ -176,9 +176,11 @@ class SmartChunkStrategy:
         (top,) = self.retriever.index("document", "document").search([question], 1, embed=embed, doc_ids=scope)[0]
         return self.documents[top.chunk.doc_id]
 
-    def answer(self, question: str, client: Client, scope: Sequence[str] | None = None) -> StrategyAnswer:
-        """Plan on the question's document (``scope``'s, when given), search the planned range (among ``scope``'s
-        chunks, when given) and answer from the top k."""
+    def retrieve_evidence(self, question: str, client: Client, scope: Sequence[str] | None = None,
+                          k: int | None = None) -> Retrieval:
+        """Plan on the question's document (``scope``'s, when given) and search the planned range (among
+        ``scope``'s chunks, when given): its top ``k`` chunks (``smartchunk.k`` when None) with their similarities;
+        the plan is in the details."""
         def embed(texts: list[str]):
             return client.embed("embedder", texts)
 
@@ -189,12 +191,19 @@ class SmartChunkStrategy:
                                 max_tokens=self.config.planner_max_tokens, temperature=0)
             plan = parse_plan(reply.text)
             level_min, level_max = plan.levels or self.config.fallback_range
-            hits = self.retriever.index(level_min, level_max).search([question], self.config.k, embed=embed,
+            hits = self.retriever.index(level_min, level_max).search([question], k or self.config.k, embed=embed,
                                                                      doc_ids=scope)[0]
         except ClientError as exc:
             raise_if_refused(exc, "SmartChunk's plan or retrieval (roles 'planner', 'embedder')")
-            return StrategyAnswer("", "", failure="request_failed", failure_detail=str(exc))
+            return Retrieval(failure="request_failed", failure_detail=str(exc))
         details = {"plan": [level_min, level_max], "planner_document": document.id}
         if not plan.valid:
             details.update(plan_unparsed=1, plan_error=plan.error, planner_raw=reply.text)
-        return generate_answer(question, [h.chunk for h in hits], client, self.answer_config, **details)
+        return Retrieval([h.chunk for h in hits], [h.score for h in hits], details=details)
+
+    def answer(self, question: str, client: Client, scope: Sequence[str] | None = None) -> StrategyAnswer:
+        """Plan, search the planned range (``retrieve_evidence``) and answer from the top k."""
+        found = self.retrieve_evidence(question, client, scope)
+        if found.failure:
+            return found.failed_answer()
+        return found.scored(generate_answer(question, found.evidence, client, self.answer_config, **found.details))

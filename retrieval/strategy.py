@@ -11,6 +11,12 @@ its index search, its tree or its tools restricted to them. ``None`` is the open
 open-corpus variant of a document-scoped dataset), where it searches everything. The evaluation harness decides
 which (``scope`` in ``eval pipeline``'s config).
 
+Strategies that retrieve first and answer from what they retrieved (naive, SmartChunk, LATTICE, FABLE, Orion-RAG)
+split ``answer`` into its two steps: ``retrieve_evidence`` (the evidence with its scores, and what the retrieval
+did) and the generator's answer from it, and ``answer`` calls ``retrieve_evidence``, so retrieving alone
+(``overstory.retrieval.api``'s ``retrieve``) and answering take one path. A-RAG's agent interleaves reading and
+answering, so it has no retrieval step of its own.
+
 A strategy never raises for one bad question: a reply it cannot use becomes ``failure`` (a short kind, counted
 by the harness) with the raw text kept in ``failure_detail``, and the prediction is whatever answer it could
 still give ("" if none). Only a broken setup raises: no server, a bad config, or a request the server refuses for
@@ -40,6 +46,32 @@ class StrategyAnswer:
     failure: str = ""  # "" on success; else a kind such as "request_failed", "no_tool_call", "budget_exhausted"
     failure_detail: str = ""  # the raw reply or the error behind ``failure``
     details: dict[str, Any] = field(default_factory=dict)  # strategy specific: turns, sub-queries, plan...
+    # one per evidence chunk where the strategy scored what it retrieved (None for a chunk without a score); empty
+    # for a strategy that does not score (A-RAG's agent, the BM25 floor)
+    scores: list[float | None] = field(default_factory=list)
+
+
+@dataclass
+class Retrieval:
+    """The evidence a strategy retrieved for one question, best first, before any answer is generated."""
+
+    evidence: list[Chunk] = field(default_factory=list)
+    # one per evidence chunk: the strategy's own score (similarity, fused RRF, path relevance); None where the
+    # strategy ranks without a score (FABLE's reading order)
+    scores: list[float | None] = field(default_factory=list)
+    failure: str = ""  # as StrategyAnswer's: "" on success, else a kind such as "request_failed"
+    failure_detail: str = ""
+    details: dict[str, Any] = field(default_factory=dict)  # strategy specific: plan, sub-queries, slates...
+
+    def scored(self, answer: StrategyAnswer) -> StrategyAnswer:
+        """``answer`` (given this evidence) with this retrieval's scores beside its evidence."""
+        answer.scores = list(self.scores[: len(answer.evidence)])
+        return answer
+
+    def failed_answer(self) -> StrategyAnswer:
+        """The answer of a question whose retrieval failed: no prediction, the failure and details kept."""
+        return StrategyAnswer("", "", list(self.evidence), failure=self.failure, failure_detail=self.failure_detail,
+                              details=self.details)
 
 
 class Strategy(Protocol):
@@ -50,6 +82,16 @@ class Strategy(Protocol):
     def answer(self, question: str, client: Client, scope: Sequence[str] | None = None) -> StrategyAnswer:
         """Retrieve for ``question`` (from the documents ``scope`` names only, when given) and let the ``generator``
         role answer, every call through ``client``."""
+        ...
+
+
+class RetrievingStrategy(Strategy, Protocol):
+    """A strategy that retrieves first and answers from what it retrieved, with the retrieval as a step of its own."""
+
+    def retrieve_evidence(self, question: str, client: Client, scope: Sequence[str] | None = None,
+                          k: int | None = None) -> Retrieval:
+        """The evidence for ``question`` (from the documents ``scope`` names only, when given), at most ``k`` chunks
+        (None: the strategy's own setting), every call through ``client``."""
         ...
 
 

@@ -55,7 +55,7 @@ from overstory.retrieval.fable.paths import (
     vector_documents,
 )
 from overstory.retrieval.fable.replies import numbered, parse_ids
-from overstory.retrieval.strategy import StrategyAnswer, raise_if_refused
+from overstory.retrieval.strategy import Retrieval, StrategyAnswer, raise_if_refused
 from overstory.serving.client import Client, ClientError
 
 # The paper's Table 1 variants, and "fable" for the full adaptive algorithm:
@@ -159,9 +159,23 @@ class FableStrategy:
         return cls(Forest.load(forest_path), config, answer)
 
     def answer(self, question: str, client: Client, scope: Sequence[str] | None = None) -> StrategyAnswer:
-        """Retrieve (Algorithm 1; from ``scope``'s documents only, when given) and answer from the returned nodes;
-        never raises for a bad reply or a transient request failure (a selection call the server refuses raises
-        ``RequestRefused``; a scope naming a document the forest lacks raises ConfigError)."""
+        """Retrieve (``retrieve_evidence``) and answer from the returned nodes; never raises for a bad reply or a
+        transient request failure (a selection call the server refuses raises ``RequestRefused``; a scope naming a
+        document the forest lacks raises ConfigError)."""
+        found = self.retrieve_evidence(question, client, scope)
+        if found.failure:
+            return found.failed_answer()
+        evidence = found.evidence
+        read = AnswerConfig(max_tokens=self.answer_config.max_tokens, context_chunks=len(evidence),
+                            max_chunk_chars=max((len(c.text) for c in evidence), default=1))
+        asked = question[: self.config.max_question_chars]
+        return found.scored(generate_answer(asked, evidence, client, read, **found.details))
+
+    def retrieve_evidence(self, question: str, client: Client, scope: Sequence[str] | None = None,
+                          k: int | None = None) -> Retrieval:
+        """Algorithm 1 (``retrieve``; from ``scope``'s documents only, when given): the nodes to read in reading
+        order (the first ``k``, when given), without scores (FABLE orders them, it does not score them). A failed
+        query embedding is the question's ``request_failed``."""
         asked = question[: self.config.max_question_chars]
         if scope is not None and (missing := [d for d in scope if d not in self.forest.documents]):
             raise ConfigError(f"fable_forest has no tree of {', '.join(missing)}: build it over the corpus evaluated")
@@ -169,12 +183,11 @@ class FableStrategy:
             evidence, details = self.retrieve(asked, client, scope)
         except ClientError as exc:  # the question could not be embedded: there is nothing to retrieve with
             raise_if_refused(exc, "FABLE's query embedding (role 'embedder')")
-            return StrategyAnswer("", "", failure="request_failed", failure_detail=str(exc),
-                                  details={"mode": self.config.mode, "request_failures": 1})
+            return Retrieval(failure="request_failed", failure_detail=str(exc),
+                             details={"mode": self.config.mode, "request_failures": 1})
         details["question_truncated"] = len(asked) < len(question)
-        read = AnswerConfig(max_tokens=self.answer_config.max_tokens, context_chunks=len(evidence),
-                            max_chunk_chars=max((len(c.text) for c in evidence), default=1))
-        return generate_answer(asked, evidence, client, read, **details)
+        evidence = evidence[:k] if k else evidence
+        return Retrieval(evidence, [None] * len(evidence), details=details)
 
     def retrieve(self, question: str, client: Client, scope: Sequence[str] | None = None
                  ) -> tuple[list[Chunk], dict[str, Any]]:

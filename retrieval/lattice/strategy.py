@@ -19,7 +19,7 @@ from overstory.retrieval.answer import AnswerConfig, generate_answer
 from overstory.retrieval.lattice.scorers import CrossEncoderSlateScorer, LLMSlateScorer
 from overstory.retrieval.lattice.search import SearchConfig, check_reach, search
 from overstory.retrieval.lattice.tree import Tree
-from overstory.retrieval.strategy import StrategyAnswer
+from overstory.retrieval.strategy import Retrieval, StrategyAnswer
 from overstory.serving.client import Client
 
 
@@ -78,12 +78,20 @@ class LatticeStrategy:
         return LLMSlateScorer(client, max_tokens=self.config.max_tokens, max_attempts=self.config.max_attempts,
                               max_candidate_chars=self.config.max_candidate_chars)
 
-    def answer(self, question: str, client: Client, scope: Sequence[str] | None = None) -> StrategyAnswer:
-        """Search the tree (cut to ``scope``'s documents, when given) and answer from the ranked leaves."""
+    def retrieve_evidence(self, question: str, client: Client, scope: Sequence[str] | None = None,
+                          k: int | None = None) -> Retrieval:
+        """Search the tree (cut to ``scope``'s documents, when given): the ranked leaves (the first ``k``, when
+        given) with their path relevance, and the slates it scored in the details."""
         (result,) = search(self.tree_for(scope), [("q", question)], self._scorer(client), self.config.search)
-        ranked = [self.leaves[node_id] for node_id, _ in result.ranking]
+        ranking = result.ranking[:k] if k else result.ranking
         details = {"slates": len(result.slates), "failed_slates": result.failed_slates, **result.problems}
         if result.slates and result.failed_slates == len(result.slates):
             # every slate failed: the ranking is the search's order without scores, still answered from it
             details["all_slates_failed"] = 1
-        return generate_answer(question, ranked, client, self.answer_config, **details)
+        return Retrieval([self.leaves[node_id] for node_id, _ in ranking], [score for _, score in ranking],
+                         details=details)
+
+    def answer(self, question: str, client: Client, scope: Sequence[str] | None = None) -> StrategyAnswer:
+        """Search the tree (cut to ``scope``'s documents, when given) and answer from the ranked leaves."""
+        found = self.retrieve_evidence(question, client, scope)
+        return found.scored(generate_answer(question, found.evidence, client, self.answer_config, **found.details))

@@ -30,7 +30,7 @@ from overstory.retrieval.orion.query import (
     weighted_rrf,
 )
 from overstory.retrieval.orion.tags import VECTORS_FILE, ChunkTags, DocumentTags, load_tags, semantic_path
-from overstory.retrieval.strategy import StrategyAnswer, raise_if_refused
+from overstory.retrieval.strategy import Retrieval, StrategyAnswer, raise_if_refused
 from overstory.serving.client import Client, ClientError
 
 # embedded at every build and kept in vectors.npz: when the embedder serving now gives it another vector, the cached
@@ -181,46 +181,61 @@ class OrionStrategy:
 
     # ---- a question
 
-    def answer(self, question: str, client: Client, scope: Sequence[str] | None = None) -> StrategyAnswer:
-        """Rewrite, retrieve (from ``scope``'s documents only, when given) and fuse per sub-query, prune, answer from
-        the evidence grouped per sub-query; every call through ``client``. Never raises for a bad reply or a transient
-        request failure (counted, or the question's recorded failure); a request the server refuses (a 4xx: a wrong
-        role or model name) raises ``RequestRefused``, since every question would fail alike; a scope naming a
-        document the tags lack raises ConfigError."""
+    def retrieve_evidence(self, question: str, client: Client, scope: Sequence[str] | None = None,
+                          k: int | None = None) -> Retrieval:
+        """Rewrite, then retrieve and fuse per sub-query (from ``scope``'s documents only, when given): the chunks
+        once each by their best fused score (the first ``k``, when given), the sub-queries and each one's fused
+        chunk ids in the details. A scope naming a document the tags lack raises ConfigError."""
         if scope is not None and (missing := [d for d in scope if d not in self.masters]):
             raise ConfigError(f"orion.tags has no document {', '.join(missing)}: tag the corpus evaluated")
-        question = question[: self.config.max_query_chars]
-        sub_queries, details = self._sub_queries(question, client)
+        sub_queries, details = self._sub_queries(question[: self.config.max_query_chars], client)
         try:
             fused = self.retrieve(sub_queries, client, scope)
         except ClientError as exc:
             raise_if_refused(exc, "Orion-RAG's query embedding (role 'embedder')")
-            return StrategyAnswer("", "", failure="request_failed", failure_detail=str(exc), details=details)
-        evidence = self._best_first(fused)
-        texts, counts = self._prune([(q, self.chunks[cid]) for q, hits in zip(sub_queries, fused) for cid, _ in hits],
+            return Retrieval(failure="request_failed", failure_detail=str(exc), details=details)
+        best = self._best_first(fused)
+        details.update(retrieved=len(best), fused=[[cid for cid, _ in hits] for hits in fused])
+        best = best[:k] if k else best
+        return Retrieval([self.chunks[cid] for cid, _ in best], [score for _, score in best], details=details)
+
+    def answer(self, question: str, client: Client, scope: Sequence[str] | None = None) -> StrategyAnswer:
+        """Rewrite, retrieve and fuse per sub-query (``retrieve_evidence``), prune, answer from the evidence grouped
+        per sub-query; every call through ``client``. Never raises for a bad reply or a transient request failure
+        (counted, or the question's recorded failure); a request the server refuses (a 4xx: a wrong role or model
+        name) raises ``RequestRefused``, since every question would fail alike; a scope naming a document the tags
+        lack raises ConfigError."""
+        found = self.retrieve_evidence(question, client, scope)
+        if found.failure:
+            return found.failed_answer()
+        details = found.details
+        sub_queries, fused = details["sub_queries"], details["fused"]
+        texts, counts = self._prune([(q, self.chunks[cid]) for q, ids in zip(sub_queries, fused) for cid in ids],
                                     client)
-        details.update(counts, retrieved=len(evidence), fused=[[cid for cid, _ in hits] for hits in fused])
-        messages = grouped_answer_messages(question, self._groups(sub_queries, fused, texts),
-                                           self.answer_config.max_chunk_chars)
+        details.update(counts)
+        messages = grouped_answer_messages(question[: self.config.max_query_chars],
+                                           self._groups(sub_queries, fused, texts), self.answer_config.max_chunk_chars)
         try:
             reply = client.chat("generator", messages, max_tokens=self.answer_config.max_tokens, temperature=0)
         except ClientError as exc:
             raise_if_refused(exc, "Orion-RAG's answer (role 'generator')")
-            return StrategyAnswer("", "", evidence, failure="request_failed", failure_detail=str(exc), details=details)
+            return StrategyAnswer("", "", found.evidence, failure="request_failed", failure_detail=str(exc),
+                                  details=details)
         prediction = clean_answer(reply.text)
         failure = {} if prediction else {"failure": "no_answer", "failure_detail": reply.text}
-        return StrategyAnswer(prediction, reply.text, evidence, details=details, **failure)
+        return found.scored(StrategyAnswer(prediction, reply.text, found.evidence, details=details, **failure))
 
-    def _groups(self, sub_queries: Sequence[str], fused: list[list[tuple[str, float]]], texts: Sequence[str]
+    def _groups(self, sub_queries: Sequence[str], fused: list[list[str]], texts: Sequence[str]
                 ) -> list[tuple[str, list[tuple[Chunk, str]]]]:
-        """Each sub-query with the first ``answer.context_chunks`` of its chunks that pruning kept (``texts`` holds
-        the pruned texts of every (sub-query, chunk) pair, in order); sub-queries left with none are left out."""
+        """Each sub-query with the first ``answer.context_chunks`` of its chunks (``fused``: each sub-query's chunk
+        ids) that pruning kept (``texts`` holds the pruned texts of every (sub-query, chunk) pair, in order);
+        sub-queries left with none are left out."""
         groups, at = [], 0
-        for query, hits in zip(sub_queries, fused):
-            kept = [(self.chunks[cid], text) for (cid, _), text in zip(hits, texts[at: at + len(hits)]) if text]
+        for query, ids in zip(sub_queries, fused):
+            kept = [(self.chunks[cid], text) for cid, text in zip(ids, texts[at: at + len(ids)]) if text]
             if kept[: self.answer_config.context_chunks]:
                 groups.append((query, kept[: self.answer_config.context_chunks]))
-            at += len(hits)
+            at += len(ids)
         return groups
 
     def _sub_queries(self, question: str, client: Client) -> tuple[list[str], dict[str, Any]]:
@@ -261,14 +276,14 @@ class OrionStrategy:
                               "sparse": [h.chunk.id for h in b if h.score > 0]}, weights, self.config.rrf_k)
                 [: self.config.top_k] for t, s, b in zip(tag, semantic, sparse)]
 
-    def _best_first(self, fused: list[list[tuple[str, float]]]) -> list[Chunk]:
-        """The retrieved chunks once each, by their best fused score over the sub-queries (fused scores of different
-        sub-queries share one scale); ties in the order met."""
+    def _best_first(self, fused: list[list[tuple[str, float]]]) -> list[tuple[str, float]]:
+        """The retrieved chunk ids once each with their best fused score over the sub-queries (fused scores of
+        different sub-queries share one scale), best first; ties in the order met."""
         best: dict[str, float] = {}
         for hits in fused:
             for cid, score in hits:
                 best[cid] = max(best.get(cid, score), score)
-        return [self.chunks[cid] for cid in sorted(best, key=lambda cid: -best[cid])]
+        return sorted(best.items(), key=lambda item: -item[1])
 
     def _prune(self, pairs: list[tuple[str, Chunk]], client: Client) -> tuple[list[str], dict[str, int]]:
         """The text each (sub-query, chunk) pair shows the generator, in order ("" when pruning dropped it), and the
