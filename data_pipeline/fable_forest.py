@@ -27,16 +27,19 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from overstory.core.config import ConfigError
 from overstory.core.records import Document, FailureRecord, JsonlAppender, read_jsonl
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
-from overstory.data_pipeline.fanout import Fanout, job_settings
+from overstory.data_pipeline.fanout import Fanout, ServedWork, job_settings
 from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies
+from overstory.data_pipeline.ray_runner import RayConfig
 from overstory.retrieval.fable.builder import DocumentTree, ForestBuilder, ForestConfig
 from overstory.retrieval.fable.forest import Forest
 from overstory.serving.client import Client
@@ -53,6 +56,8 @@ class FableForestConfig:
     hierarchy: HierarchyConfig = field(default_factory=HierarchyConfig)  # sentences, token counts, headings' sections
     forest: ForestConfig = field(default_factory=ForestConfig)
     concurrency: int = 2  # documents built at once (their calls are independent requests)
+    runner: Literal["threads", "ray"] = "threads"  # ray: Ray Data workers, requests spread over ray.endpoints
+    ray: RayConfig = field(default_factory=RayConfig)
     max_failure_share: float = 0.0  # the job fails (exit 1) when more of its documents than this failed
     server_url: str = ""  # empty: start the stack in `serve` for the run
     request_timeout_s: float = 600.0  # per request: a first structured-output call compiles its grammar
@@ -75,7 +80,8 @@ def run(config: FableForestConfig) -> dict:
         tracker = stack.enter_context(start_run(config.tracking, "data fable-forest", config))
         fanout = stack.enter_context(Fanout("fable-forest", out / TREES_FILE, job_settings(config),
                                             concurrency=config.concurrency,
-                                            max_failure_share=config.max_failure_share))
+                                            max_failure_share=config.max_failure_share, runner=config.runner,
+                                            ray=config.ray))
         report = build_forest(config, fanout, stack)
         tracker.summary({"documents": report["documents"], "built": report["built"], "failed": report["failed"],
                          "llm_calls": report["cost"]["llm_calls"], "seconds": report["cost"]["seconds"]})
@@ -120,7 +126,11 @@ def build_trees(todo: list[Document], config: FableForestConfig, client: Client,
     chunks: dict[str, list] = {d.id: [] for d in todo}
     for chunk in build_hierarchies(todo, config.hierarchy):
         chunks[chunk.doc_id].append(chunk)
-    builder = ForestBuilder(client, config.forest)
+
+    def tree_builder(worker_client: Client) -> Callable[[Document], DocumentTree]:
+        """Build one document's tree through ``worker_client`` (the job's, or a Ray worker's for its endpoint)."""
+        builder = ForestBuilder(worker_client, config.forest)
+        return lambda d: builder.build(d, chunks[d.id])
 
     def write(document: Document, tree: DocumentTree) -> None:
         if tree.stats["request_failures"]:
@@ -131,7 +141,8 @@ def build_trees(todo: list[Document], config: FableForestConfig, client: Client,
             fallbacks.write(fallback)
         totals.update(tree.stats)
 
-    fanout.run(todo, lambda d: d.id, lambda d: builder.build(d, chunks[d.id]), write, "document trees")
+    fanout.run(todo, lambda d: d.id, ServedWork(tree_builder, client, {"timeout_s": config.request_timeout_s}), write,
+               "document trees")
 
 
 def requests_failed(tree: DocumentTree) -> FailureRecord:

@@ -23,7 +23,7 @@ read instead of rebuilding it.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +33,7 @@ from overstory.core.config import ConfigError
 from overstory.core.records import LEVELS, Chunk, Document, PseudoLabel, QAExample, read_jsonl
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
-from overstory.data_pipeline.fanout import Fanout, job_settings
+from overstory.data_pipeline.fanout import Fanout, ServedWork, job_settings
 from overstory.data_pipeline.gold_labels import GOLD_KINDS, exclusion, gold_label
 from overstory.data_pipeline.hierarchy import (
     HierarchyConfig,
@@ -43,6 +43,7 @@ from overstory.data_pipeline.hierarchy import (
     stored_hierarchy_path,
 )
 from overstory.data_pipeline.label_agreement import label_agreement, plot_agreement
+from overstory.data_pipeline.ray_runner import RayConfig
 from overstory.retrieval.answer import clean_answer
 from overstory.retrieval.judge import CorrectnessConfig, is_correct
 from overstory.retrieval.smartchunk import DocumentRetrievers
@@ -64,6 +65,8 @@ class PseudoLabelsConfig:
     upper: Literal["direct", "compressor"] = "direct"
     max_answer_tokens: int = 24
     concurrency: int = 2
+    runner: Literal["threads", "ray"] = "threads"  # ray: Ray Data workers, requests spread over ray.endpoints
+    ray: RayConfig = field(default_factory=RayConfig)
     limit: int = 0  # label at most this many questions, taken round-robin over documents (0 = all)
     max_failure_share: float = 0.0  # the job fails (exit 1) when more of its questions than this failed
     server_url: str = ""
@@ -177,18 +180,23 @@ def run(config: PseudoLabelsConfig) -> dict:
         tracker = stack.enter_context(start_run(config.tracking, "data pseudo-labels", config))
         fanout = stack.enter_context(Fanout("pseudo-labels", config.out, job_settings(config),
                                             concurrency=config.concurrency,
-                                            max_failure_share=config.max_failure_share))
+                                            max_failure_share=config.max_failure_share, runner=config.runner,
+                                            ray=config.ray))
         todo = fanout.todo(todo_all, lambda pair: pair[0].id)
         if todo:
             client = stack.enter_context(client_for(config.serve, config.server_url))
             served = served_models(client, ["generator", "scorer"])
             fanout.record_served(served)
-            retrievers = DocumentRetrievers(chunks, client, upper=config.upper)
 
-            def label(pair: tuple[QAExample, str]) -> PseudoLabel:
-                question, doc_id = pair
-                return label_question(question, documents_by_id[doc_id], retrievers, client, config, by_doc[doc_id],
-                                      served)
+            def labeller(worker_client: Client) -> Callable[[tuple[QAExample, str]], PseudoLabel]:
+                """Label one question through ``worker_client`` (the job's, or a Ray worker's for its endpoint)."""
+                retrievers = DocumentRetrievers(chunks, worker_client, upper=config.upper)
+
+                def label(pair: tuple[QAExample, str]) -> PseudoLabel:
+                    question, doc_id = pair
+                    return label_question(question, documents_by_id[doc_id], retrievers, worker_client, config,
+                                          by_doc[doc_id], served)
+                return label
 
             def write(_: tuple, result: PseudoLabel) -> None:
                 fanout.write(result, "correct" if result.correct else "unsolved")
@@ -196,7 +204,7 @@ def run(config: PseudoLabelsConfig) -> dict:
                 fanout.counts["truncated_after_retry"] += result.truncated_after_retry
                 tracker.log({key: fanout.counts[key] for key in ("correct", "unsolved", "truncated_replies")})
 
-            fanout.run(todo, lambda pair: pair[0].id, label, write, "pseudo-labelling")
+            fanout.run(todo, lambda pair: pair[0].id, ServedWork(labeller, client), write, "pseudo-labelling")
         counts = {"correct": 0, "unsolved": 0, "truncated_replies": 0, "truncated_after_retry": 0, **fanout.finish(),
                   "excluded_figure_table": len(figure_only)}
         agreement = report_agreement(config.out)

@@ -106,13 +106,14 @@ def ray_map(build: Callable[[Client], Callable[[T], Any]], client: Client, items
         return
     ray = import_ray()
     started = _connect(ray, settings.address)
+    ray.data.DataContext.get_current().enable_progress_bars = False  # the fan-out shows its own progress
     try:
         endpoints = endpoint_urls(settings, client)
         dataset = ray.data.from_items(
             [{"index": i, "endpoint": i % len(endpoints), "item": dumps(item)} for i, item in enumerate(items)],
             override_num_blocks=len(items))
         results = dataset.map_batches(
-            EndpointWorker, batch_size=1, concurrency=concurrency,
+            EndpointWorker, batch_size=1, concurrency=min(concurrency, len(items)),
             fn_constructor_kwargs={"build": build, "endpoints": endpoints, "http_options": http_options or {}})
         seen: set[int] = set()
         for row in results.iter_rows():
@@ -133,7 +134,6 @@ def _connect(ray: Any, address: str) -> bool:
     if ray.is_initialized():
         return False
     ray.init(address=address or None, **({} if address else {"include_dashboard": False}), log_to_driver=False)
-    ray.data.DataContext.get_current().enable_progress_bars = False  # the fan-out shows its own
     return True
 
 

@@ -5,8 +5,10 @@ request is served alone, resumed by id, and a server that is down counted as fai
 from __future__ import annotations
 
 import json
+import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import closing
 from pathlib import Path
 
 import numpy as np
@@ -16,8 +18,9 @@ from overstory.core.config import ConfigError, load_config
 from overstory.core.records import SummaryRecord, read_jsonl
 from overstory.data_pipeline import summaries
 from overstory.data_pipeline.fanout import Fanout, failures_path, settings_path
-from overstory.data_pipeline.ray_runner import RayConfig, import_ray
+from overstory.data_pipeline.ray_runner import RayConfig, import_ray, ray_map
 from overstory.data_pipeline.summaries import SummariesConfig
+from overstory.serving.client import Client
 from overstory.serving.config import ServeConfig
 from overstory.serving.launch import serve_in_background
 
@@ -108,6 +111,29 @@ def test_two_workers_a_server_down_and_a_rerun_finish_the_slice_once(tmp_path: P
     assert len(ids) == len(set(ids)) == 4 and set(ids) == {r.id for r in _records(threads_run)}
     assert list(read_jsonl(failures_path(out))) == []
     assert json.loads(settings_path(out).read_text())["served"]["generator"] == "builtin:smollm2-135m-instruct"
+
+
+def _dies_once(marker: Path) -> Callable[[Client], Callable[[int], int]]:
+    """Work that kills its Ray worker's process on item 2 the first time (the marker file records that it did):
+    no model is needed to kill a worker, so the work is this, not a model call."""
+
+    def build(_: Client) -> Callable[[int], int]:
+        def work(item: int) -> int:
+            if item == 2 and not marker.exists():
+                marker.touch()
+                os._exit(1)
+            return item * 10
+        return work
+    return build
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_item_has_it_retried_once(tmp_path: Path, ray_cluster: None, fleet: list[str]) -> None:
+    with closing(Client.from_url(fleet[0])) as client:
+        results = list(ray_map(_dies_once(tmp_path / "died"), client, [1, 2, 3], 2, RayConfig(endpoints=fleet)))
+    assert (tmp_path / "died").exists()
+    assert sorted((item, result, error) for item, result, error in results) == [(1, 10, None), (2, 20, None),
+                                                                                  (3, 30, None)]
 
 
 def test_bad_ray_settings_name_their_key(tmp_path: Path) -> None:
