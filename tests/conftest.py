@@ -1,10 +1,15 @@
 """Shared fixtures: caches point into the tree so tests never reach a hub (they are offline); the planner's
 labels, traces and a short SFT adapter on real SQuAD questions; a LATTICE tree over real HotpotQA paragraphs, its
-oracle traversal traces and the scorer students distilled from them; each made once per session."""
+oracle traversal traces and the scorer students distilled from them; each made once per session (the summaries once
+per state of the code), and the tests sharing one kept on one xdist worker."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -195,18 +200,54 @@ def llm_student(lattice_oracle_traces: Path, tmp_path_factory) -> Path:
                    "train.logging_steps=1")
 
 
+def code_state() -> str | None:
+    """A key that changes whenever the checkout's code does: HEAD and the diff of the tracked files against it,
+    hashed; None outside a git checkout (nothing is then kept between sessions)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, check=True).stdout
+        diff = subprocess.run(["git", "diff", "HEAD", "--binary"], cwd=ROOT, capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return hashlib.sha256(head + diff).hexdigest()[:16]
+
+
+def keep_folder(folder: Path, kept: Path, max_age_s: float = 6 * 3600) -> None:
+    """Copy ``folder`` to ``kept`` whole or not at all (a copy beside it, then one rename); where another session
+    kept it first, theirs stays. Folders kept beside it for earlier code states go once older than ``max_age_s``
+    (longer than any session that could still be reading one)."""
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    for old in kept.parent.iterdir():
+        if old != kept and time.time() - old.stat().st_mtime > max_age_s:
+            shutil.rmtree(old, ignore_errors=True)
+    staging = kept.with_name(f"{kept.name}.{os.getpid()}.tmp")
+    shutil.copytree(folder, staging)
+    try:
+        staging.rename(kept)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def summaries(tmp_path_factory) -> Path:
     """SmolLM2 summaries of 30 HotpotQA paragraphs (the compressors' training data and the training bench's).
 
     Generated one request at a time (``concurrency=1``): greedy decoding of a batch depends on what else is in the
     batch (padding changes the floating-point sums), so concurrent requests gave summaries, and training targets,
-    that differed from run to run; alone, each prompt's greedy summary is the same every run."""
+    that differed from run to run; alone, each prompt's greedy summary is the same every run. That is why they are
+    also kept under the cache, keyed by the code's state (``code_state``): the alone phase of `make test` (a second
+    session, whose distributed tests train on them) reads the two-worker phase's instead of generating them again,
+    and any change to the code generates them afresh."""
     from overstory.cli import main
 
+    key = code_state()
+    kept = Path(os.environ["OVERSTORY_CACHE"]) / "test-summaries" / key if key else None
+    if kept and (kept / "hotpotqa.jsonl").exists():
+        return kept / "hotpotqa.jsonl"
     out = tmp_path_factory.mktemp("summaries") / "hotpotqa.jsonl"
     code = main(["data", "summaries", "--config", str(ROOT / "configs/data/summaries.yaml"), f"out={out}",
                  "corpus.kind=hotpotqa", f"corpus.path={ROOT / 'data/hotpotqa'}", "levels=[paragraph]",
                  "limit=30", "max_summary_tokens=24", "concurrency=1", "tracking.backend=none"])
     assert code == 0
+    if kept:
+        keep_folder(out.parent, kept)
     return out
