@@ -41,7 +41,7 @@ from rich.progress import Progress
 from overstory.core.config import ConfigError, differing_keys, record_settings, to_dict
 from overstory.core.failures import check_failure_share, raise_if_too_many
 from overstory.core.records import FailureRecord, JsonlAppender, drop_records, read_jsonl, write_jsonl
-from overstory.data_pipeline.ray_runner import RayConfig, endpoint_urls, ray_map
+from overstory.data_pipeline.ray_runner import RayConfig, endpoint_urls, import_ray, ray_map
 from overstory.serving.client import Client, ClientError
 from overstory.serving.launch import served_models
 
@@ -185,6 +185,8 @@ class Fanout:
         check_failure_share(max_failure_share)
         if runner not in RUNNERS:
             raise ConfigError(f"runner: {runner!r} is not one of {sorted(RUNNERS)}")
+        if runner == "ray":
+            import_ray()  # without Ray installed, say which extra to install before any work starts
         self.job, self.concurrency, self.max_failure_share = job, concurrency, max_failure_share
         self.failure_types, self.runner, self.ray = failure_types, runner, ray or RayConfig()
         self.served: dict[str, str] = {}

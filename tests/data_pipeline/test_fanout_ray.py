@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import closing
 from pathlib import Path
@@ -146,3 +147,10 @@ def test_bad_ray_settings_name_their_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="runner"):
         Fanout("x", tmp_path / "x.jsonl", {}, runner="dask")
     assert import_ray() is ray
+
+
+def test_without_ray_the_error_names_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails as it does where the extra is not installed
+    with pytest.raises(ImportError, match=r"pip install 'overstory\[ray\]'"):
+        Fanout("x", tmp_path / "x.jsonl", {}, runner="ray")
+    assert not (tmp_path / "x.settings.json").exists()  # refused before anything was recorded
