@@ -143,7 +143,9 @@ class LatticeStageConfig:
     max_tokens: int = 192  # per slate reply: the reasoning, then the scores
     max_candidate_chars: int = 200  # each candidate's text in the slate prompt (and in the student's pairs)
     student_steps: int = 10  # cross-encoder steps from the built-in MiniLM (pointwise, on teacher score / 100)
-    heldout_fraction: float = 0.25  # of the traced questions, by query: the student never sees them; the eval runs them
+    # of the traced questions, by query: the student never sees them; the eval runs them. The split holds out at
+    # least one: so small a share holds out exactly one of 3 (0.25 held out 2, leaving the student 1 to learn from)
+    heldout_fraction: float = 0.01
 
 
 @dataclass(frozen=True)
