@@ -50,10 +50,11 @@ def test_later_stages_keep_every_serve_setting_but_the_port(tmp_path: Path) -> N
 # A slice of the job's defaults (configs/quickstart.yaml), each size the smallest that keeps its checks able to fail
 # and reliably true: the first 3 HotpotQA questions (hybrid retrieval finds their gold paragraphs); 9 SQuAD questions,
 # 3 per article (the backbone, whose cut replies are asked again with more room, answers both first questions of
-# the held-out article when there are 2 per article: with 3, one is left to be planned unlabelled); 8 SFT epochs on that one trace (loss ~0.05: the plan
-# format is learned; 4 were not enough); a 20-leaf tree (the paragraphs of 2 questions), depth 2, so the search keeps
-# its 2 iterations; 2 traced questions, one held out; 1 question per strategy corpus, the first 60 HotpotQA documents
-# holding all of one question's paragraphs. Summaries are shorter and read less of each section.
+# the held-out article when there are 2 per article: with 3, one is left to be planned unlabelled); 8 SFT epochs on
+# that one trace (loss ~0.05: the plan format is learned; 4 were not enough); a 20-leaf tree (the paragraphs of 2
+# questions), depth 2, so the search keeps its 2 iterations; 2 traced questions, one held out; 1 question per
+# strategy corpus, the first 60 HotpotQA documents holding all of one question's paragraphs. Summaries are shorter
+# and read less of each section.
 RAG_QUESTIONS = 3
 LEAVES, M_MAX = 20, 10
 TRACE_QUESTIONS = 2
