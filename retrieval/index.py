@@ -42,7 +42,6 @@ Added chunks go after the kept ones, so ``build(A) + add(B)`` ranks as ``build(A
 from __future__ import annotations
 
 import json
-import warnings
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -54,14 +53,10 @@ import numpy as np
 from overstory.core.records import Chunk, read_jsonl, write_jsonl
 from overstory.retrieval.index_manifest import (
     IndexMismatchError,
-    check_contents,
-    check_manifest,
-    corpus_hash,
+    chunk_text_for_index,
     current_version,
-    read_manifest,
-    read_versioned,
-    save_versioned,
-    write_manifest,
+    load_saved,
+    save_index,
 )
 
 EmbedFn = Callable[[list[str]], np.ndarray]
@@ -80,16 +75,6 @@ class UnknownDocumentError(LookupError):
 class Hit:
     chunk: Chunk
     score: float
-
-
-def chunk_text_for_index(chunk: Chunk) -> str:
-    """What gets indexed: the document title gives the chunk its context (as in HotpotQA's setup)."""
-    return f"{chunk.title}\n{chunk.text}" if chunk.title else chunk.text
-
-
-def chunks_hash(chunks: Iterable[Chunk]) -> str:
-    """The manifest's ``corpus_hash`` of these chunks: their ids and indexed texts (``index_manifest.corpus_hash``)."""
-    return corpus_hash((c.id, chunk_text_for_index(c)) for c in chunks)
 
 
 def document_rows(chunks: Sequence[Chunk]) -> dict[str, np.ndarray]:
@@ -220,8 +205,28 @@ def _embed_chunks(chunks: Sequence[Chunk], embed: EmbedFn, batch_size: int) -> n
     parts = [np.asarray(embed(texts[i:i + batch_size])) for i in range(0, len(texts), batch_size)]
     return _normalise(np.concatenate(parts).astype(np.float32) if parts else np.zeros((0, 1), np.float32))
 
+class _InPlaceUpdates:
+    """What the three flat indexes share: updates in place and a versioned save. Each class names the one attribute
+    that holds its whole state (``_swapped``), so an update is a single assignment: a search running meanwhile sees
+    the old or the new index, never a mix."""
 
-class DenseIndex:
+    _swapped = "_state"
+
+    def add_documents(self, chunks: Sequence[Chunk], embed: EmbedFn | None = None, *, replace: bool = False) -> None:
+        """``with_documents`` in place: one swap of the index's state."""
+        setattr(self, self._swapped, getattr(self.with_documents(chunks, embed, replace=replace), self._swapped))
+
+    def remove_documents(self, doc_ids: Iterable[str]) -> None:
+        """``without_documents`` in place: one swap of the index's state."""
+        setattr(self, self._swapped, getattr(self.without_documents(doc_ids), self._swapped))
+
+    def save(self, folder: str | Path) -> Path:
+        """Save as a new version of ``folder``, with its manifest (``index_manifest.save_versioned``)."""
+        return save_index(self, folder)
+
+
+
+class DenseIndex(_InPlaceUpdates):
     """Exact maximum-inner-product search over L2-normalised embeddings (cosine similarity).
 
     ``backend="numpy"`` is a matrix product; ``backend="faiss"`` uses ``faiss.IndexFlatIP``, the
@@ -301,18 +306,6 @@ class DenseIndex:
         keep = _kept_rows(state.chunks, check_removals(doc_ids, state.chunks))
         return self._derive([c for c, k in zip(state.chunks, keep) if k], state.embeddings[keep])
 
-    def add_documents(self, chunks: Sequence[Chunk], embed: EmbedFn | None = None, *, replace: bool = False) -> None:
-        """``with_documents`` in place: one swap of the index's state."""
-        self._state = self.with_documents(chunks, embed, replace=replace)._state
-
-    def remove_documents(self, doc_ids: Iterable[str]) -> None:
-        """``without_documents`` in place: one swap of the index's state."""
-        self._state = self.without_documents(doc_ids)._state
-
-    def save(self, folder: str | Path) -> Path:
-        """Save as a new version of ``folder``, with its manifest (``index_manifest.save_versioned``)."""
-        return _save(self, folder)
-
     def _write(self, folder: Path) -> None:
         state = self._state
         _save_chunks(folder, self.kind, state.chunks, {"dim": int(state.embeddings.shape[1]), "backend": self.backend})
@@ -322,7 +315,7 @@ class DenseIndex:
     def load(cls, folder: str | Path, embed: EmbedFn, *, embedding_model: str | None = None,
              settings: Mapping[str, Any] | None = None) -> DenseIndex:
         """The index saved in ``folder``, checked against its manifest (``load_index``)."""
-        return _load(cls, folder, embed, embedding_model, settings)
+        return load_saved(cls, folder, embed, embedding_model, settings)
 
     @classmethod
     def _read(cls, folder: Path, embed: EmbedFn | None, embedding_model: str | None) -> DenseIndex:
@@ -363,7 +356,7 @@ def _bm25_state(chunks: Sequence[Chunk], tokens: list[list[str]], k1: float, b: 
     return _BM25State(list(chunks), model, document_rows(chunks), tokens)
 
 
-class BM25Index:
+class BM25Index(_InPlaceUpdates):
     """Lexical BM25 (bm25s, Lucene variant) with English stop words and a Snowball stemmer."""
 
     kind = "bm25"
@@ -443,18 +436,6 @@ class BM25Index:
         state = self._state
         return self._rebuilt(state, _kept_rows(state.chunks, check_removals(doc_ids, state.chunks)), [])
 
-    def add_documents(self, chunks: Sequence[Chunk], embed: EmbedFn | None = None, *, replace: bool = False) -> None:
-        """``with_documents`` in place: one swap of the index's state."""
-        self._state = self.with_documents(chunks, replace=replace)._state
-
-    def remove_documents(self, doc_ids: Iterable[str]) -> None:
-        """``without_documents`` in place: one swap of the index's state."""
-        self._state = self.without_documents(doc_ids)._state
-
-    def save(self, folder: str | Path) -> Path:
-        """Save as a new version of ``folder``, with its manifest (``index_manifest.save_versioned``)."""
-        return _save(self, folder)
-
     def _write(self, folder: Path) -> None:
         state = self._state
         _save_chunks(folder, self.kind, state.chunks, {"k1": state.model.k1, "b": state.model.b})
@@ -464,7 +445,7 @@ class BM25Index:
     def load(cls, folder: str | Path, embed: EmbedFn | None = None, *, embedding_model: str | None = None,
              settings: Mapping[str, Any] | None = None) -> BM25Index:
         """The index saved in ``folder``, checked against its manifest (``load_index``)."""
-        return _load(cls, folder, embed, embedding_model, settings)
+        return load_saved(cls, folder, embed, embedding_model, settings)
 
     @classmethod
     def _read(cls, folder: Path, embed: EmbedFn | None, embedding_model: str | None) -> BM25Index:
@@ -478,13 +459,15 @@ class BM25Index:
         return cls(chunks, model)
 
 
-class HybridIndex:
+class HybridIndex(_InPlaceUpdates):
     """Reciprocal rank fusion of dense and BM25 rankings: score = sum 1 / (rrf_k + rank).
 
     Both member indexes must be built over the same chunks. Each side contributes its top
     ``depth`` hits, so chunks found by only one side still compete. An update makes new member indexes
     (``dense`` and ``bm25`` then name them) and swaps the pair at once.
     """
+
+    _swapped = "_members"
 
     kind = "hybrid"
 
@@ -536,18 +519,6 @@ class HybridIndex:
         dense, bm25 = self._members
         return self._derive(dense.without_documents(doc_ids), bm25.without_documents(doc_ids))
 
-    def add_documents(self, chunks: Sequence[Chunk], embed: EmbedFn | None = None, *, replace: bool = False) -> None:
-        """``with_documents`` in place: one swap of the member pair."""
-        self._members = self.with_documents(chunks, embed, replace=replace)._members
-
-    def remove_documents(self, doc_ids: Iterable[str]) -> None:
-        """``without_documents`` in place: one swap of the member pair."""
-        self._members = self.without_documents(doc_ids)._members
-
-    def save(self, folder: str | Path) -> Path:
-        """Save as a new version of ``folder``, with its manifest (``index_manifest.save_versioned``)."""
-        return _save(self, folder)
-
     def _write(self, folder: Path) -> None:
         dense, bm25 = self._members
         _save_chunks(folder, self.kind, dense.chunks, {"rrf_k": self.rrf_k, "depth": self.depth})
@@ -558,7 +529,7 @@ class HybridIndex:
     def load(cls, folder: str | Path, embed: EmbedFn, *, embedding_model: str | None = None,
              settings: Mapping[str, Any] | None = None) -> HybridIndex:
         """The index saved in ``folder``, checked against its manifest (``load_index``)."""
-        return _load(cls, folder, embed, embedding_model, settings)
+        return load_saved(cls, folder, embed, embedding_model, settings)
 
     @classmethod
     def _read(cls, folder: Path, embed: EmbedFn | None, embedding_model: str | None) -> HybridIndex:
@@ -588,44 +559,6 @@ FlatIndex = DenseIndex | BM25Index | HybridIndex
 IndexKind = Literal["dense", "bm25", "hybrid"]
 INDEX_CLASSES: dict[str, type[DenseIndex] | type[BM25Index] | type[HybridIndex]] = {
     "dense": DenseIndex, "bm25": BM25Index, "hybrid": HybridIndex}
-
-
-def index_manifest(index: FlatIndex) -> dict[str, Any]:
-    """What ``save`` writes to manifest.json beside the format version."""
-    chunks = index.chunks
-    return {"kind": index.kind, "corpus_hash": chunks_hash(chunks), "n_chunks": len(chunks),
-            "n_documents": len({c.doc_id for c in chunks}), "embedding_model": index.embedding_model,
-            "settings": index.settings}
-
-
-def _save(index: FlatIndex, folder: str | Path) -> Path:
-    manifest = index_manifest(index)  # settings checked (no clash) before anything is written
-
-    def write(version: Path) -> None:
-        index._write(version)
-        write_manifest(version, manifest)
-
-    return save_versioned(folder, write)
-
-
-def _load(cls, folder: str | Path, embed: EmbedFn | None, embedding_model: str | None,
-          settings: Mapping[str, Any] | None):
-    """Read the index ``cls`` saved in ``folder`` from one version, checking its manifest before and after."""
-
-    def read(files: Path, versioned: bool):
-        if not versioned:
-            warnings.warn(f"{folder} has no manifest (saved before manifests were written): loaded without checking "
-                          "its embedding model, settings or format; save it again to write one", stacklevel=4)
-            return cls._read(files, embed, None)
-        manifest = read_manifest(files)
-        check_manifest(manifest, folder, embedding_model, settings)
-        index = cls._read(files, embed, manifest.get("embedding_model"))
-        check_contents(manifest, folder, index.kind, len(index.chunks), chunks_hash(index.chunks))
-        own = index.settings  # the index's own settings only: _read records no extra ones
-        index.extra_settings = {k: v for k, v in manifest.get("settings", {}).items() if k not in own}
-        return index
-
-    return read_versioned(folder, read)
 
 
 def build_index(kind: IndexKind, chunks: Sequence[Chunk], embed: EmbedFn | None = None,

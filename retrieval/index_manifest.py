@@ -1,4 +1,5 @@
-"""The manifest saved with every flat index, and the versioned folder layout that makes a save atomic.
+"""The manifest saved with every flat index, and the versioned folder layout that makes a save atomic
+(``save_index`` / ``load_saved``: what the indexes of retrieval/index.py call to save and load themselves).
 
 A saved index folder holds one complete version per save and a ``current`` symlink naming the version to read::
 
@@ -26,9 +27,12 @@ import json
 import os
 import shutil
 import uuid
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
+
+from overstory.core.records import Chunk
 
 FORMAT_VERSION = 1
 CURRENT = "current"
@@ -149,3 +153,52 @@ def check_contents(manifest: Mapping[str, Any], folder: str | Path, kind: str, n
         if manifest.get(key) != value:
             raise IndexMismatchError(f"{folder}: {key} is {manifest.get(key)!r} in manifest.json but the files read "
                                      f"give {value!r}; the folder was altered after it was saved")
+
+
+def chunk_text_for_index(chunk: Chunk) -> str:
+    """What gets indexed: the document title gives the chunk its context (as in HotpotQA's setup)."""
+    return f"{chunk.title}\n{chunk.text}" if chunk.title else chunk.text
+
+
+def chunks_hash(chunks: Iterable[Chunk]) -> str:
+    """The manifest's ``corpus_hash`` of these chunks: their ids and indexed texts (``index_manifest.corpus_hash``)."""
+    return corpus_hash((c.id, chunk_text_for_index(c)) for c in chunks)
+
+
+def index_manifest(index: Any) -> dict[str, Any]:
+    """What ``save`` writes to manifest.json beside the format version."""
+    chunks = index.chunks
+    return {"kind": index.kind, "corpus_hash": chunks_hash(chunks), "n_chunks": len(chunks),
+            "n_documents": len({c.doc_id for c in chunks}), "embedding_model": index.embedding_model,
+            "settings": index.settings}
+
+
+def save_index(index: Any, folder: str | Path) -> Path:
+    """Save a flat index (its ``_write``) as a new version of ``folder``, with its manifest."""
+    manifest = index_manifest(index)  # settings checked (no clash) before anything is written
+
+    def write(version: Path) -> None:
+        index._write(version)
+        write_manifest(version, manifest)
+
+    return save_versioned(folder, write)
+
+
+def load_saved(cls, folder: str | Path, embed: Callable[[list[str]], Any] | None, embedding_model: str | None,
+          settings: Mapping[str, Any] | None):
+    """Read the index ``cls`` saved in ``folder`` from one version, checking its manifest before and after."""
+
+    def read(files: Path, versioned: bool):
+        if not versioned:
+            warnings.warn(f"{folder} has no manifest (saved before manifests were written): loaded without checking "
+                          "its embedding model, settings or format; save it again to write one", stacklevel=4)
+            return cls._read(files, embed, None)
+        manifest = read_manifest(files)
+        check_manifest(manifest, folder, embedding_model, settings)
+        index = cls._read(files, embed, manifest.get("embedding_model"))
+        check_contents(manifest, folder, index.kind, len(index.chunks), chunks_hash(index.chunks))
+        own = index.settings  # the index's own settings only: _read records no extra ones
+        index.extra_settings = {k: v for k, v in manifest.get("settings", {}).items() if k not in own}
+        return index
+
+    return read_versioned(folder, read)

@@ -27,10 +27,9 @@ from overstory.retrieval.index import (
     HybridIndex,
     IndexMismatchError,
     UnknownDocumentError,
-    chunks_hash,
     load_index,
 )
-from overstory.retrieval.index_manifest import current_version, read_versioned
+from overstory.retrieval.index_manifest import chunks_hash, current_version, read_versioned
 
 ROOT = Path(__file__).resolve().parents[2]
 KINDS = ["dense", "bm25", "hybrid"]
