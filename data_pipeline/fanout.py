@@ -23,15 +23,19 @@ items and yields each item's result or exception as it completes, back to the jo
 ``threads`` runs them on local threads; ``ray`` on Ray Data (``data_pipeline/ray_runner.py``), spreading the requests
 over the servers of the config's ``ray.endpoints``. Work that calls served models is handed over as
 :class:`ServedWork` (``build(client)`` makes the function of one item): the thread runner builds it around the
-job's client, the Ray runner around a client built on each worker for each endpoint.
+job's client, the Ray runner around a client built on each worker for each endpoint. Work that also calls servers
+of its own (a pool of teachers, each at its own URL) names them in ``pool`` and is built as ``build(client, pool)``.
+A job's Ray session (joined or started) lasts as long as its fan-out, however many runs it makes (a run per layer,
+or documents then chunks).
 """
 
 from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -41,7 +45,7 @@ from rich.progress import Progress
 from overstory.core.config import ConfigError, differing_keys, record_settings, to_dict
 from overstory.core.failures import check_failure_share, raise_if_too_many
 from overstory.core.records import FailureRecord, JsonlAppender, drop_records, read_jsonl, write_jsonl
-from overstory.data_pipeline.ray_runner import RayConfig, endpoint_urls, import_ray, ray_map
+from overstory.data_pipeline.ray_runner import RayConfig, endpoint_urls, import_ray, make_work, ray_map, ray_session
 from overstory.serving.client import Client, ClientError
 from overstory.serving.launch import served_models
 
@@ -60,11 +64,20 @@ CORPUS_OPERATIONAL_KEYS = frozenset({"path", "limit_docs"})
 class ServedWork(Generic[T]):
     """Work whose model calls go through a client: ``build(client)`` returns the function of one item. The runner
     decides which client: the job's own (threads), or one per endpoint built on each Ray worker from its URL (with
-    ``http_options``, as ``Client.from_url`` takes them), so nothing live crosses process boundaries."""
+    ``http_options``, as ``Client.from_url`` takes them), so nothing live crosses process boundaries.
 
-    build: Callable[[Client], Callable[[T], Any]]
+    ``pool``: named clients of servers of their own, which the runner does not spread over the endpoints (a traces
+    teacher with its own ``server_url``); with a pool, ``build(client, pool)`` gets it, the job's clients on
+    threads, clients rebuilt from the same URLs on each Ray worker.
+
+    ``served_roles``: what each endpoint must serve, as (key recorded under ``served`` -> the role that reads it on
+    the endpoint); empty: every recorded key is a role (``generator``, ``embedder``)."""
+
+    build: Callable[..., Callable[[T], Any]]
     client: Client
     http_options: dict[str, Any] = field(default_factory=dict)
+    pool: Mapping[str, Client] = field(default_factory=dict)
+    served_roles: Mapping[str, str] = field(default_factory=dict)
 
 
 Work = Callable[[T], Any] | ServedWork
@@ -92,8 +105,10 @@ def thread_runner(work: Callable[[T], Any], items: Sequence[T], concurrency: int
 
 def run_threads(work: Work, items: Sequence[T], concurrency: int, _: RayConfig
                 ) -> Iterator[tuple[T, Any, BaseException | None]]:
-    """The ``threads`` runner: :func:`thread_runner`, a ``ServedWork`` built around the job's client."""
-    return thread_runner(work.build(work.client) if isinstance(work, ServedWork) else work, items, concurrency)
+    """The ``threads`` runner: :func:`thread_runner`, a ``ServedWork`` built around the job's clients."""
+    if isinstance(work, ServedWork):
+        work = make_work(work.build, work.client, work.pool)
+    return thread_runner(work, items, concurrency)
 
 
 def run_ray(work: Work, items: Sequence[T], concurrency: int, settings: RayConfig
@@ -103,10 +118,25 @@ def run_ray(work: Work, items: Sequence[T], concurrency: int, settings: RayConfi
     if not isinstance(work, ServedWork):
         raise ConfigError("runner: ray runs a job's model calls on Ray workers, and this job's work does not say "
                           "which client it calls through (ServedWork); use runner: threads")
-    return ray_map(work.build, work.client, items, concurrency, settings, work.http_options)
+    return ray_map(work.build, work.client, items, concurrency, settings, work.http_options, work.pool)
 
 
 RUNNERS: dict[str, Runner] = {"threads": run_threads, "ray": run_ray}
+
+
+def job_server(server_url: str, runner: str, ray: RayConfig) -> str:
+    """The server of a job's own client (what it asks which models serve it, and what the thread runner calls):
+    ``server_url``; else, on Ray with endpoints, the first of them (a fleet needs no stack of the job's own); else
+    "" (the job starts its stack).
+
+    >>> job_server("", "ray", RayConfig(endpoints=["http://a:8000", "http://b:8000"]))
+    'http://a:8000'
+    >>> job_server("", "threads", RayConfig(endpoints=["http://a:8000"]))
+    ''
+    """
+    if server_url or runner != "ray" or not ray.endpoints:
+        return server_url
+    return ray.endpoints[0]
 
 
 def job_settings(config: Any, drop: Collection[str] = ()) -> dict[str, Any]:
@@ -197,6 +227,8 @@ class Fanout:
         self.attempted = 0
         self.failed_ids: list[str] = []  # this run's failed items, for jobs that count failures by kind
         self.also_done: list[Collection[str]] = []  # ids of final outcomes kept elsewhere (see ``todo``)
+        self.session = ExitStack()  # the Ray session of the runs, joined at the first and left at ``__exit__``
+        self.in_session = False
 
     def todo(self, items: Iterable[T], key: Callable[[T], str], *also_done: Collection[str]) -> list[T]:
         """The items whose id is neither in the output nor in ``also_done`` (ids of final outcomes kept elsewhere);
@@ -218,6 +250,9 @@ class Fanout:
         the failure types to the failures file; any other exception stops the run."""
         if self.runner == "ray" and isinstance(work, ServedWork) and items:
             self.check_endpoints(work)
+            if not self.in_session:
+                self.session.enter_context(ray_session(self.ray.address))
+                self.in_session = True
         with Progress() as progress:
             task = progress.add_task(description, total=len(items))
             for item, result, error in RUNNERS[self.runner](work, items, self.concurrency, self.ray):
@@ -233,10 +268,12 @@ class Fanout:
         """Refuse endpoints that serve other models than those recorded for the output (each record names what
         answered it); an endpoint that does not answer is let through: its items fail, counted, and a rerun
         retries them."""
+        roles = dict(work.served_roles) or {key: key for key in self.served}
         for url in endpoint_urls(self.ray, work.client):
-            client = Client.from_url(url, **work.http_options)
+            client = Client.from_url(url, **self.ray.http_options(work.http_options))
             try:
-                self.record_served(served_models(client, list(self.served)))
+                served = served_models(client, list(roles.values()))
+                self.record_served({key: served[role] for key, role in roles.items() if role in served})
             except ClientError:
                 continue
             finally:
@@ -281,9 +318,11 @@ class Fanout:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        """Close the files (again, after ``finish``; or without its checks, when an error stopped the run)."""
+        """Close the files (again, after ``finish``; or without its checks, when an error stopped the run), and
+        leave the runs' Ray session."""
         self.out.close()
         self.failures.close()
+        self.session.close()
 
 
 def _keep_last_per_id(path: Path) -> None:

@@ -23,7 +23,8 @@ then the chunks of the documents that have their master tags (a chunk's semantic
 Then every chunk there is indexed (``retrieval.orion.strategy.OrionStrategy``), embedding only what
 ``<out>/vectors.npz`` lacks, and ``<out>/build.json`` says what tagging spent (LLM calls, failed requests, prompt and
 completion tokens from the server's usage, seconds; a resumed run counts only what it did itself), what failed and
-what indexing embedded.
+what indexing embedded. The tagging runs on the fan-out's ``runner`` (threads, or Ray Data workers whose requests
+are spread over ``ray.endpoints``: docs/scale.md, "Data jobs on Ray").
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ from pathlib import Path
 from typing import TypeVar
 
 from overstory.core.records import Chunk, Document, FailureRecord, JsonlAppender, read_jsonl, write_jsonl
-from overstory.data_pipeline.fanout import Fanout
+from overstory.data_pipeline.fanout import Fanout, ServedWork
+from overstory.data_pipeline.ray_runner import RayConfig
 from overstory.retrieval.orion.strategy import OrionConfig, OrionStrategy
 from overstory.retrieval.orion.tagger import ChunkingConfig, Tagged, Tagger, TaggingConfig, chunk_document
 from overstory.retrieval.orion.tags import CHUNKS_FILE, MASTERS_FILE, ChunkTags, DocumentTags
@@ -52,15 +54,19 @@ Item = TypeVar("Item", Document, Chunk)
 
 
 def tag_and_index(documents: Sequence[Document], client: Client, out: str | Path, chunking: ChunkingConfig,
-                  tagging: TaggingConfig, max_failure_share: float = 0.0) -> dict:
+                  tagging: TaggingConfig, max_failure_share: float = 0.0, runner: str = "threads",
+                  ray: RayConfig | None = None, worker_options: dict | None = None) -> dict:
     """Tag what ``out`` lacks, index every chunk there, write build.json; returns its report (see the module
-    docstring). ``TooManyFailures`` when more than ``max_failure_share`` of the items tagged this run failed."""
+    docstring). ``TooManyFailures`` when more than ``max_failure_share`` of the items tagged this run failed.
+    ``runner`` and ``ray``: where the tagging requests run (``data_pipeline/fanout.py``); ``worker_options``: the
+    Ray workers' ``Client.from_url`` options (``timeout_s``), as ``client`` was built with."""
     out = Path(out)
     chunks = [chunk for document in documents for chunk in chunk_document(document, chunking)]
     started = time.perf_counter()
     with Fanout("orion-tags", out / CHUNKS_FILE, tags_settings(chunking, tagging), beside=out / TAGS_NAME,
-                concurrency=tagging.concurrency, max_failure_share=max_failure_share) as fanout:
-        skipped, usage = tag_missing(documents, chunks, client, out, tagging, fanout)
+                concurrency=tagging.concurrency, max_failure_share=max_failure_share, runner=runner,
+                ray=ray) as fanout:
+        skipped, usage = tag_missing(documents, chunks, client, out, tagging, fanout, worker_options or {})
         counts = fanout.finish()
     fanout.raise_if_failed()
     in_given_order(out / MASTERS_FILE, [d.id for d in documents])
@@ -98,7 +104,8 @@ def tags_settings(chunking: ChunkingConfig, tagging: TaggingConfig) -> dict:
 
 
 def tag_missing(documents: Sequence[Document], chunks: Sequence[Chunk], client: Client, out: Path,
-                tagging: TaggingConfig, fanout: Fanout) -> tuple[dict[str, int], Counter]:
+                tagging: TaggingConfig, fanout: Fanout, worker_options: dict | None = None
+                ) -> tuple[dict[str, int], Counter]:
     """Master tags of the documents, then paragraph tags of the chunks (of documents with master tags), for those not
     yet in ``out``, appended as they come (counted in ``fanout`` by kind and source: ``chunks_llm``,
     ``documents_fallback``...). Returns what was done before or waits for its document, and the generator's usage."""
@@ -112,26 +119,32 @@ def tag_missing(documents: Sequence[Document], chunks: Sequence[Chunk], client: 
             masters.write(record)
             fanout.count(kind)
 
-        _tag(todo, "documents", Tagger.master, keep_master, client, tagging, fanout, fallbacks, usage)
+        options = worker_options or {}
+        _tag(todo, "documents", Tagger.master, keep_master, (client, options), tagging, fanout, fallbacks, usage)
         ready = [c for c in chunks if c.doc_id in masters]
         todo_chunks = fanout.todo(ready, lambda c: c.id)
-        _tag(todo_chunks, "chunks", Tagger.paragraph, fanout.write, client, tagging, fanout, fallbacks, usage)
+        _tag(todo_chunks, "chunks", Tagger.paragraph, fanout.write, (client, options), tagging, fanout, fallbacks,
+             usage)
     return {"documents_skipped_done": len(documents) - len(todo), "chunks_skipped_done": len(ready) - len(todo_chunks),
             "chunks_waiting": len(chunks) - len(ready)}, usage
 
 
 def _tag(items: Sequence[Item], kind: str, tag: Callable[[Tagger, Item], Tagged],
-         keep: Callable[[DocumentTags | ChunkTags, str], None], client: Client, tagging: TaggingConfig,
+         keep: Callable[[DocumentTags | ChunkTags, str], None], served: tuple[Client, dict], tagging: TaggingConfig,
          fanout: Fanout, fallbacks: JsonlAppender, usage: Counter) -> None:
-    """Tag ``items`` on the fan-out's workers, each through a client of its own (a fork, so that its failed requests
-    are told apart; its usage is then added back to ``client``), and ``keep`` each tagged record under
-    ``<kind>_<source>``; an item whose tags fell back after a failed request is listed as failed instead."""
+    """Tag ``items`` on the fan-out's workers, each through a client of its own (a fork of the worker's client, so
+    that its failed requests are told apart; its usage is then added back to that client, and from a Ray worker's to
+    the job's), and ``keep`` each tagged record under ``<kind>_<source>``; an item whose tags fell back after a failed
+    request is listed as failed instead. ``served``: the job's client and the options the Ray workers build theirs
+    with."""
 
-    def work(item: Item) -> tuple[Tagged, dict]:
-        own = client.fork()
-        tagged = tag(Tagger(own, tagging, GENERATOR), item)
-        client.stats.absorb(own.stats)  # the caller's client still counts the tagging (the harness's index cost)
-        return tagged, own.stats.summary().get(GENERATOR, {})
+    def tagger(worker_client: Client) -> Callable[[Item], tuple[Tagged, dict]]:
+        def work(item: Item) -> tuple[Tagged, dict]:
+            own = worker_client.fork()
+            tagged = tag(Tagger(own, tagging, GENERATOR), item)
+            worker_client.stats.absorb(own.stats)  # the caller's client still counts the tagging (the index cost)
+            return tagged, own.stats.summary().get(GENERATOR, {})
+        return work
 
     def write(item: Item, result: tuple[Tagged, dict]) -> None:
         tagged, spent = result
@@ -145,4 +158,4 @@ def _tag(items: Sequence[Item], kind: str, tag: Callable[[Tagger, Item], Tagged]
         if tagged.failure is not None:
             fallbacks.write(tagged.failure)
 
-    fanout.run(items, lambda item: item.id, work, write, f"{kind[:-1]} tags")
+    fanout.run(items, lambda item: item.id, ServedWork(tagger, *served), write, f"{kind[:-1]} tags")

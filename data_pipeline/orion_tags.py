@@ -21,12 +21,15 @@ from __future__ import annotations
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Literal
 
 from overstory.core.config import ConfigError
 from overstory.core.records import write_jsonl
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
+from overstory.data_pipeline.fanout import job_server
 from overstory.data_pipeline.orion_index import tag_and_index
+from overstory.data_pipeline.ray_runner import RayConfig
 from overstory.models.registry import MINILM
 from overstory.retrieval.orion.strategy import OrionConfig, OrionStrategy
 from overstory.retrieval.orion.tagger import ChunkingConfig, TaggingConfig
@@ -47,6 +50,9 @@ class OrionTagsConfig:
     request_timeout_s: float = 900.0  # per request: tagging replies are short, but a loaded CPU server queues them
     serve: ServeConfig = field(default_factory=lambda: ServeConfig.local(port=0))
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    # ray: Ray Data workers (tagging.concurrency of them), the requests spread over ray.endpoints
+    runner: Literal["threads", "ray"] = "threads"
+    ray: RayConfig = field(default_factory=RayConfig)
 
     def __post_init__(self) -> None:
         if self.request_timeout_s <= 0:
@@ -61,9 +67,11 @@ def run(config: OrionTagsConfig) -> dict:
         raise ConfigError(f"corpus: {config.corpus.path!r} holds no documents")
     with ExitStack() as stack:
         tracker = stack.enter_context(start_run(config.tracking, "data orion-tags", config))
-        client = stack.enter_context(client_for(config.serve, config.server_url, timeout_s=config.request_timeout_s))
+        client = stack.enter_context(client_for(config.serve, job_server(config.server_url, config.runner, config.ray),
+                                                timeout_s=config.request_timeout_s))
         report = tag_and_index(documents, client, config.out, config.chunking, config.tagging,
-                               config.max_failure_share)
+                               config.max_failure_share, config.runner, config.ray,
+                               {"timeout_s": config.request_timeout_s})
         tracker.summary({"documents": report["documents"], "chunks": report["chunks"],
                          "llm_calls": report["tagging"]["llm_calls"], "embedded": report["index"]["embedded"]})
     tagging = report["tagging"]

@@ -9,17 +9,25 @@ client for each endpoint (``build(client)``: nothing live is pickled), and item 
 free up, and each result streams back to the driver as soon as it is done, where the fan-out writes it (the output,
 its resumability by id and the failure records stay the driver's, exactly as with the thread runner).
 
+Work may also call servers of its own that are not spread (a traces teacher with its own ``server_url``): its
+``pool`` of named clients is rebuilt on each worker from their URLs, once, and handed to ``build`` beside the
+endpoint's client.
+
 Settings (a job config's ``ray:`` section, used when ``runner: ray``): ``address`` ("" starts a local Ray for the
 job; ``auto`` joins the cluster this node belongs to, started with ``ray start --head``; ``ray://host:10001`` a
-remote one through Ray Client) and ``endpoints`` (base URLs; empty: the job's own server).
+remote one through Ray Client), ``endpoints`` (base URLs; empty: the job's own server) and ``api_key_env`` (the
+environment variable, on the node that runs the command, whose value the workers send as ``Authorization: Bearer``
+to every endpoint: servers started with an API key refuse requests without it).
 """
 
 from __future__ import annotations
 
+import os
 import pickle
 import re
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -38,6 +46,9 @@ class RayConfig:
     address: str = ""
     # OpenAI-compatible base URLs (several vLLM servers, or stacks on several nodes); empty = the job's own server
     endpoints: list[str] = field(default_factory=list)
+    # the environment variable holding the endpoints' API key (the one `overstory serve` reads); unset or empty:
+    # no key is sent. The key itself is never part of a config, so it is neither recorded nor tracked.
+    api_key_env: str = "OVERSTORY_API_KEY"
 
     def __post_init__(self) -> None:
         if not _ADDRESS.match(self.address):
@@ -45,6 +56,14 @@ class RayConfig:
         for i, url in enumerate(self.endpoints):
             if not re.match(r"^https?://\S+$", url):
                 raise ConfigError(f"ray.endpoints[{i}]: {url!r} is not an http(s):// base URL")
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", self.api_key_env):
+            raise ConfigError(f"ray.api_key_env: {self.api_key_env!r} is not an environment variable's name")
+
+    def http_options(self, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """``options`` (``Client.from_url``'s) for the endpoints' clients, with the API key read from
+        ``api_key_env`` unless ``options`` already name one."""
+        key = os.environ.get(self.api_key_env, "").strip()
+        return {**({"api_key": key} if key else {}), **(options or {})}
 
 
 def import_ray() -> Any:
@@ -62,21 +81,49 @@ def endpoint_urls(settings: RayConfig, client: Client) -> list[Any]:
     role -> URL mapping for a vLLM stack)."""
     if settings.endpoints:
         return list(settings.endpoints)
+    return [client_url(client, "ray.endpoints")]
+
+
+def client_url(client: Client, key: str) -> Any:
+    """The server of ``client`` (a URL, or a role -> URL mapping), from which a worker builds its own client; an
+    in-process client has none, which ``key`` (the setting to give instead) is named for."""
     urls = getattr(client.backend, "urls", None)
     if urls is None:
-        raise ConfigError("ray.endpoints: the job's client is in-process; runner: ray needs servers over HTTP "
+        raise ConfigError(f"{key}: the job's client is in-process; runner: ray needs servers over HTTP "
                           "(ray.endpoints, or server_url)")
-    return [urls]
+    return urls
+
+
+def make_work(build: Callable[..., Callable[[T], Any]], client: Client, pool: Mapping[str, Client]
+              ) -> Callable[[T], Any]:
+    """The function of one item: ``build(client)``, or ``build(client, pool)`` for work with a pool of servers of
+    its own (the one rule, for the thread runner and the Ray workers alike)."""
+    return build(client, pool) if pool else build(client)
+
+
+@contextmanager
+def ray_session(address: str) -> Iterator[None]:
+    """Ray for the block: joined (or, for address "", started), and shut down at its end when started here; a
+    process already connected keeps its connection. A job holds one for all its fan-out runs."""
+    ray = import_ray()
+    started = _connect(ray, address)
+    try:
+        yield
+    finally:
+        if started:
+            ray.shutdown()
 
 
 class EndpointWorker:
     """Ray Data's stateful UDF: one per actor, holding a client and the job's work for each endpoint, built here on
-    the worker from the URLs; each row runs one item and returns its result or its error, and the calls it made."""
+    the worker from the URLs (with the pool's clients, from theirs); each row runs one item and returns its result
+    or its error, and the calls it made through the endpoint's client."""
 
-    def __init__(self, build: Callable[[Client], Callable[[Any], Any]], endpoints: list[Any],
-                 http_options: dict[str, Any]):
+    def __init__(self, build: Callable[..., Callable[[Any], Any]], endpoints: list[Any],
+                 http_options: dict[str, Any], pool_urls: dict[str, Any], pool_options: dict[str, Any]):
         self.clients = [Client.from_url(url, **http_options) for url in endpoints]
-        self.works = [build(client) for client in self.clients]
+        self.pool = {name: Client.from_url(url, **pool_options) for name, url in pool_urls.items()}
+        self.works = [make_work(build, client, self.pool) for client in self.clients]
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list]:
         """Run each row's item on its endpoint (an actor runs one batch at a time, so swapping in fresh
@@ -85,6 +132,8 @@ class EndpointWorker:
         for index, endpoint, item in zip(batch["index"], batch["endpoint"], batch["item"]):
             client = self.clients[int(endpoint)]
             client.stats = UsageStats()
+            for own in self.pool.values():
+                own.stats = UsageStats()
             result, error = None, None
             try:
                 result = self.works[int(endpoint)](loads(item))
@@ -93,40 +142,45 @@ class EndpointWorker:
             rows["index"].append(int(index))
             rows["result"].append(dumps(result))
             rows["error"].append(dumps(error))
-            rows["stats"].append(dumps(client.stats.roles))
+            rows["stats"].append(dumps({"endpoint": client.stats.roles,
+                                        **{name: own.stats.roles for name, own in self.pool.items()}}))
         return rows
 
 
-def ray_map(build: Callable[[Client], Callable[[T], Any]], client: Client, items: Sequence[T], concurrency: int,
-            settings: RayConfig, http_options: dict[str, Any] | None = None
-            ) -> Iterator[tuple[T, Any, BaseException | None]]:
-    """``build(client)``'s work over ``items`` on Ray Data (see the module docstring); yields (item, result, None)
-    or (item, None, error) as each completes, each item once, and adds the workers' calls to ``client.stats``."""
+def ray_map(build: Callable[..., Callable[[T], Any]], client: Client, items: Sequence[T], concurrency: int,
+            settings: RayConfig, http_options: dict[str, Any] | None = None,
+            pool: Mapping[str, Client] | None = None) -> Iterator[tuple[T, Any, BaseException | None]]:
+    """``make_work(build, ...)``'s work over ``items`` on Ray Data (see the module docstring); yields (item, result,
+    None) or (item, None, error) as each completes, each item once, and adds the workers' calls to ``client.stats``
+    (those through the pool's servers to the pool's clients)."""
     if not items:
         return
-    ray = import_ray()
-    started = _connect(ray, settings.address)
-    ray.data.DataContext.get_current().enable_progress_bars = False  # the fan-out shows its own progress
-    try:
+    pool = pool or {}
+    with ray_session(settings.address):
+        ray = import_ray()
+        ray.data.DataContext.get_current().enable_progress_bars = False  # the fan-out shows its own progress
         endpoints = endpoint_urls(settings, client)
         dataset = ray.data.from_items(
             [{"index": i, "endpoint": i % len(endpoints), "item": dumps(item)} for i, item in enumerate(items)],
             override_num_blocks=len(items))
         results = dataset.map_batches(
             EndpointWorker, batch_size=1, concurrency=min(concurrency, len(items)),
-            fn_constructor_kwargs={"build": build, "endpoints": endpoints, "http_options": http_options or {}})
+            fn_constructor_kwargs={"build": build, "endpoints": endpoints,
+                                   "http_options": settings.http_options(http_options),
+                                   "pool_urls": {name: client_url(own, f"pool {name}") for name, own in pool.items()},
+                                   "pool_options": http_options or {}})
         seen: set[int] = set()
         for row in results.iter_rows():
             index = int(row["index"])
             if index in seen:  # a retried task's row that already came back
                 continue
             seen.add(index)
-            client.stats.absorb(_stats(loads(row["stats"])))
+            stats = loads(row["stats"])
+            client.stats.absorb(_stats(stats.pop("endpoint")))
+            for name, roles in stats.items():
+                pool[name].stats.absorb(_stats(roles))
             error = loads(row["error"])
             yield items[index], (None if error else loads(row["result"])), (_rebuilt_error(error) if error else None)
-    finally:
-        if started:
-            ray.shutdown()
 
 
 def _connect(ray: Any, address: str) -> bool:

@@ -24,11 +24,14 @@ request that fails (timeout, server down) goes to ``<out>.failures.jsonl``, and 
 skips finished ids. The job runs on the fan-out skeleton (``data_pipeline/fanout.py``): its settings and the model
 behind each teacher, as the servers report it, are kept in ``<out>.settings.json`` (a rerun with others is refused),
 and it fails (exit code 1) when more than ``max_failure_share`` of its requests failed. The job prints the yield per
-teacher.
+teacher. With ``runner: ray`` the (label, teacher) pairs run on Ray Data workers: the requests of the teachers
+served by the job's stack (and the rewrites) are spread over ``ray.endpoints``; a teacher with a ``server_url`` of
+its own keeps it, each worker calling it through a client of its own (docs/scale.md, "Data jobs on Ray").
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,9 +43,10 @@ from rich.table import Table
 from overstory.core.config import ConfigError
 from overstory.core.records import LEVELS, FailureRecord, JsonlAppender, PlannerTrace, PseudoLabel
 from overstory.core.tracking import TrackingConfig, start_run
-from overstory.data_pipeline.fanout import Fanout, job_settings
+from overstory.data_pipeline.fanout import Fanout, ServedWork, job_server, job_settings
 from overstory.data_pipeline.hierarchy import cached_tokenizer
 from overstory.data_pipeline.planner_examples import correct_labels, labelled_hierarchy, planner_metadata
+from overstory.data_pipeline.ray_runner import RayConfig
 from overstory.models.planner import (
     TRACE_RESPONSE_FORMAT,
     parse_plan,
@@ -101,6 +105,8 @@ class TracesConfig:
     server_url: str = ""
     serve: ServeConfig = field(default_factory=lambda: ServeConfig.local(port=0))
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    runner: Literal["threads", "ray"] = "threads"  # ray: Ray Data workers, requests spread over ray.endpoints
+    ray: RayConfig = field(default_factory=RayConfig)
 
     def __post_init__(self) -> None:
         if not self.teachers:
@@ -110,9 +116,15 @@ class TracesConfig:
 
 
 class TraceRejected(Exception):
+    """A teacher's reply that yields no trace (an outcome, kept with its raw text); it travels back from a Ray worker
+    as a result, so it pickles as its record."""
+
     def __init__(self, record: FailureRecord):
         super().__init__(record.error)
         self.record = record
+
+    def __reduce__(self) -> tuple:
+        return TraceRejected, (self.record,)
 
 
 # what a question asks for, from its wh-word (first match wins); no phrase names a chunk size
@@ -216,7 +228,8 @@ def run(config: TracesConfig) -> dict:
         tracker = stack.enter_context(start_run(config.tracking, "data traces", config))
         fanout = stack.enter_context(Fanout("traces", config.out, traces_settings(config),
                                             concurrency=config.concurrency,
-                                            max_failure_share=config.max_failure_share))
+                                            max_failure_share=config.max_failure_share, runner=config.runner,
+                                            ray=config.ray))
         rejected = stack.enter_context(JsonlAppender(rejected_path(config.out)))
         jobs = fanout.todo([(label, name) for label in labels for name in config.teachers],
                            lambda job: f"{job[0].id}/{job[1]}", rejected.done)
@@ -224,14 +237,24 @@ def run(config: TracesConfig) -> dict:
         served = served_teachers(config, clients)
         fanout.record_served(served)
 
-        def trace(job: tuple[PseudoLabel, str]) -> PlannerTrace | TraceRejected:
-            label, name = job
-            try:
-                return trace_for(label, name, config.teachers[name],
-                                 planner_messages(label.question, metadata[label.doc_id]), clients, config,
-                                 count_tokens, served.get(f"teacher/{name}", ""))
-            except TraceRejected as rejection:  # an outcome (the teacher's yield), not a failure to retry
-                return rejection
+        teachers = [name for name in clients if name != "_job"]  # names only: live clients do not go to workers
+
+        def tracer(job_client: Client | None, pool: Mapping[str, Client] | None = None
+                   ) -> Callable[[tuple[PseudoLabel, str]], PlannerTrace | TraceRejected]:
+            """The trace of one (label, teacher) through ``job_client`` (the job's, or a Ray worker's for its
+            endpoint) and the teachers' own servers in ``pool``."""
+            own = {**({"_job": job_client} if job_client is not None else {}),
+                   **{name: (pool or {}).get(name, job_client) for name in teachers}}
+
+            def trace(job: tuple[PseudoLabel, str]) -> PlannerTrace | TraceRejected:
+                label, name = job
+                try:
+                    return trace_for(label, name, config.teachers[name],
+                                     planner_messages(label.question, metadata[label.doc_id]), own, config,
+                                     count_tokens, served.get(f"teacher/{name}", ""))
+                except TraceRejected as rejection:  # an outcome (the teacher's yield), not a failure to retry
+                    return rejection
+            return trace
 
         def write(job: tuple[PseudoLabel, str], result: PlannerTrace | TraceRejected) -> None:
             row = yields[job[1]]
@@ -244,7 +267,7 @@ def run(config: TracesConfig) -> dict:
                 row["kept"] += 1
                 row["rewritten"] += int(result.rewritten)
 
-        fanout.run(jobs, lambda job: f"{job[0].id}/{job[1]}", trace, write, "tracing")
+        fanout.run(jobs, lambda job: f"{job[0].id}/{job[1]}", traces_work(config, clients, tracer), write, "tracing")
         for failed in fanout.failed_ids:
             yields[failed.rsplit("/", 1)[1]]["errors"] += 1
         for row in yields.values():
@@ -272,13 +295,30 @@ def traces_settings(config: TracesConfig) -> dict:
     return settings
 
 
+def traces_work(config: TracesConfig, clients: dict[str, Client], tracer: Callable[..., Callable]
+                ) -> ServedWork | Callable:
+    """The fan-out's work: ``tracer`` as ``ServedWork`` around the job's client (``_job``), the teachers with
+    servers of their own as its pool, and what each endpoint must serve (the job's teachers' roles and, for the
+    rewrites, the planner); a pool without the job's client: template teachers alone, which call no server."""
+    if "_job" not in clients:
+        return tracer(None, clients) if clients else tracer(None)
+    job = clients["_job"]
+    pool = {name: client for name, client in clients.items() if name != "_job" and client is not job}
+    roles = {f"teacher/{name}": config.teachers[name].role for name, client in clients.items()
+             if name != "_job" and client is job}
+    return ServedWork(tracer, job, pool=pool, served_roles=roles | ({"planner": "planner"} if config.rewrite else {}))
+
+
 def teacher_clients(config: TracesConfig, jobs: list[tuple[PseudoLabel, str]], stack: ExitStack) -> dict[str, Client]:
     """A client per LLM teacher (its own endpoint, or the job's stack), and the job's own (``_job``: the planner
-    role rewrites long traces); the job's stack starts only when some pending job needs it."""
+    role rewrites long traces); the job's stack starts only when some pending job needs it (with ``runner: ray``,
+    the job's client is always made, for the endpoints to be spread over: ``fanout.job_server``)."""
     llm = {name for _, name in jobs if config.teachers[name].kind == "llm"}
     clients: dict[str, Client] = {}
-    if any(not config.teachers[name].server_url for name in llm) or (llm and config.rewrite):
-        clients["_job"] = stack.enter_context(client_for(config.serve, config.server_url))
+    spread = any(not config.teachers[name].server_url for name in llm) or config.rewrite or config.runner == "ray"
+    if llm and spread:
+        url = job_server(config.server_url, config.runner, config.ray)
+        clients["_job"] = stack.enter_context(client_for(config.serve, url))
     for name in llm:
         url = config.teachers[name].server_url
         clients[name] = stack.enter_context(client_for(config.serve, url)) if url else clients["_job"]
