@@ -26,18 +26,32 @@ scores are None, the answer is in ``details["prediction"]``).
 
 from __future__ import annotations
 
+import dataclasses
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from overstory.core.config import ConfigError, build
-from overstory.core.records import Chunk, Document
+from overstory.core.records import Chunk, Document, read_jsonl, write_jsonl
 from overstory.retrieval.answer import AnswerConfig
 from overstory.retrieval.arag import ARagConfig, ARagStrategy
 from overstory.retrieval.bm25_floor import BM25FloorStrategy
 from overstory.retrieval.fable.strategy import FableConfig, FableStrategy
+from overstory.retrieval.index import DocumentExistsError, UnknownDocumentError
+from overstory.retrieval.index_manifest import (
+    IndexMismatchError,
+    check_contents,
+    check_manifest,
+    chunks_hash,
+    read_manifest,
+    read_versioned,
+    save_versioned,
+    write_manifest,
+)
 from overstory.retrieval.lattice.strategy import LatticeStrategy, LatticeStrategyConfig
 from overstory.retrieval.lattice.tree import Tree
 from overstory.retrieval.naive import NaiveConfig, NaiveStrategy
@@ -52,7 +66,8 @@ from overstory.serving.launch import client_for
 
 __all__ = [
     "STRATEGIES", "SECTIONS", "Models", "Retriever", "Evidence", "Cost", "Retrieved", "Answered", "build_strategy",
-    "strategy_config", "check_strategies", "documents_from", "usage_by_role",
+    "strategy_config", "check_strategies", "documents_from", "usage_by_role", "IndexMismatchError",
+    "DocumentExistsError", "UnknownDocumentError", "PERSISTENT",
 ]
 
 STRATEGIES = ("naive", "smartchunk", "lattice", "arag", "fable", "orion", "bm25_floor")
@@ -61,6 +76,9 @@ SECTIONS: dict[str, type] = {"naive": NaiveConfig, "smartchunk": SmartChunkConfi
                              "arag": ARagConfig, "fable": FableConfig, "orion": OrionConfig}
 # strategies without a retrieval step of their own: ``retrieve`` runs their answer and returns what it read
 READ_BY_ANSWERING = ("arag", "bm25_floor")
+# strategies whose index ``Retriever.save`` / ``load`` persist and ``add_documents`` / ``remove_documents`` update
+PERSISTENT = ("naive", "smartchunk")
+RETRIEVER_KIND = "retriever"  # the kind a saved Retriever's manifest names
 
 
 # ------------------------------------------------------------------------------------------------ settings
@@ -104,20 +122,24 @@ def strategy_config(name: str, section: Any = None) -> Any:
 
 
 def build_strategy(name: str, documents: Sequence[Document], chunks: Sequence[Chunk], client: Client,
-                   config: Any = None, answer: AnswerConfig | Mapping | None = None, forest: str = "") -> Strategy:
+                   config: Any = None, answer: AnswerConfig | Mapping | None = None, forest: str = "", *,
+                   embedding_model: str | None = None, settings: Mapping[str, Any] | None = None) -> Strategy:
     """Build strategy ``name`` over the corpus (``chunks``: the documents' hierarchy); index calls (embeddings,
     FABLE's summaries) go through ``client``. ``config`` is the strategy's section (see ``strategy_config``),
     ``answer`` how the generator is asked. FABLE reads a saved ``forest`` (a forest.json from ``overstory data
     fable-forest``) or builds one; Orion-RAG reads its tags folder (``orion.tags``, from ``overstory data
-    orion-tags``); LATTICE its tree (``lattice.tree``, from ``overstory data lattice-tree``)."""
+    orion-tags``); LATTICE its tree (``lattice.tree``, from ``overstory data lattice-tree``). The naive and SmartChunk
+    indexes record ``embedding_model`` (the served embedder's model) and ``settings`` (the hierarchy's) for saves."""
     section = strategy_config(name, config)
     asked = _section(AnswerConfig, answer, "answer")
     if name == "bm25_floor":
         return BM25FloorStrategy.build(chunks)
     if name == "naive":
-        return NaiveStrategy.build(chunks, client, section, asked)
+        return NaiveStrategy.build(chunks, client, section, asked, embedding_model=embedding_model,
+                                   settings=settings)
     if name == "smartchunk":
-        return SmartChunkStrategy.build(documents, chunks, client, section, asked)
+        return SmartChunkStrategy.build(documents, chunks, client, section, asked, embedding_model=embedding_model,
+                                        settings=settings)
     if name == "arag":
         return ARagStrategy.build(chunks, client, section)
     if name == "fable":
@@ -167,6 +189,7 @@ class Models:
     def __init__(self, client: Client, owned: ExitStack | None = None):
         self.client = client
         self._owned = owned or ExitStack()
+        self._served: dict[str, str | None] = {}  # role -> served model, from /v1/models
 
     @classmethod
     def from_url(cls, url: str | Mapping[str, str], **http_options: Any) -> Models:
@@ -193,6 +216,15 @@ class Models:
         owned = ExitStack()
         client = owned.enter_context(client_for(serve))
         return cls(client, owned)
+
+    def served_model(self, role: str) -> str | None:
+        """The model behind ``role`` (the ``root`` of its entry in the servers' ``/v1/models``), asked once; None
+        when no server lists it. What a saved index records as its embedding model."""
+        if role not in self._served:
+            entries = [m for response in self.client.backend.get("/v1/models") for m in response["data"]]
+            self._served.update({m["id"]: m.get("root") or m["id"] for m in entries})
+            self._served.setdefault(role, None)
+        return self._served[role]
 
     def close(self) -> None:
         """Close the client, and stop the models this object started."""
@@ -287,34 +319,180 @@ def _evidence(chunks: Sequence[Chunk], scores: Sequence[float | None]) -> list[E
 # ------------------------------------------------------------------------------------------------ retriever
 
 
-class Retriever:
-    """One strategy built over a corpus, answering through ``models``; see the module docstring."""
+@dataclass(frozen=True)
+class _Held:
+    """What a ``Retriever`` holds, swapped as one value by an update: its strategy, documents and their hierarchy."""
 
-    def __init__(self, strategy: Strategy, name: str, models: Models, doc_ids: Iterable[str], index_cost: Cost):
-        self.strategy, self.name, self.models, self.index_cost = strategy, name, models, index_cost
-        self.doc_ids = frozenset(doc_ids)
+    strategy: Strategy
+    documents: dict[str, Document]
+    chunks: tuple[Chunk, ...]
+
+
+def hierarchy_settings(settings: Any) -> dict[str, Any]:
+    """The hierarchy settings the chunks came from as a plain mapping: a dataclass (``HierarchyConfig``) or a
+    mapping; {} for None."""
+    if settings is None:
+        return {}
+    if dataclasses.is_dataclass(settings) and not isinstance(settings, type):
+        return dataclasses.asdict(settings)
+    if isinstance(settings, Mapping):
+        return dict(settings)
+    raise ConfigError(f"settings: expected the hierarchy's settings (a HierarchyConfig or a mapping), got "
+                      f"{type(settings).__name__}")
+
+
+def check_hierarchy(documents: Sequence[Document], chunks: Sequence[Chunk], every_document: bool = True) -> None:
+    """A ConfigError for a chunk of a document not among ``documents`` or (``every_document``) a document without
+    chunks."""
+    ids, owners = {d.id for d in documents}, {c.doc_id for c in chunks}
+    if strays := sorted(owners - ids):
+        raise ConfigError(f"chunks: document(s) {', '.join(strays[:3])} are not among the documents given")
+    if every_document and (bare := sorted(ids - owners)):
+        raise ConfigError(f"chunks: document(s) {', '.join(bare[:3])} have no chunk; give their hierarchy")
+
+
+class Retriever:
+    """One strategy built over a corpus, answering through ``models``; see the module docstring.
+
+    ``save`` / ``load`` persist it and ``add_documents`` / ``remove_documents`` update it in place (strategies of
+    ``PERSISTENT``). An update builds the new index beside the old one and swaps the pair (strategy, documents) in one
+    assignment, so a ``retrieve`` running meanwhile in another thread reads the old or the new index, never a mix;
+    updates themselves run one at a time.
+    """
+
+    def __init__(self, strategy: Strategy, name: str, models: Models, documents: Sequence[Document],
+                 chunks: Sequence[Chunk], index_cost: Cost, config: Any = None, answer: AnswerConfig | None = None,
+                 settings: Mapping[str, Any] | None = None):
+        self.name, self.models, self.index_cost = name, models, index_cost
+        self.config, self.answer_config = config, answer or AnswerConfig()
+        self.settings = dict(settings or {})  # the hierarchy's, recorded by save and checked by load
+        self._held = _Held(strategy, {d.id: d for d in documents}, tuple(chunks))
+        self._update_lock = threading.Lock()
+
+    strategy = property(lambda self: self._held.strategy, doc="The strategy built over the documents held now.")
+    strategy_name = property(lambda self: self.name, doc="The strategy's name (one of ``STRATEGIES``).")
+    doc_ids = property(lambda self: frozenset(self._held.documents), doc="The ids of the documents held now.")
 
     @classmethod
     def build(cls, strategy: str, documents: Sequence[Document | Mapping[str, Any]], chunks: Sequence[Chunk],
               models: Models, config: Any = None, answer: AnswerConfig | Mapping | None = None,
-              forest: str = "") -> Retriever:
+              forest: str = "", settings: Any = None) -> Retriever:
         """Build ``strategy`` over ``documents`` and their hierarchy ``chunks`` (``build_strategy``; its index cost
-        is ``index_cost``). Chunks of a document not in ``documents`` are a ConfigError."""
+        is ``index_cost``). Chunks of a document not in ``documents`` are a ConfigError. ``settings`` are the
+        hierarchy's (a ``HierarchyConfig`` or a mapping): a save records them and ``load`` can check them."""
         documents = documents_from(documents)
-        ids = {d.id for d in documents}
-        if strays := sorted({c.doc_id for c in chunks} - ids):
-            raise ConfigError(f"chunks: document(s) {', '.join(strays[:3])} are not among the documents given")
+        check_hierarchy(documents, chunks, every_document=False)
+        section, asked = strategy_config(strategy, config), _section(AnswerConfig, answer, "answer")
+        recorded = hierarchy_settings(settings)
+        embedding_model = models.served_model("embedder") if strategy in PERSISTENT else None
         client, started = models.client.fork(), time.perf_counter()
-        built = build_strategy(strategy, documents, chunks, client, config, answer, forest)
-        return cls(built, strategy, models, ids, Cost(usage_by_role(client), round(time.perf_counter() - started, 3)))
+        built = build_strategy(strategy, documents, chunks, client, section, asked, forest,
+                               embedding_model=embedding_model, settings=recorded)
+        cost = Cost(usage_by_role(client), round(time.perf_counter() - started, 3))
+        return cls(built, strategy, models, documents, chunks, cost, section, asked, recorded)
 
-    def _scope(self, scope: str | Sequence[str] | None) -> list[str] | None:
+    def _persistent(self, what: str) -> None:
+        """A ConfigError unless this strategy's index persists and updates."""
+        if self.name not in PERSISTENT:
+            raise ConfigError(f"{self.name}: cannot {what} this strategy's index; the strategies that persist and "
+                              f"update are {', '.join(PERSISTENT)}")
+
+    def save(self, folder: str | Path) -> None:
+        """Save as a new version of ``folder``, swapped in atomically (``index_manifest.save_versioned``): the
+        documents, their hierarchy, the strategy's index, and a manifest naming the strategy, the corpus hash, the
+        served embedder's model and the settings (the hierarchy's, the strategy's section, the answer's)."""
+        self._persistent("save")
+        held = self._held
+        manifest = {"kind": RETRIEVER_KIND, "strategy": self.name, "corpus_hash": chunks_hash(held.chunks),
+                    "n_chunks": len(held.chunks), "n_documents": len(held.documents),
+                    "embedding_model": self.models.served_model("embedder"),
+                    "settings": {"hierarchy": self.settings, "config": dataclasses.asdict(self.config),
+                                 "answer": dataclasses.asdict(self.answer_config)}}
+
+        def write(version: Path) -> None:
+            version.mkdir(parents=True)
+            write_jsonl(version / "documents.jsonl", held.documents.values())
+            write_jsonl(version / "chunks.jsonl", held.chunks)
+            held.strategy.save_index(version / "index")  # type: ignore[attr-defined]  # PERSISTENT strategies
+            write_manifest(version, manifest)
+
+        save_versioned(folder, write)
+
+    @classmethod
+    def load(cls, folder: str | Path, models: Models, config: Any = None, answer: AnswerConfig | Mapping | None = None,
+             settings: Any = None) -> Retriever:
+        """The retriever ``save`` wrote in ``folder``, answering through ``models``: its strategy, documents and
+        index as saved, nothing embedded again. Refused (``IndexMismatchError``, naming what differs) when the
+        folder was saved with another embedding model than ``models`` serve, other hierarchy ``settings`` (when
+        given), or an index that ``config`` (the strategy's section; None: the saved one) cannot read, such as
+        another index kind, levels or way of embedding."""
+        embedding_model = models.served_model("embedder")
+
+        def read(files: Path, versioned: bool) -> Retriever:
+            manifest = read_manifest(files) if versioned else {}
+            if manifest.get("kind") != RETRIEVER_KIND:
+                raise IndexMismatchError(f"{folder}: no saved Retriever here (Retriever.save writes one)")
+            wanted = {"hierarchy": hierarchy_settings(settings)} if settings is not None else {}
+            check_manifest(manifest, folder, embedding_model, wanted)
+            name, recorded = manifest["strategy"], manifest["settings"]
+            section = strategy_config(name, recorded["config"] if config is None else config)
+            asked = _section(AnswerConfig, recorded["answer"] if answer is None else answer, "answer")
+            documents = list(read_jsonl(files / "documents.jsonl", Document))
+            chunks = list(read_jsonl(files / "chunks.jsonl", Chunk))
+            check_contents(manifest, folder, RETRIEVER_KIND, len(chunks), chunks_hash(chunks))
+            strategy = load_strategy(name, files / "index", documents, models.client, section, asked,
+                                     embedding_model, recorded["hierarchy"])
+            return cls(strategy, name, models, documents, chunks, Cost({}, 0.0), section, asked,
+                       recorded["hierarchy"])
+
+        return read_versioned(folder, read)
+
+    def add_documents(self, documents: Sequence[Document | Mapping[str, Any]], chunks: Sequence[Chunk],
+                      replace: bool = False) -> None:
+        """Add ``documents`` (``chunks``: their hierarchy, e.g. ``build_hierarchies(documents, settings)``) to the
+        index in place: only their chunks are embedded or indexed. A document already held is refused
+        (``DocumentExistsError``) unless ``replace``, which drops its old chunks first."""
+        self._persistent("add documents to")
+        documents, chunks = documents_from(documents), list(chunks)
+        check_hierarchy(documents, chunks)
+        with self._update_lock:
+            held = self._held
+            if (present := [d.id for d in documents if d.id in held.documents]) and not replace:
+                raise DocumentExistsError(f"already in the index: document {', '.join(map(repr, present))}; remove "
+                                          "it first or add with replace=True")
+            strategy = held.strategy.with_documents(  # type: ignore[attr-defined]  # PERSISTENT strategies
+                documents, chunks, self.models.client.fork(), replace)
+            ids = {d.id for d in documents}
+            kept = (c for c in held.chunks if c.doc_id not in ids)
+            self._held = _Held(strategy, {**held.documents, **{d.id: d for d in documents}}, (*kept, *chunks))
+
+    def remove_documents(self, ids: Iterable[str]) -> None:
+        """Remove the documents ``ids`` from the index in place: their chunks, vectors and terms, nothing else. An id
+        not held is an ``UnknownDocumentError`` naming it; removing every document is a ValueError."""
+        self._persistent("remove documents from")
+        if isinstance(ids, str):
+            raise TypeError(f"ids must be a list of document ids, not the string {ids!r}")
+        wanted = list(dict.fromkeys(ids))
+        with self._update_lock:
+            held = self._held
+            if unknown := [d for d in wanted if d not in held.documents]:
+                raise UnknownDocumentError(f"not in the index: document {', '.join(map(repr, unknown))}")
+            if not wanted or set(held.documents) <= set(wanted):
+                raise ValueError("no document to remove" if not wanted else
+                                 "removing every document would leave the index empty; build a new index instead")
+            strategy = held.strategy.without_documents(wanted)  # type: ignore[attr-defined]  # PERSISTENT strategies
+            dropped = set(wanted)
+            self._held = _Held(strategy, {i: d for i, d in held.documents.items() if i not in dropped},
+                               tuple(c for c in held.chunks if c.doc_id not in dropped))
+
+    @staticmethod
+    def _scope(held: _Held, scope: str | Sequence[str] | None) -> list[str] | None:
         """``scope`` as a list of document ids (one id may be given alone); an id not in the corpus is a
         ValueError."""
         if scope is None:
             return None
         ids = [scope] if isinstance(scope, str) else list(scope)
-        if not ids or (missing := [d for d in ids if d not in self.doc_ids]):
+        if not ids or (missing := [d for d in ids if d not in held.documents]):
             raise ValueError(f"scope: {', '.join(missing) if ids else 'no document'} is not a document of this corpus")
         return ids
 
@@ -324,13 +502,14 @@ class Retriever:
         _check_question(question)
         if k is not None and k < 1:
             raise ValueError(f"k must be at least 1, got {k}")
-        ids, client, started = self._scope(scope), self.models.client.fork(), time.perf_counter()
+        held = self._held  # one snapshot: an update meanwhile swaps in a new one
+        ids, client, started = self._scope(held, scope), self.models.client.fork(), time.perf_counter()
         if self.name in READ_BY_ANSWERING:
-            answered = self.strategy.answer(question, client, ids)
+            answered = held.strategy.answer(question, client, ids)
             found = Retrieval(answered.evidence[:k] if k else answered.evidence, [], answered.failure,
                               answered.failure_detail, {**answered.details, "prediction": answered.prediction})
         else:
-            retriever: RetrievingStrategy = self.strategy  # type: ignore[assignment]  # every other strategy
+            retriever: RetrievingStrategy = held.strategy  # type: ignore[assignment]  # every other strategy
             found = retriever.retrieve_evidence(question, client, ids, k)
         cost = Cost(usage_by_role(client), round(time.perf_counter() - started, 3))
         return Retrieved(_evidence(found.evidence, found.scores), cost, found.failure, found.failure_detail,
@@ -340,11 +519,26 @@ class Retriever:
         """The generator's answer to ``question`` from what the strategy retrieved in ``scope``'s documents (None:
         the whole corpus), with that evidence and the cost."""
         _check_question(question)
-        ids, client, started = self._scope(scope), self.models.client.fork(), time.perf_counter()
-        result: StrategyAnswer = self.strategy.answer(question, client, ids)
+        held = self._held
+        ids, client, started = self._scope(held, scope), self.models.client.fork(), time.perf_counter()
+        result: StrategyAnswer = held.strategy.answer(question, client, ids)
         cost = Cost(usage_by_role(client), round(time.perf_counter() - started, 3))
         return Answered(result.prediction, result.raw, _evidence(result.evidence, result.scores), cost,
                         result.failure, result.failure_detail, result.details)
+
+
+def load_strategy(name: str, folder: Path, documents: Sequence[Document], client: Client, config: Any,
+                  answer: AnswerConfig, embedding_model: str | None, settings: Mapping[str, Any]) -> Strategy:
+    """The strategy ``name`` over the index its ``save_index`` wrote in ``folder`` (each checks its own manifest
+    against ``embedding_model``, ``settings`` and ``config``)."""
+    if name == "naive":
+        return NaiveStrategy.load_index(folder, client, config, answer, embedding_model=embedding_model,
+                                        settings=settings)
+    if name == "smartchunk":
+        return SmartChunkStrategy.load_index(folder, documents, client, config, answer,
+                                             embedding_model=embedding_model, settings=settings)
+    raise ConfigError(f"{name}: no saved index of this strategy can be read; the strategies that persist are "
+                      f"{', '.join(PERSISTENT)}")
 
 
 def _check_question(question: Any) -> None:

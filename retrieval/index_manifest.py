@@ -173,15 +173,31 @@ def index_manifest(index: Any) -> dict[str, Any]:
             "settings": index.settings}
 
 
+def write_index_files(index: Any, folder: Path) -> None:
+    """An index's files and its manifest in ``folder`` (one version of a flat index, or a part of a strategy's saved
+    index: retrieval/api.py's ``Retriever.save``)."""
+    manifest = index_manifest(index)  # settings checked (no clash) before anything is written
+    index._write(folder)
+    write_manifest(folder, manifest)
+
+
 def save_index(index: Any, folder: str | Path) -> Path:
     """Save a flat index (its ``_write``) as a new version of ``folder``, with its manifest."""
-    manifest = index_manifest(index)  # settings checked (no clash) before anything is written
+    index_manifest(index)  # settings checked (no clash) before a version folder is made
+    return save_versioned(folder, lambda version: write_index_files(index, version))
 
-    def write(version: Path) -> None:
-        index._write(version)
-        write_manifest(version, manifest)
 
-    return save_versioned(folder, write)
+def read_index_files(cls, files: Path, folder: str | Path, embed: Callable[[list[str]], Any] | None,
+                     embedding_model: str | None, settings: Mapping[str, Any] | None):
+    """The index ``cls`` wrote in ``files`` with its manifest, checked before (model, settings, format) and after
+    (kind, chunk count, corpus hash) reading; errors name ``folder``."""
+    manifest = read_manifest(files)
+    check_manifest(manifest, folder, embedding_model, settings)
+    index = cls._read(files, embed, manifest.get("embedding_model"))
+    check_contents(manifest, folder, index.kind, len(index.chunks), chunks_hash(index.chunks))
+    own = index.settings  # the index's own settings only: _read records no extra ones
+    index.extra_settings = {k: v for k, v in manifest.get("settings", {}).items() if k not in own}
+    return index
 
 
 def load_saved(cls, folder: str | Path, embed: Callable[[list[str]], Any] | None, embedding_model: str | None,
@@ -193,12 +209,6 @@ def load_saved(cls, folder: str | Path, embed: Callable[[list[str]], Any] | None
             warnings.warn(f"{folder} has no manifest (saved before manifests were written): loaded without checking "
                           "its embedding model, settings or format; save it again to write one", stacklevel=4)
             return cls._read(files, embed, None)
-        manifest = read_manifest(files)
-        check_manifest(manifest, folder, embedding_model, settings)
-        index = cls._read(files, embed, manifest.get("embedding_model"))
-        check_contents(manifest, folder, index.kind, len(index.chunks), chunks_hash(index.chunks))
-        own = index.settings  # the index's own settings only: _read records no extra ones
-        index.extra_settings = {k: v for k, v in manifest.get("settings", {}).items() if k not in own}
-        return index
+        return read_index_files(cls, files, folder, embed, embedding_model, settings)
 
     return read_versioned(folder, read)

@@ -1,17 +1,26 @@
 """The naive strategy: the top-k chunks of one flat index go to the generator. The baseline of every comparison.
 
 It is ``overstory eval rag`` as a strategy of the evaluation harness: same index kinds, same answer prompt.
+
+Its index is one flat index (retrieval/index.py), so it persists and updates as those do: ``save_index`` writes it
+with its manifest (the served embedder's model, the hierarchy settings and levels), ``load_index`` checks them, and
+``with_documents`` / ``without_documents`` return a strategy over the updated index (only the new chunks embedded,
+BM25 rebuilt) for ``Retriever`` (retrieval/api.py) to swap in.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from overstory.core.config import ConfigError
-from overstory.core.records import Chunk, check_level
+from overstory.core.records import Chunk, Document, check_level
 from overstory.retrieval.answer import AnswerConfig, generate_answer
-from overstory.retrieval.index import IndexKind, build_index
+from overstory.retrieval.index import INDEX_CLASSES, IndexKind, build_index
+from overstory.retrieval.index_manifest import IndexMismatchError, read_index_files, write_index_files
 from overstory.retrieval.strategy import Retrieval, StrategyAnswer, raise_if_refused
 from overstory.serving.client import Client, ClientError
 
@@ -39,14 +48,59 @@ class NaiveStrategy:
         self.index, self.config, self.answer_config = index, config, answer
 
     @classmethod
-    def build(cls, chunks: Sequence[Chunk], client: Client, config: NaiveConfig, answer: AnswerConfig
-              ) -> NaiveStrategy:
-        """Index the chunks of ``config.levels`` (embedded through the build client's ``embedder``)."""
+    def build(cls, chunks: Sequence[Chunk], client: Client, config: NaiveConfig, answer: AnswerConfig, *,
+              embedding_model: str | None = None, settings: Mapping[str, Any] | None = None) -> NaiveStrategy:
+        """Index the chunks of ``config.levels`` (embedded through the build client's ``embedder``); the index's
+        manifest records ``embedding_model`` (the served embedder's model), the levels and ``settings`` (the
+        hierarchy's, under ``hierarchy``)."""
+        indexed = cls._indexed(chunks, config, "naive.levels")
+        return cls(build_index(config.index, indexed, embed=_embedder(client), embedding_model=embedding_model,
+                               extra_settings={"levels": list(config.levels), "hierarchy": dict(settings or {})}),
+                   config, answer)
+
+    @staticmethod
+    def _indexed(chunks: Sequence[Chunk], config: NaiveConfig, what: str) -> list[Chunk]:
+        """The chunks at ``config.levels``; a ConfigError naming ``what`` when there is none."""
         indexed = [c for c in chunks if c.level in config.levels]  # levels checked by NaiveConfig
         if not indexed:
-            raise ConfigError(f"naive.levels: no chunk at {', '.join(config.levels)}")
-        return cls(build_index(config.index, indexed, embed=lambda texts: client.embed("embedder", texts)),
-                   config, answer)
+            raise ConfigError(f"{what}: no chunk at {', '.join(config.levels)}")
+        return indexed
+
+    def save_index(self, folder: Path) -> None:
+        """The flat index and its manifest in ``folder`` (a part of a saved ``Retriever``)."""
+        write_index_files(self.index, folder)
+
+    @classmethod
+    def load_index(cls, folder: Path, client: Client, config: NaiveConfig, answer: AnswerConfig, *,
+                   embedding_model: str | None = None, settings: Mapping[str, Any] | None = None) -> NaiveStrategy:
+        """The strategy over the flat index ``save_index`` wrote, refused (``IndexMismatchError``) when it was built
+        with another embedding model, hierarchy ``settings``, levels or index kind."""
+        kind = json.loads((folder / "index.json").read_text()).get("kind")
+        if kind != config.index:
+            raise IndexMismatchError(f"{folder}: the saved naive index is {kind!r} but naive.index is "
+                                     f"{config.index!r}")
+        wanted = {"levels": list(config.levels), **({"hierarchy": dict(settings)} if settings is not None else {})}
+        index = read_index_files(INDEX_CLASSES[kind], folder, folder, _embedder(client), embedding_model, wanted)
+        return cls(index, config, answer)
+
+    def with_documents(self, documents: Sequence[Document], chunks: Sequence[Chunk], client: Client,
+                       replace: bool = False) -> NaiveStrategy:
+        """This strategy over its index plus the chunks of ``documents`` at its levels (``chunks``: their hierarchy;
+        only those embedded, through ``client``); with ``replace`` their old chunks go first. The index here is left
+        as it was."""
+        added = self._indexed(chunks, self.config, f"naive.levels (document(s) "
+                                                   f"{', '.join(sorted({c.doc_id for c in chunks}))})")
+        return NaiveStrategy(self.index.with_documents(added, _embedder(client), replace=replace), self.config,
+                             self.answer_config)
+
+    def without_documents(self, doc_ids: Iterable[str]) -> NaiveStrategy:
+        """This strategy over its index without the chunks of ``doc_ids`` (a document with no chunk at the indexed
+        levels has none to drop); the index here is left as it was."""
+        present = {c.doc_id for c in self.index.chunks}
+        dropped = [d for d in dict.fromkeys(doc_ids) if d in present]
+        if not dropped:
+            return self
+        return NaiveStrategy(self.index.without_documents(dropped), self.config, self.answer_config)
 
     def retrieve_evidence(self, question: str, client: Client, scope: Sequence[str] | None = None,
                           k: int | None = None) -> Retrieval:
@@ -66,3 +120,8 @@ class NaiveStrategy:
         if found.failure:
             return found.failed_answer()
         return found.scored(generate_answer(question, found.evidence, client, self.answer_config))
+
+
+def _embedder(client: Client):
+    """``client``'s ``embedder`` role as an index's embed function."""
+    return lambda texts: client.embed("embedder", texts)

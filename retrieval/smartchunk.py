@@ -14,18 +14,35 @@ range for each question, then the range's chunks are searched.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 
 from overstory.core.config import ConfigError
-from overstory.core.records import LEVEL_RANK, Chunk, Document, check_level, level_range
+from overstory.core.records import (
+    LEVEL_RANK,
+    Chunk,
+    Document,
+    check_level,
+    level_range,
+    read_jsonl,
+    write_jsonl,
+)
 from overstory.models.planner import document_metadata, parse_plan, planner_messages
 from overstory.models.registry import SMOLLM2, load_tokenizer
 from overstory.retrieval.answer import AnswerConfig, answer_messages, generate_answer
-from overstory.retrieval.index import DenseIndex, Hit, chunk_text_for_index
+from overstory.retrieval.index import DenseIndex, Hit, check_additions, check_removals, chunk_text_for_index
+from overstory.retrieval.index_manifest import (
+    IndexMismatchError,
+    check_contents,
+    check_manifest,
+    chunks_hash,
+    read_manifest,
+    write_manifest,
+)
 from overstory.retrieval.strategy import Retrieval, StrategyAnswer, raise_if_refused
 from overstory.serving.client import ChatResult, Client, ClientError
 
@@ -34,6 +51,7 @@ from overstory.serving.client import ChatResult, Client, ClientError
 # the planner mix and the fixed range that scores best on its training questions, at about half the tokens that
 # sentence..document reads (whose top k can be whole documents).
 FALLBACK_RANGE: tuple[str, str] = ("sentence", "paragraph")
+SMARTCHUNK_KIND = "smartchunk"  # the kind a saved SmartChunk index's manifest names
 
 
 def check_fallback_range(value: Sequence[str], key: str) -> tuple[str, str]:
@@ -51,27 +69,86 @@ def check_fallback_range(value: Sequence[str], key: str) -> tuple[str, str]:
 
 
 class SmartChunkRetriever:
+    """Every chunk's embedding (bottom-up, see the module docstring) and a dense index per level range.
+
+    ``embeddings`` (chunk id -> vector) skips the embedding: a loaded index, an update. ``with_documents`` and
+    ``without_documents`` return a new retriever, embedding only the added documents' chunks (a chunk's children are
+    in its own document, so no other vector changes) and keeping every other vector bit for bit.
+    """
+
     def __init__(self, chunks: Sequence[Chunk], client: Client, upper: Literal["compressor", "direct"] = "compressor",
-                 direct_levels: Sequence[str] = ("sentence",), batch_size: int = 256):
-        self.client = client
+                 direct_levels: Sequence[str] = ("sentence",), batch_size: int = 256,
+                 embeddings: dict[str, np.ndarray] | None = None, *, embedding_model: str | None = None,
+                 settings: Mapping[str, Any] | None = None):
+        self.client, self.upper, self.batch_size = client, upper, batch_size
+        # what a save records: the served embedder's model and the hierarchy's settings
+        self.embedding_model, self.settings = embedding_model, dict(settings or {})
+        self.direct_levels = tuple(check_level(level) for level in direct_levels)
         self.chunks = list(chunks)
-        direct = {check_level(level) for level in direct_levels}
-        self.embeddings = self._embed_bottom_up(direct if upper == "compressor" else set(LEVEL_RANK), batch_size)
+        self.embeddings = embeddings if embeddings is not None else self._embed_bottom_up(self.chunks, client)
         self._indexes: dict[tuple[str, str], DenseIndex] = {}
 
-    def _embed_bottom_up(self, direct: set[str], batch_size: int) -> dict[str, np.ndarray]:
+    def _embed_bottom_up(self, chunks: Sequence[Chunk], client: Client) -> dict[str, np.ndarray]:
+        """The vectors of ``chunks`` (whole documents: every child of a chunk is among them), through ``client``."""
+        direct = set(self.direct_levels) if self.upper == "compressor" else set(LEVEL_RANK)
         vectors: dict[str, np.ndarray] = {}
         for level in sorted(LEVEL_RANK, key=LEVEL_RANK.get):  # children before parents
-            at_level = [c for c in self.chunks if c.level == level]
-            for start in range(0, len(at_level), batch_size):
-                batch = at_level[start:start + batch_size]
+            at_level = [c for c in chunks if c.level == level]
+            for start in range(0, len(at_level), self.batch_size):
+                batch = at_level[start:start + self.batch_size]
                 if level in direct or not batch[0].children:
-                    rows = self.client.embed("embedder", [chunk_text_for_index(c) for c in batch])
+                    rows = client.embed("embedder", [chunk_text_for_index(c) for c in batch])
                 else:
-                    rows = self.client.compress("compressor", embeddings=[
+                    rows = client.compress("compressor", embeddings=[
                         np.stack([vectors[child] for child in c.children]) for c in batch])
                 vectors.update(zip((c.id for c in batch), rows))
         return vectors
+
+    def _derive(self, chunks: list[Chunk], embeddings: dict[str, np.ndarray]) -> SmartChunkRetriever:
+        return SmartChunkRetriever(chunks, self.client, self.upper, self.direct_levels, self.batch_size, embeddings,
+                                   embedding_model=self.embedding_model, settings=self.settings)
+
+    def with_documents(self, chunks: Sequence[Chunk], client: Client, replace: bool = False) -> SmartChunkRetriever:
+        """A retriever over these chunks plus ``chunks`` (their documents' whole hierarchy, embedded through
+        ``client``), after the kept ones; with ``replace`` the old chunks of those documents go first."""
+        dropped = check_additions(chunks, self.chunks, replace)
+        kept = [c for c in self.chunks if c.doc_id not in dropped]
+        added = self._embed_bottom_up(chunks, client)
+        return self._derive([*kept, *chunks], {**{c.id: self.embeddings[c.id] for c in kept}, **added})
+
+    def without_documents(self, doc_ids: Iterable[str]) -> SmartChunkRetriever:
+        """A retriever without the chunks (and vectors) of ``doc_ids``, every one of which must be here."""
+        dropped = check_removals(doc_ids, self.chunks)
+        kept = [c for c in self.chunks if c.doc_id not in dropped]
+        return self._derive(kept, {c.id: self.embeddings[c.id] for c in kept})
+
+    def save(self, folder: Path) -> None:
+        """The chunks, their vectors (one row each, in chunk order) and a manifest in ``folder``."""
+        folder.mkdir(parents=True, exist_ok=True)
+        write_jsonl(folder / "chunks.jsonl", self.chunks)
+        np.save(folder / "embeddings.npy", np.stack([self.embeddings[c.id] for c in self.chunks]))
+        write_manifest(folder, {"kind": SMARTCHUNK_KIND, "corpus_hash": chunks_hash(self.chunks),
+                                "n_chunks": len(self.chunks), "n_documents": len({c.doc_id for c in self.chunks}),
+                                "embedding_model": self.embedding_model, "settings": {
+                                    "upper": self.upper, "direct_levels": list(self.direct_levels),
+                                    "hierarchy": self.settings}})
+
+    @classmethod
+    def load(cls, folder: Path, client: Client, upper: Literal["compressor", "direct"], embedding_model: str | None,
+             settings: Mapping[str, Any] | None) -> SmartChunkRetriever:
+        """The retriever ``save`` wrote, refused (``IndexMismatchError``) when made another way (``upper``, the
+        embedding model, the hierarchy ``settings`` when given) or when its files disagree with its manifest."""
+        manifest = read_manifest(folder)
+        wanted = {"upper": upper, **({"hierarchy": dict(settings)} if settings is not None else {})}
+        check_manifest(manifest, folder, embedding_model, wanted)
+        chunks = list(read_jsonl(folder / "chunks.jsonl", Chunk))
+        vectors = np.load(folder / "embeddings.npy")
+        check_contents(manifest, folder, SMARTCHUNK_KIND, len(chunks), chunks_hash(chunks))
+        if len(vectors) != len(chunks):
+            raise IndexMismatchError(f"{folder}: {len(vectors)} vectors for {len(chunks)} chunks")
+        return cls(chunks, client, upper, manifest["settings"]["direct_levels"],
+                   embeddings=dict(zip((c.id for c in chunks), vectors)),
+                   embedding_model=manifest.get("embedding_model"), settings=manifest["settings"]["hierarchy"])
 
     def index(self, level_min: str, level_max: str) -> DenseIndex:
         """The dense index over the chunks of levels level_min..level_max (built once per range)."""
@@ -152,17 +229,53 @@ class SmartChunkStrategy:
     name = "smartchunk"
 
     def __init__(self, retriever: SmartChunkRetriever, documents: dict[str, Document], config: SmartChunkConfig,
-                 answer: AnswerConfig):
+                 answer: AnswerConfig, tokenizer: Any = None):
         self.retriever, self.documents, self.config, self.answer_config = retriever, documents, config, answer
-        self._tokenizer = load_tokenizer(config.tokenizer)
+        self._tokenizer = tokenizer or load_tokenizer(config.tokenizer)
+
+    def _derive(self, retriever: SmartChunkRetriever, documents: dict[str, Document]) -> SmartChunkStrategy:
+        """A strategy over another retriever and documents, with this one's settings and tokenizer."""
+        return SmartChunkStrategy(retriever, documents, self.config, self.answer_config, self._tokenizer)
 
     @classmethod
     def build(cls, documents: Sequence[Document], chunks: Sequence[Chunk], client: Client, config: SmartChunkConfig,
-              answer: AnswerConfig) -> SmartChunkStrategy:
+              answer: AnswerConfig, *, embedding_model: str | None = None,
+              settings: Mapping[str, Any] | None = None) -> SmartChunkStrategy:
+        """Embed every chunk (``SmartChunkRetriever``); a save records ``embedding_model`` (the served embedder's
+        model) and ``settings`` (the hierarchy's)."""
         if not any(c.level == "document" for c in chunks):
             raise ConfigError("smartchunk needs the hierarchy's document level (hierarchy.levels)")
-        return cls(SmartChunkRetriever(chunks, client, upper=config.upper), {d.id: d for d in documents}, config,
-                   answer)
+        retriever = SmartChunkRetriever(chunks, client, upper=config.upper, embedding_model=embedding_model,
+                                        settings=settings)
+        return cls(retriever, {d.id: d for d in documents}, config, answer)
+
+    def save_index(self, folder: Path) -> None:
+        """Every chunk's vector with a manifest (the embedding model, the hierarchy settings, how the vectors were
+        made) in ``folder``: a part of a saved ``Retriever``, which keeps the documents."""
+        self.retriever.save(folder)
+
+    @classmethod
+    def load_index(cls, folder: Path, documents: Sequence[Document], client: Client, config: SmartChunkConfig,
+                   answer: AnswerConfig, *, embedding_model: str | None = None,
+                   settings: Mapping[str, Any] | None = None) -> SmartChunkStrategy:
+        """The strategy over the vectors ``save_index`` wrote (``SmartChunkRetriever.load`` checks them)."""
+        retriever = SmartChunkRetriever.load(folder, client, config.upper, embedding_model, settings)
+        return cls(retriever, {d.id: d for d in documents}, config, answer)
+
+    def with_documents(self, documents: Sequence[Document], chunks: Sequence[Chunk], client: Client,
+                       replace: bool = False) -> SmartChunkStrategy:
+        """A strategy that also holds ``documents`` (their hierarchy ``chunks`` embedded through ``client``); this
+        one is left as it was."""
+        if missing := sorted({d.id for d in documents} - {c.doc_id for c in chunks if c.level == "document"}):
+            raise ConfigError(f"smartchunk needs the document level of every added document: {', '.join(missing)}")
+        retriever = self.retriever.with_documents(chunks, client, replace)
+        return self._derive(retriever, {**self.documents, **{d.id: d for d in documents}})
+
+    def without_documents(self, doc_ids: Iterable[str]) -> SmartChunkStrategy:
+        """A strategy without the documents ``doc_ids`` (their chunks and vectors); this one is left as it was."""
+        dropped = set(doc_ids)
+        return self._derive(self.retriever.without_documents(dropped),
+                            {i: d for i, d in self.documents.items() if i not in dropped})
 
     def planner_document(self, question: str, scope: Sequence[str] | None, embed) -> Document:
         """The document the planner reads: the scope's one document, else the one (of the scope's, when given)
