@@ -1,6 +1,8 @@
 """STITCH: GRPO on what the planner can solve, hints for what it almost can, SFT on what it cannot.
 
     overstory train stitch --config configs/train/stitch.yaml
+    accelerate launch --config_file configs/accelerate/cpu-2proc-zero2.yaml -m overstory.cli train stitch \
+        --config configs/train/stitch.yaml
 
 The loop of the SmartChunk paper's Algorithm 2, per step:
 1. Draw ``questions_per_step`` planner prompts and sample ``num_generations`` rollouts of each with
@@ -25,13 +27,17 @@ The loop of the SmartChunk paper's Algorithm 2, per step:
 
 What TRL does not do and is written here: the routing of questions (rollouts, hints, buffers) and
 the schedule. The updates themselves are TRL's trainers, built per update around the one shared
-policy, with optimizers created once and passed in so Adam's moments carry across updates. Every
+policy; each makes its own optimizer (DeepSpeed's, under ZeRO), and Adam's moments are carried from one update of a
+kind to the next (``training/stitch_ranks.py``). Under ``accelerate launch`` (DDP or DeepSpeed) the routing rollouts
+are split over the ranks and gathered, every rank routes the same questions the same way (checked each step), and
+the updates are the trainers' distributed ones (``training/stitch_ranks.py`` says how and why). Every
 step is logged (solve-none ratio, hinted-solve ratio, buffer sizes, hint cuts and leaks, questions without a
 trace, the plain rollouts' format rates, tolerant and strict, the GRPO update's optimizer steps, gradient norm and
 weight change, SFT injections, reward) to ``out/stitch_log.jsonl`` and the tracker. After each step the adapter,
-both optimizers, the RNG state, the log and the loop state (with the settings) are written to a staging folder and
-swapped whole into ``out/last`` (``training/checkpoint_state.py``): a rerun resumes after the last whole step, and
-refuses other settings (only ``stitch.steps`` may grow).
+both optimizers' states and the RNG state (one file per rank), the log and the loop state (with the settings and
+the launch) are written to a staging folder and swapped whole into ``out/last`` (``training/checkpoint_state.py``):
+a rerun resumes after the last whole step, and refuses other settings (only ``stitch.steps`` may grow) or another
+launch (the optimizer states are per rank).
 """
 
 from __future__ import annotations
@@ -58,9 +64,9 @@ from overstory.models.registry import SMOLLM2, load_lm_checkpoint
 from overstory.retrieval.judge import CorrectnessConfig
 from overstory.serving.config import ServeConfig
 from overstory.serving.launch import client_for
-from overstory.training import checkpoint_state
+from overstory.training import checkpoint_state, stitch_ranks
 from overstory.training.common import LoraSettings, lora_config, write_manifest
-from overstory.training.distributed import process_group_backend, world_size
+from overstory.training.distributed import process_group_backend
 from overstory.training.model_card import finish_checkpoint
 from overstory.training.planner_common import (
     GRPO_OWNED,
@@ -71,10 +77,9 @@ from overstory.training.planner_common import (
     make_qa_judge,
     trace_rows,
 )
+from overstory.training.stitch_ranks import CarryOptimizerState, RolloutFn, process_state
 from overstory.training.trl_args import HUB_OWNED, build_args, check_section
 
-# (prompts, number of rollouts each) -> completions, prompt by prompt: the policy, or a stand-in in tests
-RolloutFn = Callable[[list[list[dict[str, str]]], int], list[list[str]]]
 STATE_FILE = "stitch_state.json"
 # rollouts may run this many tokens past the length limit, so that an overlong plan is seen (and not solved)
 LENGTH_MARGIN = 16
@@ -133,8 +138,8 @@ class StitchConfig:
         check_section(self.trl_sft, "trl_sft", "SFTConfig", *sft_trl_rules())
 
 
-# TRL fields STITCH derives for both updates: its optimizers are made once and passed to every update's trainer
-OPTIMIZER_OWNED = {name: "STITCH makes its two optimizers once, so that Adam's moments carry across updates"
+# TRL fields STITCH derives for both updates: Adam's moments are carried from one update's optimizer to the next's
+OPTIMIZER_OWNED = {name: "STITCH carries Adam's moments across updates, so every update's optimizer is the same AdamW"
                    for name in ("optim", "optim_args", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon")}
 SAVE_OWNED = {"save_strategy": "STITCH saves each whole step itself, into out/last"}
 
@@ -144,7 +149,7 @@ def grpo_trl_rules(config: StitchConfig) -> tuple[dict[str, str], dict[str, str]
     aliases = {**config.grpo.trl_aliases("grpo."), "max_steps": "stitch.grpo_steps",
                "num_generations": "stitch.num_generations", "seed": "stitch.seed", "data_seed": "stitch.seed",
                "max_completion_length": "rewards.max_completion_tokens"}
-    shape = "STITCH sets each update's shape: G rollouts of every RL-buffer prompt, one prompt per micro-batch"
+    shape = "STITCH sets each update's shape: G rollouts of every RL-buffer prompt, one optimizer step"
     owned = {**GRPO_OWNED, **OPTIMIZER_OWNED, **SAVE_OWNED,
              **{name: shape for name in ("per_device_train_batch_size", "gradient_accumulation_steps",
                                          "steps_per_generation")}}
@@ -160,21 +165,25 @@ def sft_trl_rules() -> tuple[dict[str, str], dict[str, str]]:
 
 
 def stitch_grpo_args(config: StitchConfig, weights: list[float], out: Path, n_prompts: int):
-    """A GRPO update's GRPOConfig: G rollouts of each of ``n_prompts`` prompts, ``grpo_steps`` optimizer steps."""
+    """A GRPO update's GRPOConfig: G rollouts of each of ``n_prompts`` prompts, ``grpo_steps`` optimizer steps (the
+    batch's shape over the ranks: ``stitch_ranks.grpo_shape``); the Trainer's AdamW without weight decay."""
     settings, G = config.stitch, config.stitch.num_generations
     return grpo_args(config.grpo, out / "grpo", weights, config.trl_grpo, "trl_grpo", max_steps=settings.grpo_steps,
-                     save_strategy="no", num_generations=G, per_device_train_batch_size=G,
-                     gradient_accumulation_steps=n_prompts, steps_per_generation=None, logging_steps=1,
+                     save_strategy="no", num_generations=G, **stitch_ranks.grpo_shape(G, n_prompts),
+                     steps_per_generation=None, logging_steps=1, optim="adamw_torch", weight_decay=0.0,
                      seed=settings.seed, data_seed=settings.seed,
                      max_completion_length=config.rewards.max_completion_tokens + LENGTH_MARGIN)
 
 
 def stitch_sft_args(config: StitchConfig, out: Path, n_traces: int):
-    """An SFT injection's SFTConfig: ``sft_epochs`` passes over ``n_traces`` traces."""
+    """An SFT injection's SFTConfig: ``sft_epochs`` passes over ``n_traces`` traces, ``sft_batch_size`` a step over
+    all ranks; the Trainer's AdamW without weight decay."""
     settings = config.stitch
     recipe = {"output_dir": str(out / "sft"), "num_train_epochs": settings.sft_epochs,
-              "learning_rate": settings.sft_lr, "per_device_train_batch_size": min(settings.sft_batch_size, n_traces),
-              "save_strategy": "no", "bf16": config.grpo.bf16, "seed": settings.seed,
+              "learning_rate": settings.sft_lr,
+              "per_device_train_batch_size": stitch_ranks.sft_batch(settings.sft_batch_size, n_traces),
+              "save_strategy": "no", "bf16": config.grpo.bf16, "seed": settings.seed, "optim": "adamw_torch",
+              "weight_decay": 0.0,
               # defaults trl_sft may replace
               "report_to": "none", "logging_steps": 1, "completion_only_loss": True,
               "ddp_backend": process_group_backend()}
@@ -327,38 +336,44 @@ def route(rows: list[dict], rollout: RolloutFn, traces: dict[str, PlannerTrace],
             outcome.unsolved += 1
     return outcome
 
-
-def policy_rollout(model, tokenizer, settings: StitchSettings, max_new_tokens: int) -> RolloutFn:
-    """Sample G completions per prompt with the current policy (transformers generate, left padding)."""
-
-    @torch.no_grad()
-    def rollout(prompts: list[list[dict[str, str]]], n: int) -> list[list[str]]:
-        model.eval()
-        tokenizer.padding_side = "left"
-        texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
-        batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-        output = model.generate(**batch, do_sample=True, temperature=settings.rollout_temperature,
-                                max_new_tokens=max_new_tokens, num_return_sequences=n,
-                                pad_token_id=tokenizer.pad_token_id)
-        decoded = tokenizer.batch_decode(output[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
-        model.train()
-        return [decoded[i * n: (i + 1) * n] for i in range(len(prompts))]
-
-    return rollout
-
-
 @dataclass
 class Policy:
-    """The one policy every update trains, with the optimizers that carry Adam's moments across updates."""
+    """The one policy every update trains; the last update's Trainer (whose engine holds the weights under ZeRO-3,
+    and saves them) and each update kind's optimizer state, carried to the next update of that kind."""
 
     model: object
     tokenizer: object
     base: str
     trainable: list[torch.nn.Parameter]
-    optimizers: dict[str, torch.optim.Optimizer]
+    optimizer_states: dict[str, dict | None]
+    trainer: Any = None
 
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def policy_rollout(policy: Policy, settings: StitchSettings, max_new_tokens: int) -> RolloutFn:
+    """Sample G completions per prompt with the current policy (transformers generate, left padding); under the
+    launcher each rank samples its share of the prompts and every rank gets every completion."""
+
+    @torch.no_grad()
+    def rollout(prompts: list[list[dict[str, str]]], n: int) -> list[list[str]]:
+        tokenizer = policy.tokenizer
+        with stitch_ranks.generation_model(policy.model, policy.trainer) as model:  # every rank enters (ZeRO-3)
+            if not prompts:
+                return []
+            model.eval()
+            tokenizer.padding_side = "left"
+            texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
+            batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+            output = model.generate(**batch, do_sample=True, temperature=settings.rollout_temperature,
+                                    max_new_tokens=max_new_tokens, num_return_sequences=n,
+                                    pad_token_id=tokenizer.pad_token_id)
+            model.train()
+        decoded = tokenizer.batch_decode(output[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+        return [decoded[i * n: (i + 1) * n] for i in range(len(prompts))]
+
+    return stitch_ranks.split_rollout(rollout)
 
 
 def resume_settings(config: StitchConfig) -> dict:
@@ -372,28 +387,23 @@ def resume_settings(config: StitchConfig) -> dict:
     return settings
 
 
-def refuse_several_processes() -> None:
-    if world_size() > 1:
-        # Each update builds a fresh Trainer around one policy and hands it the optimizers that carry Adam's
-        # moments across updates; DeepSpeed owns the optimizer and refuses that. Scale-out goes through verl.
-        raise ConfigError(f"STITCH runs in one process (WORLD_SIZE is {world_size()}): launch it without "
-                          f"`accelerate launch`, or run its GRPO half at scale with planner_grpo or verl "
-                          f"(training/verl/README.md)")
-
-
 def resume_state(config: StitchConfig, last: Path) -> dict | None:
-    """The loop state of the last whole step saved in ``last`` (None: a fresh run); refused under other settings."""
-    state = checkpoint_state.read_state(last, STATE_FILE)
+    """The loop state of the last whole step saved in ``last`` (None: a fresh run); refused under other settings or
+    another launch. The main process reads it first (reading finishes or undoes a swap that a kill interrupted)."""
+    with process_state().main_process_first():
+        state = checkpoint_state.read_state(last, STATE_FILE)
     if state is not None:
         checkpoint_state.check_settings(state, resume_settings(config), last)
-        print(f"resuming STITCH after step {state['step']}")
+        stitch_ranks.check_launch(state.get("launch"), last)
+        if process_state().is_main_process:
+            print(f"resuming STITCH after step {state['step']}")
     return state
 
 
 def load_policy(config: StitchConfig, last: Path, resumed: dict | None) -> Policy:
-    """The policy with a LoRA adapter (the saved one on a resume) and its GRPO and SFT optimizers, no weight decay
-    as the Trainer-built optimizers of planner_sft / planner_grpo (torch's AdamW default is 0.01): the weights then
-    move only where a gradient moved them, which is what grpo_weight_change reports."""
+    """The policy with a LoRA adapter (the saved one on a resume), and on a resume this rank's optimizer states and
+    RNG state. The updates' optimizers are the Trainers' AdamW without weight decay (as in planner_sft /
+    planner_grpo): the weights move only where a gradient moved them, which is what grpo_weight_change reports."""
     from peft import PeftModel, get_peft_model
 
     model, tokenizer, base = load_lm_checkpoint(str(last) if resumed else config.model)
@@ -402,25 +412,24 @@ def load_policy(config: StitchConfig, last: Path, resumed: dict | None) -> Polic
             raise ConfigError("stitch trains a LoRA adapter; set lora.enabled: true")
         model = get_peft_model(model, lora_config(config.lora))
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizers = {"grpo": torch.optim.AdamW(trainable, lr=config.grpo.lr, weight_decay=0.0),
-                  "sft": torch.optim.AdamW(trainable, lr=config.stitch.sft_lr, weight_decay=0.0)}
-    if resumed:
-        checkpoint_state.load_optimizers(last, optimizers)
-        torch.set_rng_state(torch.load(last / "rng.pt"))
-    return Policy(model, tokenizer, base, trainable, optimizers)
+    states = stitch_ranks.load_rank_state(last, ("grpo", "sft")) if resumed else {"grpo": None, "sft": None}
+    return Policy(model, tokenizer, base, trainable, states)
 
 
 def grpo_update(policy: Policy, rl: list[dict], config: StitchConfig, reward_funcs: list, weights: list[float],
                 out: Path) -> dict:
     """GRPO on the RL buffer (TRL regenerates on-policy rollouts of these prompts): one generation batch = G
-    rollouts of every buffered prompt, one prompt per micro-batch, ``grpo_steps`` optimizer steps, so the whole
-    buffer shapes each update. Returns what the step log shows of it."""
+    rollouts of every buffered prompt, ``grpo_steps`` optimizer steps, so the whole buffer shapes each update.
+    Returns what the step log shows of it."""
     from datasets import Dataset
     from trl import GRPOTrainer
 
     args = stitch_grpo_args(config, weights, out, len(rl))
+    stitch_ranks.retire(policy.trainer)
     trainer = GRPOTrainer(model=policy.model, reward_funcs=reward_funcs, args=args, processing_class=policy.tokenizer,
-                          train_dataset=Dataset.from_list(rl), optimizers=(policy.optimizers["grpo"], None))
+                          train_dataset=Dataset.from_list(rl),
+                          callbacks=[CarryOptimizerState(policy.optimizer_states, "grpo")])
+    policy.trainer = trainer
     before = [p.detach().clone() for p in policy.trainable]
     trainer.train()
     logged = next((r for r in reversed(trainer.state.log_history) if "reward" in r), {})
@@ -439,30 +448,37 @@ def sft_update(policy: Policy, imitation: list[PlannerTrace], config: StitchConf
     from trl import SFTTrainer
 
     args = stitch_sft_args(config, out, len(imitation))
+    stitch_ranks.retire(policy.trainer)
     trainer = SFTTrainer(model=policy.model, args=args, processing_class=policy.tokenizer,
                          train_dataset=Dataset.from_list(trace_rows(imitation)),
-                         optimizers=(policy.optimizers["sft"], None))
+                         callbacks=[CarryOptimizerState(policy.optimizer_states, "sft")])
+    policy.trainer = trainer
     loss = trainer.train().training_loss
     return {"sft_injection": True, "sft_loss": loss, "sft_examples": len(imitation),
             "sft_optimizer_steps": trainer.state.global_step}
 
 
 def step_record(step: int, batch: list[dict], routing: Routing, state: dict) -> dict:
-    """The step log's routing figures (the updates add theirs)."""
+    """The step log's routing figures (the updates add theirs), with every rank's digest of the routing (all equal:
+    ``stitch_ranks.digests_by_rank`` stops the run otherwise)."""
     n, plain = len(batch), routing.solved_plain
+    counts = {"questions": n, "solved_plain": plain, "solved_hinted": routing.solved_hinted,
+              "unsolved": routing.unsolved, "no_trace": routing.no_trace, "hinted": routing.hinted,
+              "hint_cuts": routing.hint_cuts, "hint_leaks": routing.hint_leaks}
+    digest = stitch_ranks.routing_digest(routing.rl, routing.imitation, counts)
     return {"step": step, "questions": n, "solve_none_ratio": 1 - plain / n,
             "hinted_solve_ratio": routing.solved_hinted / max(1, n - plain), "rl_buffer": len(routing.rl),
             "imitation_buffer": len(state["imitation"]), "no_trace": routing.no_trace, "hinted": routing.hinted,
             "hint_cuts": routing.hint_cuts, "hint_leaks": routing.hint_leaks, "success_rate": state["success_rate"],
             "format_valid": routing.format_valid, "format_valid_strict": routing.format_valid_strict,
-            "grpo_updates": 0, "sft_injection": False}
+            "routing_by_rank": stitch_ranks.digests_by_rank(digest, step), "grpo_updates": 0, "sft_injection": False}
 
 
 def train_step(step: int, rows: list[dict], traces: dict[str, PlannerTrace], policy: Policy, state: dict,
                config: StitchConfig, rewards: tuple[list, list[float]], rollout: RolloutFn) -> dict:
     """One STITCH step: route a draw of questions, GRPO on the RL buffer, SFT once the imitation buffer is full.
-    Updates ``state`` and returns the step's record."""
-    settings, out = config.stitch, Path(config.out)
+    Updates ``state`` and returns the step's record (with its wall-clock ``seconds``)."""
+    settings, out, started = config.stitch, Path(config.out), time.perf_counter()
     batch = random.Random(settings.seed * 100_003 + step).sample(rows, min(settings.questions_per_step, len(rows)))
     routing = route(batch, rollout, traces, state["success_rate"], settings, policy.count_tokens,
                     config.rewards.max_completion_tokens)
@@ -474,35 +490,44 @@ def train_step(step: int, rows: list[dict], traces: dict[str, PlannerTrace], pol
     if len(state["imitation"]) >= settings.imitation_threshold:
         record.update(sft_update(policy, [traces[i] for i in state["imitation"]], config, out))
         state["imitation"] = []
+    record["seconds"] = round(time.perf_counter() - started, 2)
     state["step"] = step
     state["history"].append(record)
     return record
 
 
 def save_step(policy: Policy, state: dict, out: Path) -> None:
-    """The step's adapter, optimizers, RNG and log into a staging folder, the loop state last, swapped into
-    ``out/last`` whole; then the log beside it (rewritten from the state's history, so it never repeats a step)."""
-    staging = checkpoint_state.start_step(out / "last")
-    policy.model.save_pretrained(staging)
-    policy.tokenizer.save_pretrained(staging)
-    checkpoint_state.save_optimizers(staging, policy.optimizers)
-    torch.save(torch.get_rng_state(), staging / "rng.pt")
-    log = "".join(json.dumps(record) + "\n" for record in state["history"])
-    (staging / "stitch_log.jsonl").write_text(log)
-    checkpoint_state.commit(out / "last", state, STATE_FILE)
-    checkpoint_state.atomic_write_text(out / "stitch_log.jsonl", log)
+    """The step's adapter (every rank takes part), each rank's optimizer and RNG states, and the log into a staging
+    folder; the loop state last, swapped into ``out/last`` whole by the main process; then the log beside it
+    (rewritten from the state's history, so it never repeats a step)."""
+    ranks = process_state()
+    staging = checkpoint_state.staging_path(out / "last")
+    if ranks.is_main_process:
+        checkpoint_state.start_step(out / "last")
+    ranks.wait_for_everyone()
+    stitch_ranks.save_weights(policy.model, policy.tokenizer, policy.trainer, staging)
+    stitch_ranks.save_rank_state(staging, policy.optimizer_states)
+    ranks.wait_for_everyone()
+    if ranks.is_main_process:
+        log = "".join(json.dumps(record) + "\n" for record in state["history"])
+        (staging / "stitch_log.jsonl").write_text(log)
+        checkpoint_state.commit(out / "last", state, STATE_FILE)
+        checkpoint_state.atomic_write_text(out / "stitch_log.jsonl", log)
+    ranks.wait_for_everyone()
 
 
 def finish(policy: Policy, state: dict, config: StitchConfig, extra: dict, tracker) -> dict:
-    """``out/final`` (adapter, tokenizer, manifest) and ``metrics.json``; returns the summary."""
+    """``out/final`` (adapter, tokenizer, manifest; the adapter saved by every rank, the rest by the main process)
+    and ``metrics.json``; returns the summary."""
     out, history = Path(config.out), state["history"]
     final = out / "final"
-    policy.model.save_pretrained(final)
-    policy.tokenizer.save_pretrained(final)
+    stitch_ranks.save_weights(policy.model, policy.tokenizer, policy.trainer, final)
     totals = {key: sum(r.get(key, 0) for r in history) for key in ("hint_cuts", "hint_leaks", "no_trace",
                                                                    "sft_examples")}
     summary = {"steps": state["step"], "sft_injections": sum(r["sft_injection"] for r in history),
                "final_success_rate": state["success_rate"], **totals, **extra}
+    if tracker is None:  # not the main process
+        return summary
     manifest = {"kind": "planner", "base_model": policy.base, "adapter": True, "recipe": "stitch",
                 "init": config.model, "config": to_dict(config), "tracking_run": tracker.id}
     write_manifest(final, {**manifest, "metrics": summary})
@@ -516,19 +541,18 @@ def finish(policy: Policy, state: dict, config: StitchConfig, extra: dict, track
 
 def run(config: StitchConfig) -> dict:
     # --- setup -------------------------------------------------------------------------------------
-    refuse_several_processes()
-    settings, out = config.stitch, Path(config.out)
+    settings, out, ranks = config.stitch, Path(config.out), process_state()
+    stitch_ranks.check_generations(settings.num_generations)
     random.seed(settings.seed)
     torch.manual_seed(settings.seed)
     resumed = resume_state(config, out / "last")
     state = resumed or {"step": 0, "success_rate": 0.0, "imitation": [], "history": [],
-                        "settings": resume_settings(config)}
+                        "settings": resume_settings(config), "launch": stitch_ranks.launch_record()}
     policy = load_policy(config, out / "last", resumed)
     rows, _, chunks = planner_rows(config.data, policy.base)
     traces = hint_traces(config.traces, config.traces_teacher)
-    rollout = policy_rollout(policy.model, policy.tokenizer, settings,
-                             config.rewards.max_completion_tokens + LENGTH_MARGIN)
-    tracker = start_run(config.tracking, "train stitch", config)
+    rollout = policy_rollout(policy, settings, config.rewards.max_completion_tokens + LENGTH_MARGIN)
+    tracker = start_run(config.tracking, "train stitch", config) if ranks.is_main_process else None
     started = time.perf_counter()
     with ExitStack() as stack:  # R_QA's stack, when rewards.qa is on: stopped when training ends or fails
         judge = None
@@ -543,8 +567,9 @@ def run(config: StitchConfig) -> dict:
         for step in range(state["step"] + 1, settings.steps + 1):
             record = train_step(step, rows, traces, policy, state, config, rewards, rollout)
             save_step(policy, state, out)
-            tracker.log(record, step=step)
-            print(json.dumps(record))
+            if tracker:
+                tracker.log(record, step=step)
+                print(json.dumps(record))
 
     # --- save --------------------------------------------------------------------------------------
     return finish(policy, state, config, {"n_prompts": len(rows), "n_traces": len(traces),
