@@ -2,47 +2,50 @@
 
     overstory data lattice-traces --config configs/data/lattice_traces.yaml
 
-The distillation data of the scorer students. Questions come from the corpus the tree was built over; their gold
-leaves are the tree's leaf chunks that overlap the question's evidence (HotpotQA: the supporting paragraphs; QASPER:
-the evidence paragraphs; ``data_pipeline/lattice_leaves.py``). ``batch_queries`` questions are searched together
-(their slates go to the server concurrently); when a batch finishes, each question's slates are appended to ``out``
-(query, candidate ids and texts, the teacher's raw scores and reasoning, the latent scores after the refit, whether
-each candidate leads to gold), then its summary (ranking, recall@10, calls, tokens, seconds) to
-``<out>.queries.jsonl``, which marks it done. Finished questions are skipped on restart, so a killed run resumes;
-slates of a question without a summary (a run killed between the two) are discarded on restart and the question is
-searched again from scratch, so two searches' slates never mix. A question whose search lost a slate to a transient
-request failure (a timeout, a 5xx, the server down; the slate's ``failure`` field says so) is not written: it goes to
+The distillation data of the scorer students. Questions come from the corpus the tree was built over; their gold leaves
+are the tree's leaf chunks that overlap the question's evidence (HotpotQA: the supporting paragraphs; QASPER: the
+evidence paragraphs; ``data_pipeline/lattice_leaves.py``). Each question is one item of the fan-out: its search runs on
+the runner's workers (``batch_queries`` questions at once, on threads or, with ``runner: ray``, on Ray Data workers
+whose requests are spread over ``ray.endpoints``), its slates scored ``concurrency // batch_queries`` at a time (at
+least one), so about ``concurrency`` requests are in flight in all. When a question's search finishes, its slates are
+appended to ``out`` (query, candidate ids and texts, the teacher's raw scores and reasoning, the latent scores after the
+refit, whether each candidate leads to gold), then its summary (ranking, recall@10, calls, tokens, seconds) to
+``<out>.queries.jsonl``, which marks it done. Finished questions are skipped on restart, so a killed run resumes; slates
+of a question without a summary (a run killed between the two) are discarded on restart and the question is searched
+again from scratch, so two searches' slates never mix. A question whose search lost a slate to a transient request
+failure (a timeout, a 5xx, the server down; the slate's ``failure`` field says so) is not written: it goes to
 ``<out>.failures.jsonl`` and a rerun searches it again; a refused request (4xx: a wrong role, a bad request) raises
 ``RequestRefused`` (``retrieval/strategy.py``) and stops the job. The job runs on the fan-out skeleton
 (``data_pipeline/fanout.py``): its settings and the scorer's served model are kept in ``<out>.settings.json`` (a rerun
-with others is refused), and it fails (exit code 1) when more than ``max_failure_share`` of its questions failed.
-The job's totals (its tracked summary and the line it prints) add up the questions written: slates, recall@10, and
-beside them the slate repairs (``SLATE_REPAIRS``): failed slates, those among them whose prompt did not fit the
-teacher's context (``prompt_too_long_failed``: not sent) and the replies cut at ``max_tokens`` (``reply_truncated``:
-their complete scores kept), each question's own counts being in its summary's ``failed_slates`` and ``problems``.
-``scorer: oracle`` scores from the gold labels instead of an LLM (no server needed): it checks what the search can
-reach and gives a best-case trace set.
+with others is refused), and it fails (exit code 1) when more than ``max_failure_share`` of its questions failed. The
+job's totals (its tracked summary and the line it prints) add up the questions written: slates, recall@10, and beside
+them the slate repairs (``SLATE_REPAIRS``): failed slates, those among them whose prompt did not fit the teacher's
+context (``prompt_too_long_failed``: not sent) and the replies cut at ``max_tokens`` (``reply_truncated``: their
+complete scores kept), each question's own counts being in its summary's ``failed_slates`` and ``problems``. ``scorer:
+oracle`` scores from the gold labels instead of an LLM (no server needed): it checks what the search can reach and gives
+a best-case trace set.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from rich.progress import Progress
-
 from overstory.core.config import ConfigError
 from overstory.core.records import JsonlAppender, QAExample, read_jsonl, write_jsonl
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
-from overstory.data_pipeline.fanout import Fanout, job_settings
+from overstory.data_pipeline.fanout import Fanout, ServedWork, job_server, job_settings
 from overstory.data_pipeline.hierarchy import HierarchyConfig
 from overstory.data_pipeline.lattice_leaves import gold_leaves, tree_leaf_chunks
+from overstory.data_pipeline.ray_runner import RayConfig
 from overstory.retrieval.lattice.scorers import LLMSlateScorer, OracleSlateScorer, SlateScorer
 from overstory.retrieval.lattice.search import SearchConfig, SearchResult, check_reach, search
 from overstory.retrieval.lattice.tree import Tree
+from overstory.serving.client import Client
 from overstory.serving.config import ServeConfig
 from overstory.serving.launch import client_for, served_models
 
@@ -60,9 +63,9 @@ class LatticeTracesConfig:
     max_reasoning_chars: int = 400
     max_candidate_chars: int = 600
     max_attempts: int = 2
-    concurrency: int = 8
+    concurrency: int = 8  # slate requests in flight over all the questions searched at once
     search: SearchConfig = field(default_factory=SearchConfig)
-    batch_queries: int = 8
+    batch_queries: int = 8  # questions searched at once (the fan-out's threads or Ray workers)
     limit: int = 0  # trace at most this many questions (0 = all with gold leaves in the tree)
     max_failure_share: float = 0.0  # the job fails (exit 1) when more of its questions than this failed
     server_url: str = ""
@@ -71,6 +74,8 @@ class LatticeTracesConfig:
     request_timeout_s: float = 900.0
     serve: ServeConfig = field(default_factory=lambda: ServeConfig.local(port=0))
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    runner: Literal["threads", "ray"] = "threads"  # ray: Ray Data workers, requests spread over ray.endpoints
+    ray: RayConfig = field(default_factory=RayConfig)
 
     def __post_init__(self) -> None:
         if self.batch_queries < 1 or self.concurrency < 1 or self.max_attempts < 1:
@@ -124,24 +129,17 @@ def run(config: LatticeTracesConfig) -> dict:
         tracker = stack.enter_context(start_run(config.tracking, "data lattice-traces", config))
         fanout = stack.enter_context(Fanout("lattice-traces", queries_path,
                                             job_settings(config, drop={"batch_queries"}), beside=out,
-                                            max_failure_share=config.max_failure_share))
+                                            concurrency=config.batch_queries,
+                                            max_failure_share=config.max_failure_share, runner=config.runner,
+                                            ray=config.ray))
         todo = fanout.todo(todo_questions, lambda q: q.id)
         discard_unfinished_slates(out, fanout.out.done)
         slates_out = stack.enter_context(JsonlAppender(out))
-        scorer, teacher = _scorer(config, tree, gold, fanout, stack) if todo else (None, config.role)
-        with Progress() as progress:
-            task = progress.add_task("lattice traces (questions)", total=len(todo))
-            for start in range(0, len(todo), config.batch_queries):
-                batch = todo[start: start + config.batch_queries]
-                # a batch's questions advance together, an iteration at a time: its own bar shows where it is
-                iterations = progress.add_task(f"  search iterations, questions {start + 1}-{start + len(batch)}",
-                                               total=config.search.iterations)
-                results = search(tree, [(q.id, q.question) for q in batch], scorer, config.search,
-                                 progress=lambda i, bar=iterations: progress.update(bar, completed=i + 1))
-                progress.remove_task(iterations)
-                for question, result in zip(batch, results, strict=True):
-                    _write_question(question, result, tree, gold[question.id], teacher, slates_out, fanout, totals)
-                progress.advance(task, len(batch))
+        teacher = "oracle" if config.scorer == "oracle" else config.role
+        if todo:  # the teacher's server is asked for (or started) only when a question is left
+            fanout.run(todo, lambda q: q.id, _search_work(config, tree, gold, fanout, stack),
+                       lambda q, result: _write_question(q, result, tree, gold[q.id], teacher, slates_out, fanout,
+                                                         totals), "lattice traces (questions)")
         totals = {**totals, **fanout.finish(),
                   "recall@10": round(totals["recall@10"] / max(totals["questions"], 1), 4)}
         tracker.summary(totals)
@@ -152,16 +150,28 @@ def run(config: LatticeTracesConfig) -> dict:
     return totals
 
 
-def _scorer(config: LatticeTracesConfig, tree: Tree, gold: dict[str, set[str]], fanout: Fanout,
-            stack: ExitStack) -> tuple[SlateScorer, str]:
-    """The teacher: the oracle, or the served role (its model recorded with the settings); and its name."""
+def _search_work(config: LatticeTracesConfig, tree: Tree, gold: dict[str, set[str]], fanout: Fanout,
+                 stack: ExitStack) -> ServedWork | Callable[[QAExample], SearchResult]:
+    """One question's search: with the oracle, a plain function; else ``ServedWork`` through the served role (its
+    model recorded with the settings), its slates scored ``concurrency // batch_queries`` at a time."""
     if config.scorer == "oracle":
-        return OracleSlateScorer(tree, gold), "oracle"
-    client = stack.enter_context(client_for(config.serve, config.server_url, timeout_s=config.request_timeout_s))
+        return _searcher(config, tree, OracleSlateScorer(tree, gold))
+    url = job_server(config.server_url, config.runner, config.ray)
+    client = stack.enter_context(client_for(config.serve, url, timeout_s=config.request_timeout_s))
     fanout.record_served(served_models(client, [config.role]))
-    return LLMSlateScorer(client, role=config.role, max_tokens=config.max_tokens, max_attempts=config.max_attempts,
-                          concurrency=config.concurrency, max_candidate_chars=config.max_candidate_chars,
-                          max_reasoning_chars=config.max_reasoning_chars), config.role
+
+    def build(worker_client: Client) -> Callable[[QAExample], SearchResult]:
+        return _searcher(config, tree, LLMSlateScorer(
+            worker_client, role=config.role, max_tokens=config.max_tokens, max_attempts=config.max_attempts,
+            concurrency=max(1, config.concurrency // config.batch_queries),
+            max_candidate_chars=config.max_candidate_chars, max_reasoning_chars=config.max_reasoning_chars))
+    return ServedWork(build, client, {"timeout_s": config.request_timeout_s})
+
+
+def _searcher(config: LatticeTracesConfig, tree: Tree, scorer: SlateScorer) -> Callable[[QAExample], SearchResult]:
+    """The search of one question (a search's questions are independent: one at a time gives each the result a
+    batch of them would)."""
+    return lambda question: search(tree, [(question.id, question.question)], scorer, config.search)[0]
 
 
 def _write_question(question: QAExample, result: SearchResult, tree: Tree, gold: set[str], teacher: str,
