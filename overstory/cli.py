@@ -29,7 +29,7 @@ from overstory.serving.client import ClientError
 # Flags that are shorthand for the override of the same name, for the jobs whose config has the key.
 SHORTHAND_FLAGS = ("out", "checkpoint", "data", "compare", "engine", "strategies")
 # Shorthand flags of one job only (other jobs' configs have a `model` key that means something else).
-JOB_FLAGS = {("serve", ""): ("model", "adapter")}
+JOB_FLAGS = {("serve", ""): ("model", "adapter", "retriever")}
 
 
 def _add_job_args(parser: argparse.ArgumentParser) -> None:

@@ -86,8 +86,8 @@ JOBS: dict[tuple[str, str], tuple[str, str, str, str]] = {
         "STITCH: GRPO on solvable questions, hinted rollouts, SFT on the imitation buffer (TRL trainers)",
     ),
     ("serve", ""): (
-        "overstory.serving.launch", "ServeConfig", "run",
-        "start the embedded OpenAI-compatible server for the roles in a config",
+        "overstory.serve", "ServeConfig", "run",
+        "start the embedded OpenAI-compatible server for the roles in a config (and a saved retriever: --retriever)",
     ),
     ("eval", "rag"): (
         "overstory.evaluation.rag", "RagEvalConfig", "run",

@@ -102,6 +102,13 @@ class ServeConfig:
     # arena fragments: measured, the 1,000-request mixed load grew 123 MiB first to last quarter with the default
     # and 94 MiB with 2 (serving/model_thread.py)
     malloc_arena_max: int = 2
+    # a persisted retriever (a folder written by overstory.retrieval.api's Retriever.save) served beside the roles
+    # (`overstory serve --retriever DIR`): /v1/retrieve, /v1/documents and Search-R1's /retrieve
+    # (serving/retrieval_routes.py); its index calls the roles served here, and each update is saved back into DIR.
+    # The embedded engine only
+    retriever: str = ""
+    retriever_max_k: int = 100  # the most chunks one query may ask for (a larger k is a 400)
+    retriever_max_queries: int = 512  # the most queries one request may send (Search-R1 sends a rollout's batch)
     # `overstory serve` records the served stack (roles, models, uptime) here; background servers do not
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
@@ -120,6 +127,12 @@ class ServeConfig:
                 raise ConfigError(f"roles.{name}.kind must be {' or '.join(map(repr, expected))}, got {role.kind!r}")
         if not 0 <= self.port < 65536:
             raise ConfigError(f"port must be in 0..65535, got {self.port}")
+        if min(self.retriever_max_k, self.retriever_max_queries) < 1:
+            raise ConfigError(f"retriever_max_k and retriever_max_queries must be >= 1, got {self.retriever_max_k} and "
+                              f"{self.retriever_max_queries}")
+        if self.retriever and self.engine != "embedded":
+            raise ConfigError(f"retriever={self.retriever} is served by the embedded engine only; serve it with "
+                              "engine=embedded (a vLLM stack's front door does not mount the retrieval routes)")
         if self.malloc_arena_max < 0:
             raise ConfigError(f"malloc_arena_max must be >= 0 (0: glibc's default), got {self.malloc_arena_max}")
 

@@ -1,5 +1,6 @@
 """The request errors every part of the embedded engine raises; the server maps them to HTTP answers
-(``UnknownModel`` -> 404, ``RequestTooLarge`` and ``BadRequest`` -> 400, ``NotReady`` -> 503)."""
+(``UnknownModel`` and ``NotFound`` -> 404, ``RequestTooLarge`` and ``BadRequest`` -> 400, ``Conflict`` -> 409,
+``NotReady`` -> 503)."""
 
 from __future__ import annotations
 
@@ -29,3 +30,12 @@ class NotReady(RuntimeError):
     def __init__(self, message: str, param: str | None = None):
         super().__init__(message)
         self.param = param
+
+
+class NotFound(LookupError):
+    """A request names something the server does not hold (a document id of the served index): a 404."""
+
+
+class Conflict(ValueError):
+    """A request would create something the server already holds (a document id already indexed, without
+    ``replace``): a 409."""

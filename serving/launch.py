@@ -37,6 +37,7 @@ from overstory.serving.engine import EmbeddedEngine
 from overstory.serving.front_door import create_front_app, mount_front_door
 from overstory.serving.operations import resolve_api_key, warn_if_exposed
 from overstory.serving.ports import claim_port
+from overstory.serving.retrieval_routes import RetrievalService
 from overstory.serving.server import create_app
 from overstory.serving.vllm import (
     ServerDied,
@@ -55,19 +56,27 @@ logger = logging.getLogger(__name__)
 FRONT_DOOR_TIMEOUT_S = 600.0
 
 
-def run(config: ServeConfig) -> None:
+def run(config: ServeConfig, retrieval: Callable[[EmbeddedEngine], RetrievalService] | None = None) -> None:
     """Serve the roles of ``config`` until Ctrl-C or SIGTERM (from the main thread); the tracking run
-    records the served stack when it starts and the uptime when it stops."""
+    records the served stack when it starts and the uptime when it stops. ``retrieval`` makes the served
+    retriever (``serving/retrieval_routes.py``) once the engine is loaded: the top layer's ``overstory/serve.py``
+    passes it for ``config.retriever``, which this layer cannot load itself."""
     if config.engine == "vllm":
         return run_vllm_stack(config)
     warn_if_exposed(config.host, resolve_api_key(config.api_key), logger)
     with claim_port(config.host, config.port) as sock:
         url = f"http://{config.host}:{sock.getsockname()[1]}/v1"
         engine = EmbeddedEngine(config)
-        server = uvicorn.Server(uvicorn.Config(create_app(engine), log_level="info"))
+        service = retrieval(engine) if retrieval is not None else None
+        server = uvicorn.Server(uvicorn.Config(create_app(engine, service), log_level="info"))
         with start_run(config.tracking, "serve", config) as tracker:
-            tracker.summary({"url": url, "roles": engine.roles})
+            served = {"retriever": {"folder": config.retriever, "strategy": service.strategy,
+                                    "documents": service.document_count()}} if service is not None else {}
+            tracker.summary({"url": url, "roles": engine.roles, **served})
             print(f"serving {', '.join(engine.roles)} on {url}", flush=True)
+            if service is not None:
+                print(f"serving the {service.strategy} retriever of {config.retriever} "
+                      f"({service.document_count()} documents) on {url}/retrieve", flush=True)
             started = time.monotonic()
             # uvicorn shuts down gracefully, then re-raises the signal it caught: SIGTERM would kill the
             # process before the tracking run is finished, so it is turned into Ctrl-C's KeyboardInterrupt.

@@ -4,12 +4,13 @@ Endpoints: ``/v1/chat/completions`` and ``/v1/completions`` (streamed as server-
 ``stream: true``, see ``serving/streaming.py``; ``response_format``, ``tools`` and ``tool_choice`` on chat),
 ``/v1/embeddings``, ``/v1/compress`` (groups of child chunks in, compressed embeddings out), vLLM's ``/score``
 and ``/v1/rerank`` for a cross-encoder scorer, vLLM's ``/tokenize``, ``/detokenize`` and ``/version``,
-``/v1/models``, ``/health`` and ``/metrics``; the ``model`` field names the role. The request models
-(``serving/protocol.py``) take every field of OpenAI's and vLLM's schemas: each takes effect, labels the
-request, or is refused with a 400 naming it; a made-up field gets OpenAI's "Unrecognized request argument".
-The ``handle_*`` functions turn a validated request into the OpenAI response dict; the routes and the
-client's in-process backend both call them, so both paths answer with identical shapes. Errors use OpenAI's
-error body with a 4xx status and a reason that names the field (unknown routes and wrong methods included);
+``/v1/models``, ``/health`` and ``/metrics``; the ``model`` field names the role. With a served retriever,
+``/v1/retrieve``, ``/v1/documents`` and Search-R1's ``/retrieve`` too (``serving/retrieval_routes.py``).
+The request models (``serving/protocol.py``) take every field of OpenAI's and vLLM's schemas: each takes effect,
+labels the request, or is refused with a 400 naming it; a made-up field gets OpenAI's "Unrecognized request
+argument". The ``handle_*`` functions turn a validated request into the OpenAI response dict; the routes and the
+client's in-process backend both call them, so both paths answer with identical shapes. Errors use OpenAI's error
+body with a 4xx status and a reason that names the field (unknown routes and wrong methods included);
 an unexpected failure is logged and answered with a 500 without traceback.
 """
 
@@ -33,8 +34,14 @@ from starlette.responses import StreamingResponse
 
 from overstory.serving.cross_encoder import RerankRequest, ScoreRequest, handle_rerank, handle_score
 from overstory.serving.engine import EmbeddedEngine, GenerationResult, TokenLogprob
-from overstory.serving.errors import BadRequest, NotReady, RequestTooLarge, UnknownModel
-from overstory.serving.operations import ServerMetrics, install_api_key, install_metrics, resolve_api_key
+from overstory.serving.errors import BadRequest, Conflict, NotFound, NotReady, RequestTooLarge, UnknownModel
+from overstory.serving.operations import (
+    PROTECTED_PREFIXES,
+    ServerMetrics,
+    install_api_key,
+    install_metrics,
+    resolve_api_key,
+)
 from overstory.serving.protocol import (
     ChatRequest,
     CompletionRequest,
@@ -45,6 +52,7 @@ from overstory.serving.protocol import (
     TokenizeRequest,
     validation_message,
 )
+from overstory.serving.retrieval_routes import SEARCH_R1_PATH, RetrievalService, mount_retrieval
 from overstory.serving.streaming import chat_chunk_builder, completion_chunk_builder, stream_generation
 from overstory.serving.tools import forces_a_call, parse_reply
 
@@ -325,6 +333,15 @@ def _recorder(metrics: ServerMetrics, model: str) -> Callable[[GenerationResult]
     return record
 
 
+def _handler(status: int, kind: str) -> Callable[[Request, Exception], Any]:
+    """An exception handler answering ``status`` with the error's message (and ``param``, when it has one)."""
+
+    async def answer(_: Request, exc: Exception) -> JSONResponse:
+        return _error(status, str(exc), kind, getattr(exc, "param", None))
+
+    return answer
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Every error in OpenAI's shape: our refusals, unknown paths and methods, invalid bodies, and anything unexpected
     (a 500 whose traceback goes to the server log, never to the client)."""
@@ -332,6 +349,12 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(_: Request, exc: ApiError) -> JSONResponse:
         return _error(exc.status, exc.message, exc.kind, exc.param)
+
+    # what the retrieval routes' service raises (the chat handlers map the engine's errors through _run)
+    statuses = ((NotFound, 404, "not_found_error"), (Conflict, 409, "conflict_error"),
+                (BadRequest, 400, "invalid_request_error"), (NotReady, 503, "service_unavailable"))
+    for error, status, kind in statuses:
+        app.add_exception_handler(error, _handler(status, kind))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -351,11 +374,14 @@ def install_error_handlers(app: FastAPI) -> None:
         return _error(500, f"internal error ({exc.__class__.__name__}); see the server log", "server_error")
 
 
-def create_app(engine: EmbeddedEngine) -> FastAPI:
-    """The OpenAI-compatible app over a loaded engine (whoever loaded the engine closes it)."""
+def create_app(engine: EmbeddedEngine, retrieval: RetrievalService | None = None) -> FastAPI:
+    """The OpenAI-compatible app over a loaded engine (whoever loaded the engine closes it), with the retrieval
+    routes (``serving/retrieval_routes.py``) over ``retrieval`` when one is given."""
     app = FastAPI(title="overstory embedded server", version="0.1.0")
-    # the key check goes in first so that the metrics middleware, outside it, counts refused requests too
-    install_api_key(app, resolve_api_key(engine.config.api_key))
+    # the key check goes in first so that the metrics middleware, outside it, counts refused requests too;
+    # Search-R1's /retrieve is outside /v1, and guarded all the same
+    guarded = (*PROTECTED_PREFIXES, SEARCH_R1_PATH) if retrieval is not None else PROTECTED_PREFIXES
+    install_api_key(app, resolve_api_key(engine.config.api_key), protected=guarded)
     metrics = install_metrics(app)
     engine.watch_queues(metrics.set_queue)
     install_error_handlers(app)
@@ -413,4 +439,6 @@ def create_app(engine: EmbeddedEngine) -> FastAPI:
     def rerank(request: RerankRequest) -> dict[str, Any]:
         return handle_scoring(engine, request, metrics)
 
+    if retrieval is not None:
+        mount_retrieval(app, retrieval)
     return app

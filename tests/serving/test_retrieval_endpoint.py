@@ -1,0 +1,240 @@
+"""The retrieval endpoint (serving/retrieval_routes.py, overstory/serve.py) over HTTP with real clients: the
+project's ``Client`` and plain httpx, against a naive retriever saved over a slice of the HotpotQA sample and served
+on the session's embedded engine (SmolLM2-135M-Instruct, MiniLM) behind an API key.
+
+The indexed slice leaves out the supporting documents of the sample's first question; the tests add one of them
+through ``/v1/documents`` and delete it again, so each test leaves the index as it found it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from overstory.data_pipeline.corpora import load_corpus
+from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies
+from overstory.evaluation.pipeline import DATASETS
+from overstory.retrieval.api import Models, Retriever
+from overstory.serve import served_retriever
+from overstory.serving.client import Client, ClientError
+from overstory.serving.engine import EmbeddedEngine
+from overstory.serving.in_process import in_process_client
+from overstory.serving.launch import serve_in_background
+from overstory.serving.server import create_app
+
+KEY = "retrieval-test-key"
+AUTH = {"authorization": f"Bearer {KEY}"}
+MAX_QUERIES = 8
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    """Ten HotpotQA documents that do not hold the first question's evidence, one document that does (held out),
+    and that question."""
+    documents, questions = load_corpus(DATASETS["hotpotqa"])
+    question = questions[0]
+    gold = {span.doc_id for span in question.evidence}
+    held_out = next(d for d in documents if d.id in gold)
+    return [d for d in documents if d.id not in gold][:10], held_out, question
+
+
+@pytest.fixture(scope="module")
+def saved(engine: EmbeddedEngine, corpus, tmp_path_factory) -> str:
+    """A naive retriever over the ten documents, built and saved through the Python API."""
+    indexed, _, _ = corpus
+    folder = tmp_path_factory.mktemp("retriever") / "naive"
+    settings = HierarchyConfig()
+    retriever = Retriever.build("naive", indexed, build_hierarchies(indexed, settings),
+                                Models(in_process_client(engine)), settings=settings)
+    retriever.save(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def served(engine: EmbeddedEngine, saved: str) -> Iterator[str]:
+    """The saved retriever served beside the engine's roles, behind ``KEY``; yields the base URL."""
+    config = dataclasses.replace(engine.config, retriever=saved, retriever_max_queries=MAX_QUERIES)
+    with served_retriever(config, engine) as service, pytest.MonkeyPatch.context() as env:
+        env.setenv("OVERSTORY_API_KEY", KEY)  # what `overstory serve` reads when the config names no key
+        with serve_in_background(create_app(engine, service)) as url:
+            yield url
+
+
+@pytest.fixture(scope="module")
+def http(served: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=served, headers=AUTH, timeout=120) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def client(served: str) -> Iterator[Client]:
+    project_client = Client.from_url(served, api_key=KEY, max_retries=0)
+    yield project_client
+    project_client.close()
+
+
+def retrieve(client: Client, **body) -> dict:
+    """``/v1/retrieve`` through the project's client."""
+    return client.backend.post("/v1/retrieve", {"model": "retriever", **body})[0]
+
+
+def ids(item: dict) -> list[str]:
+    return [hit["id"] for hit in item["evidence"]]
+
+
+def test_one_query_and_a_batch_answer_evidence_with_scores_and_usage(client: Client, corpus) -> None:
+    indexed, _, question = corpus
+    one = retrieve(client, query=question.question, k=3)
+    assert one["strategy"] == "naive" and len(one["data"]) == 1
+    item = one["data"][0]
+    assert item["query"] == question.question and item["failure"] is None and len(item["evidence"]) == 3
+    assert {hit["doc_id"] for hit in item["evidence"]} <= {d.id for d in indexed}
+    scores = [hit["score"] for hit in item["evidence"]]
+    assert all(isinstance(s, float) for s in scores) and scores == sorted(scores, reverse=True)
+    assert all(hit["level"] == "paragraph" and hit["text"] and hit["end"] > hit["start"] for hit in item["evidence"])
+    assert item["usage"]["embedder"]["calls"] == 1 and item["usage"]["embedder"]["prompt_tokens"] > 0
+    assert one["usage"]["calls"] == 1 and one["usage"]["total_tokens"] == item["usage"]["embedder"]["prompt_tokens"]
+    others = ["Which city hosts the oldest university?", "Who directed the film?"]
+    batch = retrieve(client, queries=[question.question, *others], k=3)
+    assert [d["query"] for d in batch["data"]] == [question.question, *others]
+    assert [d["index"] for d in batch["data"]] == [0, 1, 2]
+    assert ids(batch["data"][0]) == ids(item)  # the same query in a batch finds the same chunks
+    assert batch["usage"]["calls"] == 3 == sum(d["usage"]["embedder"]["calls"] for d in batch["data"])
+    default_k = retrieve(client, query=question.question)["data"][0]
+    assert len(default_k["evidence"]) == 5  # naive.k, the saved strategy's own setting
+
+
+def test_search_r1s_request_gets_search_r1s_response(http: httpx.Client, corpus) -> None:
+    _, _, question = corpus
+    queries = [question.question, "Who wrote the novel?"]
+    response = http.post("/retrieve", json={"queries": queries, "topk": 2, "return_scores": True})
+    assert response.status_code == 200
+    result = response.json()["result"]
+    assert len(result) == 2 and all(len(per_query) == 2 for per_query in result)
+    for per_query in result:
+        assert [pair["score"] for pair in per_query] == sorted((pair["score"] for pair in per_query), reverse=True)
+        for pair in per_query:
+            document = pair["document"]
+            # what Search-R1's rollout does with a document: the first line of contents is the title
+            title, text = document["contents"].split("\n")[0], "\n".join(document["contents"].split("\n")[1:])
+            assert title == f'"{document["title"]}"' and text == document["text"] and document["id"]
+    plain = http.post("/retrieve", json={"queries": queries, "topk": 2}).json()["result"]
+    assert [[d["id"] for d in per_query] for per_query in plain] == [[p["document"]["id"] for p in per_query]
+                                                                      for per_query in result]
+    assert "score" not in plain[0][0]
+
+
+def test_add_then_delete_a_document_in_place(client: Client, http: httpx.Client, corpus, saved: str,
+                                             engine: EmbeddedEngine) -> None:
+    _, held_out, question = corpus
+    before = retrieve(client, query=question.question, k=5)["data"][0]
+    document = {"id": held_out.id, "title": held_out.title, "text": held_out.text}
+    added = client.backend.post("/v1/documents", {"model": "retriever", "documents": [document]})[0]
+    assert added["added"] == [held_out.id] and added["replaced"] == [] and added["documents"] == 11
+    found = retrieve(client, query=question.question, k=5)["data"][0]
+    assert held_out.id in {hit["doc_id"] for hit in found["evidence"]}
+    # the update was saved before it was acknowledged: a fresh load holds the document
+    assert held_out.id in Retriever.load(saved, Models(in_process_client(engine))).doc_ids
+    with pytest.raises(ClientError) as again:
+        client.backend.post("/v1/documents", {"model": "retriever", "documents": [document]})
+    assert again.value.status == 409 and held_out.id in again.value.reason
+    replaced = http.post("/v1/documents", json={"documents": [document], "replace": True}).json()
+    assert replaced["replaced"] == [held_out.id] and replaced["added"] == [] and replaced["documents"] == 11
+    deleted = http.delete(f"/v1/documents/{held_out.id}")
+    assert deleted.status_code == 200 and deleted.json() == {"id": held_out.id, "object": "document",
+                                                             "deleted": True, "documents": 10}
+    after = retrieve(client, query=question.question, k=5)["data"][0]
+    assert held_out.id not in {hit["doc_id"] for hit in after["evidence"]}
+    assert ids(after) == ids(before) and [h["score"] for h in after["evidence"]] == pytest.approx(
+        [h["score"] for h in before["evidence"]], abs=1e-5)
+    assert held_out.id not in Retriever.load(saved, Models(in_process_client(engine))).doc_ids
+    missing = http.delete(f"/v1/documents/{held_out.id}")
+    assert missing.status_code == 404 and held_out.id in missing.json()["error"]["message"]
+    assert missing.json()["error"]["type"] == "not_found_error"
+
+
+@pytest.mark.parametrize(("body", "param", "words"), [
+    ({"query": "   "}, "query", "a query must not be empty"),
+    ({"queries": []}, None, "queries is empty"),
+    ({"queries": ["a question", ""]}, "queries.1", "a query must not be empty"),
+    ({"query": "q", "queries": ["q"]}, None, "either query"),
+    ({"query": "q", "k": 0}, "k", "greater than or equal to 1"),
+    ({"query": "q", "k": 101}, "k", "at most 100"),
+    ({"query": "q", "strategy": "smartchunk"}, "strategy", "build and save a smartchunk retriever"),
+    ({"queries": ["q"] * (MAX_QUERIES + 1)}, "queries", f"at most {MAX_QUERIES}"),
+    ({"query": "q", "topk": 3}, "topk", "Unrecognized request argument"),
+])
+def test_bad_retrieval_requests_are_400s_naming_the_field(http: httpx.Client, body: dict, param: str | None,
+                                                           words: str) -> None:
+    response = http.post("/v1/retrieve", json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert words in error["message"] and error["type"] == "invalid_request_error" and error["code"] == 400
+    if param:
+        assert error["param"] == param
+
+
+def test_bad_updates_and_unknown_names_are_refused(http: httpx.Client) -> None:
+    blank = http.post("/v1/documents", json={"documents": [{"id": "x", "title": "X", "text": "  "}]})
+    assert blank.status_code == 400 and "must not be empty" in blank.json()["error"]["message"]
+    twice = http.post("/v1/documents", json={"documents": [{"id": "x", "text": "One."}, {"id": "x", "text": "Two."}]})
+    assert twice.status_code == 400 and "repeated id(s) x" in twice.json()["error"]["message"]
+    assert http.post("/v1/documents", json={"documents": []}).status_code == 400
+    model = http.post("/v1/retrieve", json={"query": "q", "model": "generator"})
+    assert model.status_code == 404 and "'retriever'" in model.json()["error"]["message"]
+    negative = http.post("/retrieve", json={"queries": ["q"], "topk": -1})
+    assert negative.status_code == 400 and negative.json()["error"]["param"] == "topk"
+    blank = http.post("/retrieve", json={"queries": ["a question", " "]})
+    assert blank.status_code == 400 and blank.json()["error"]["param"] == "queries.1"
+
+
+def test_every_retrieval_route_is_behind_the_api_key(served: str) -> None:
+    with httpx.Client(base_url=served, timeout=30) as anonymous:
+        for method, path, body in (("POST", "/v1/retrieve", {"query": "q"}), ("POST", "/retrieve", {"queries": ["q"]}),
+                                   ("POST", "/v1/documents", {"documents": [{"id": "x", "text": "X."}]}),
+                                   ("DELETE", "/v1/documents/x", None)):
+            response = anonymous.request(method, path, json=body)
+            assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_api_key", path
+        assert anonymous.get("/health").status_code == 200  # probes stay open
+
+
+def test_readers_during_updates_see_the_old_or_the_new_index(http: httpx.Client, served: str, corpus) -> None:
+    """Queries run while another connection adds and deletes the held-out document: each answer is exactly the
+    ranking without it or exactly the ranking with it, never a mix, and no request fails."""
+    _, held_out, question = corpus
+    body = {"query": question.question, "k": 5}
+    without = ids(http.post("/v1/retrieve", json=body).json()["data"][0])
+    document = {"id": held_out.id, "title": held_out.title, "text": held_out.text}
+    assert http.post("/v1/documents", json={"documents": [document]}).status_code == 200
+    with_it = ids(http.post("/v1/retrieve", json=body).json()["data"][0])
+    assert http.delete(f"/v1/documents/{held_out.id}").status_code == 200
+    assert with_it != without
+    seen: list[list[str]] = []
+    statuses: list[int] = []
+    stop = threading.Event()
+
+    def read() -> None:
+        with httpx.Client(base_url=served, headers=AUTH, timeout=120) as reader:
+            while not stop.is_set():
+                response = reader.post("/v1/retrieve", json=body)
+                statuses.append(response.status_code)
+                if response.status_code == 200:
+                    seen.append(ids(response.json()["data"][0]))
+
+    readers = [threading.Thread(target=read) for _ in range(3)]
+    for thread in readers:
+        thread.start()
+    try:
+        for _ in range(3):
+            assert http.post("/v1/documents", json={"documents": [document]}).status_code == 200
+            assert http.delete(f"/v1/documents/{held_out.id}").status_code == 200
+    finally:
+        stop.set()
+        for thread in readers:
+            thread.join()
+    assert statuses and set(statuses) == {200}
+    assert all(ranking in (without, with_it) for ranking in seen), [r for r in seen if r not in (without, with_it)]
