@@ -338,8 +338,11 @@ def _head(text: str) -> str:
     return text[:BODY_HEAD]
 
 
-def _send(http: httpx.Client, planned: Planned) -> Outcome:
-    """Send one request and judge its answer."""
+Judge = Callable[[Planned, Any], str | None]  # why a valid request's 2xx body is not well-formed (None: it is)
+
+
+def _send(http: httpx.Client, planned: Planned, judge: Judge = _body_problem) -> Outcome:
+    """Send one request and judge its answer (a valid request's body with ``judge``)."""
     headers = {"content-type": "application/json"} if planned.body is not None else {}
     started = time.perf_counter()
     try:
@@ -374,7 +377,7 @@ def _send(http: httpx.Client, planned: Planned) -> Outcome:
         except ValueError:
             problem = "the body is not JSON"
         else:
-            problem = _judged(_body_problem, planned, body)
+            problem = _judged(judge, planned, body)
     return Outcome(planned.index, planned.kind, planned.case, status, latency, problem,
                    _head(text) if problem else "")
 
@@ -439,6 +442,14 @@ def mixed_load(base_url: str, roles: dict[str, str], requests: int, concurrency:
     if requests < 1 or concurrency < 1 or time_limit_s <= 0:
         raise ValueError("requests and concurrency must be >= 1 and time_limit_s > 0")
     plan = plan_requests(roles, requests, max_tokens, seed, weights, prompts)
+    return run_plan(base_url, plan, concurrency, pids, api_key, time_limit_s, progress)
+
+
+def run_plan(base_url: str, plan: list[Planned], concurrency: int, pids: list[int], api_key: str | None = None,
+             time_limit_s: float = 1800, progress: bool = True, judge: Judge = _body_problem) -> dict:
+    """Send the planned requests with ``concurrency`` workers, judging valid answers with ``judge``, while /health is
+    probed and the memory of ``pids`` sampled; the report of ``mixed_load``. The retrieval load test
+    (``bench/retrieval_load.py``) runs its own plan through it."""
     headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
     outcomes: list[Outcome] = []
     lock = threading.Lock()
@@ -454,7 +465,7 @@ def mixed_load(base_url: str, roles: dict[str, str], requests: int, concurrency:
         def one(planned: Planned) -> None:
             if time.monotonic() > deadline:  # bounded in time: what has not started by now is not sent
                 return
-            outcome = _send(http, planned)
+            outcome = _send(http, planned, judge)
             with lock:
                 outcomes.append(outcome)
             bar.advance(task)
