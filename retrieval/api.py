@@ -77,7 +77,9 @@ SECTIONS: dict[str, type] = {"naive": NaiveConfig, "smartchunk": SmartChunkConfi
 # strategies without a retrieval step of their own: ``retrieve`` runs their answer and returns what it read
 READ_BY_ANSWERING = ("arag", "bm25_floor")
 # strategies whose index ``Retriever.save`` / ``load`` persist and ``add_documents`` / ``remove_documents`` update
-PERSISTENT = ("naive", "smartchunk")
+PERSISTENT_CLASSES: dict[str, Any] = {"naive": NaiveStrategy, "smartchunk": SmartChunkStrategy,
+                                      "lattice": LatticeStrategy}
+PERSISTENT = tuple(PERSISTENT_CLASSES)
 RETRIEVER_KIND = "retriever"  # the kind a saved Retriever's manifest names
 
 
@@ -152,7 +154,7 @@ def build_strategy(name: str, documents: Sequence[Document], chunks: Sequence[Ch
     tree = Tree.load(section.tree)
     leaf_ids = {node.id for node in tree.leaves()}
     return LatticeStrategy(tree, [c for c in chunks if c.level == section.leaf_level and c.id in leaf_ids], section,
-                           asked)
+                           asked, embedding_model=embedding_model, settings=settings)
 
 
 def documents_from(items: Iterable[Document | Mapping[str, Any]]) -> list[Document]:
@@ -440,7 +442,7 @@ class Retriever:
             documents = list(read_jsonl(files / "documents.jsonl", Document))
             chunks = list(read_jsonl(files / "chunks.jsonl", Chunk))
             check_contents(manifest, folder, RETRIEVER_KIND, len(chunks), chunks_hash(chunks))
-            strategy = load_strategy(name, files / "index", documents, models.client, section, asked,
+            strategy = load_strategy(name, files / "index", documents, chunks, models.client, section, asked,
                                      embedding_model, recorded["hierarchy"])
             return cls(strategy, name, models, documents, chunks, Cost({}, 0.0), section, asked,
                        recorded["hierarchy"])
@@ -527,18 +529,16 @@ class Retriever:
                         result.failure, result.failure_detail, result.details)
 
 
-def load_strategy(name: str, folder: Path, documents: Sequence[Document], client: Client, config: Any,
-                  answer: AnswerConfig, embedding_model: str | None, settings: Mapping[str, Any]) -> Strategy:
-    """The strategy ``name`` over the index its ``save_index`` wrote in ``folder`` (each checks its own manifest
-    against ``embedding_model``, ``settings`` and ``config``)."""
-    if name == "naive":
-        return NaiveStrategy.load_index(folder, client, config, answer, embedding_model=embedding_model,
-                                        settings=settings)
-    if name == "smartchunk":
-        return SmartChunkStrategy.load_index(folder, documents, client, config, answer,
-                                             embedding_model=embedding_model, settings=settings)
-    raise ConfigError(f"{name}: no saved index of this strategy can be read; the strategies that persist are "
-                      f"{', '.join(PERSISTENT)}")
+def load_strategy(name: str, folder: Path, documents: Sequence[Document], chunks: Sequence[Chunk], client: Client,
+                  config: Any, answer: AnswerConfig, embedding_model: str | None,
+                  settings: Mapping[str, Any]) -> Strategy:
+    """The strategy ``name`` over the index its ``save_index`` wrote in ``folder``, for ``documents`` and their
+    hierarchy ``chunks`` (each checks its own manifest against ``embedding_model``, ``settings`` and ``config``)."""
+    if name not in PERSISTENT_CLASSES:
+        raise ConfigError(f"{name}: no saved index of this strategy can be read; the strategies that persist are "
+                          f"{', '.join(PERSISTENT)}")
+    return PERSISTENT_CLASSES[name].load_index(folder, documents, chunks, client, config, answer,
+                                               embedding_model=embedding_model, settings=settings)
 
 
 def _check_question(question: Any) -> None:

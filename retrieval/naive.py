@@ -71,10 +71,12 @@ class NaiveStrategy:
         write_index_files(self.index, folder)
 
     @classmethod
-    def load_index(cls, folder: Path, client: Client, config: NaiveConfig, answer: AnswerConfig, *,
-                   embedding_model: str | None = None, settings: Mapping[str, Any] | None = None) -> NaiveStrategy:
-        """The strategy over the flat index ``save_index`` wrote, refused (``IndexMismatchError``) when it was built
-        with another embedding model, hierarchy ``settings``, levels or index kind."""
+    def load_index(cls, folder: Path, documents: Sequence[Document], chunks: Sequence[Chunk], client: Client,
+                   config: NaiveConfig, answer: AnswerConfig, *, embedding_model: str | None = None,
+                   settings: Mapping[str, Any] | None = None) -> NaiveStrategy:
+        """The strategy over the flat index ``save_index`` wrote (which keeps its own chunks: ``documents`` and
+        ``chunks`` are not read), refused (``IndexMismatchError``) when it was built with another embedding model,
+        hierarchy ``settings``, levels or index kind."""
         kind = json.loads((folder / "index.json").read_text()).get("kind")
         if kind != config.index:
             raise IndexMismatchError(f"{folder}: the saved naive index is {kind!r} but naive.index is "

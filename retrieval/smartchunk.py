@@ -255,10 +255,11 @@ class SmartChunkStrategy:
         self.retriever.save(folder)
 
     @classmethod
-    def load_index(cls, folder: Path, documents: Sequence[Document], client: Client, config: SmartChunkConfig,
-                   answer: AnswerConfig, *, embedding_model: str | None = None,
+    def load_index(cls, folder: Path, documents: Sequence[Document], chunks: Sequence[Chunk], client: Client,
+                   config: SmartChunkConfig, answer: AnswerConfig, *, embedding_model: str | None = None,
                    settings: Mapping[str, Any] | None = None) -> SmartChunkStrategy:
-        """The strategy over the vectors ``save_index`` wrote (``SmartChunkRetriever.load`` checks them)."""
+        """The strategy over ``documents`` and the vectors ``save_index`` wrote (with its own copy of the chunks:
+        ``chunks`` is not read; ``SmartChunkRetriever.load`` checks them)."""
         retriever = SmartChunkRetriever.load(folder, client, config.upper, embedding_model, settings)
         return cls(retriever, {d.id: d for d in documents}, config, answer)
 
