@@ -182,17 +182,20 @@ class SettingsRecord:
         has_results = self.out.exists() and self.out.stat().st_size > 0
         self.recorded: dict[str, Any] | None = json.loads(path.read_text()) if has_results and path.exists() else None
         # the served models recorded before are kept as they are: they are checked apart, in add_served
-        self._write(self.recorded.get("served", {}) if self.recorded else {}, results=self.out if has_results else None)
+        self.served: dict[str, str] = dict(self.recorded.get("served", {})) if self.recorded else {}
+        self._write(self.served, results=self.out if has_results else None)
 
     def add_served(self, served: dict[str, str]) -> None:
-        """Add the models that serve this run, refusing a run whose models differ from those recorded."""
-        known = self.recorded.get("served", {}) if self.recorded else {}
+        """Add the models that serve this run, refusing models that differ from those recorded, by earlier runs or
+        by this one (each of a fleet's endpoints must serve what the first did)."""
+        known = self.served
         changed = differing_keys({k: known.get(k) for k in served if k in known},
                                  {k: v for k, v in served.items() if k in known})
         if changed:
             raise ConfigError(f"{self.out} was made with other settings ({', '.join(f'served.{k}' for k in changed)} "
                               f"differ from {self.path}); {self.REMEDY}")
-        self._write({**known, **served})
+        self.served = {**known, **served}
+        self._write(self.served)
 
     def _write(self, served: dict[str, str], results: Path | None = None) -> None:
         """Record the settings with ``served``; when ``results`` is given, first refuse settings other than those

@@ -1,6 +1,8 @@
-"""`runner: ray`: a real data job (SmolLM2 summaries of the shipped markdown docs) on a local Ray cluster against a
-fleet of two embedded servers, compared with the thread runner: the same ids, the same summaries where each
-request is served alone, resumed by id, and a server that is down counted as failures, never lost."""
+"""`runner: ray`: real data jobs on a local Ray cluster against a fleet of two embedded servers, compared with the
+thread runner: SmolLM2 summaries of the shipped markdown docs (the same ids, the same summaries where each request is
+served alone, resumed by id, and a server that is down counted as failures, never lost) and SmolLM2 planner traces of
+real SQuAD questions from a pool of teachers, one of them on a server of its own (the same traces and rejections).
+One Ray cluster for the module, and at most one Ray run per job kind and purpose: the suite's time is budgeted."""
 
 from __future__ import annotations
 
@@ -16,11 +18,15 @@ import numpy as np
 import pytest
 
 from overstory.core.config import ConfigError, load_config
-from overstory.core.records import SummaryRecord, read_jsonl
-from overstory.data_pipeline import summaries
+from overstory.core.records import PseudoLabel, SummaryRecord, read_jsonl, write_jsonl
+from overstory.data_pipeline import summaries, traces
+from overstory.data_pipeline.corpora import load_corpus
 from overstory.data_pipeline.fanout import Fanout, failures_path, settings_path
+from overstory.data_pipeline.hierarchy import save_hierarchies, stored_hierarchy_path
+from overstory.data_pipeline.pseudo_labels import single_document_questions
 from overstory.data_pipeline.ray_runner import RayConfig, import_ray, ray_map
 from overstory.data_pipeline.summaries import SummariesConfig
+from overstory.data_pipeline.traces import TracesConfig, rejected_path
 from overstory.serving.client import Client
 from overstory.serving.config import ServeConfig
 from overstory.serving.launch import serve_in_background
@@ -135,6 +141,60 @@ def test_a_worker_killed_mid_item_has_it_retried_once(tmp_path: Path, ray_cluste
     assert (tmp_path / "died").exists()
     assert sorted((item, result, error) for item, result, error in results) == [(1, 10, None), (2, 20, None),
                                                                                   (3, 30, None)]
+
+
+@pytest.fixture(scope="module")
+def squad_labels(tmp_path_factory: pytest.TempPathFactory, squad_chunks: list) -> Path:
+    """Pseudo-labels of three real SQuAD questions (the traces job's input; the labels are chosen here)."""
+    _, questions = load_corpus("squad", ROOT / "data/squad/dev-v2.0-articles.json")
+    ranges = [("sentence", "paragraph"), ("paragraph", "section"), ("sentence", "sentence")]
+    path = tmp_path_factory.mktemp("labels") / "labels.jsonl"
+    write_jsonl(path, [PseudoLabel(q.id, doc_id, q.question, q.answers, low, high, True, 1, [], [], q.answers[0],
+                                   "builtin:smollm2-135m-instruct", "contains")
+                       for (q, doc_id), (low, high) in zip(single_document_questions(questions), ranges)])
+    save_hierarchies(stored_hierarchy_path(path), squad_chunks)
+    return path
+
+
+def _traces_config(labels: Path, out: Path, own_server: str, *overrides: str) -> TracesConfig:
+    """Two SmolLM2 teachers, one served by the job's server(s), one by a server of its own (the pool)."""
+    return load_config(TracesConfig, ROOT / "configs/data/traces.yaml", [
+        f"labels={labels}", f"out={out}", "metadata_tokens=64", "rewrite=false", "concurrency=1",
+        "max_failure_share=0", "tracking.backend=none",
+        "teachers={job: {kind: llm, max_tokens: 48}, "
+        f"own: {{kind: llm, style: stepwise, max_tokens: 48, server_url: '{own_server}'}}}}", *overrides])
+
+
+def _outcomes(out: Path) -> dict[str, tuple[str, str]]:
+    """Trace id -> (outcome, text): the kept traces' completions and the rejected replies' raw text."""
+    kept = {r["id"]: ("kept", r["completion"]) for r in read_jsonl(out)} if out.exists() else {}
+    return kept | {r["id"]: ("rejected", r["raw"]) for r in read_jsonl(rejected_path(out))}
+
+
+@pytest.mark.slow
+def test_traces_from_a_pool_on_ray_match_the_threads(tmp_path: Path, ray_cluster: None, fleet: list[str],
+                                                     squad_labels: Path) -> None:
+    """The (label, teacher) pairs on Ray: the job's teacher spread over both servers, the other teacher on its own
+    server (rebuilt on each worker), one request at a time: every pair gets the outcome and the text the thread
+    runner got, and both record the same models behind the teachers."""
+    on_threads, on_ray = tmp_path / "threads.jsonl", tmp_path / "ray.jsonl"
+    traces.run(_traces_config(squad_labels, on_threads, fleet[1], f"server_url={fleet[0]}"))
+    traces.run(_traces_config(squad_labels, on_ray, fleet[1], "runner=ray", _endpoints(fleet)))
+    expected = _outcomes(on_threads)
+    assert len(expected) == 6 and {i.rsplit("/", 1)[1] for i in expected} == {"job", "own"}
+    assert _outcomes(on_ray) == expected
+    served = [json.loads(settings_path(out).read_text())["served"] for out in (on_threads, on_ray)]
+    assert served[0] == served[1] == {"teacher/job": "builtin:smollm2-135m-instruct",
+                                      "teacher/own": "builtin:smollm2-135m-instruct"}
+
+
+def test_the_endpoints_api_key_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEET_KEY", "s3cret")
+    monkeypatch.delenv("OVERSTORY_API_KEY", raising=False)
+    assert RayConfig(api_key_env="FLEET_KEY").http_options({"timeout_s": 5}) == {"api_key": "s3cret", "timeout_s": 5}
+    assert RayConfig().http_options() == {}  # OVERSTORY_API_KEY unset: no key is sent
+    with pytest.raises(ConfigError, match="ray.api_key_env"):
+        RayConfig(api_key_env="not a name")
 
 
 def test_bad_ray_settings_name_their_key(tmp_path: Path) -> None:
