@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,4 +60,13 @@ def test_stitch_under_zero2_routes_alike_on_every_rank_updates_injects_sft_and_r
     log = stitch_tests._log(out)
     assert [r["step"] for r in log] == [1, 2] and log[0] == step_1
     assert len(set(log[1]["routing_by_rank"])) == 1 and len(log[1]["routing_by_rank"]) == 2
+    # step 2's SFT injection (the far-labelled question stays unsolved) continued the resumed Adam state on each
+    # rank: its shard counts the optimizer steps of both injections, and the weights moved (at the new update's
+    # learning rate, not the one where the last update's schedule ended: 0)
+    assert log[1]["sft_injection"] and log[1]["sft_optimizer_steps"] == 1
+    for rank in (0, 1):
+        shard = torch.load(out / "last" / f"sft_optimizer_rank{rank}.pt", weights_only=False)
+        assert [int(s["step"]) for s in shard["base_optimizer_state"]["state"].values()] == [2]
+    step_2 = load_file(out / "last" / "adapter_model.safetensors")
+    assert any((after[k] != step_2[k]).any() for k in after)
     assert json.loads((out / "metrics.json").read_text())["steps"] == 2
