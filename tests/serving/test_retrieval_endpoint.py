@@ -9,10 +9,15 @@ through ``/v1/documents`` and delete it again, so each test leaves the index as 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import subprocess
+import sys
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -24,17 +29,21 @@ from overstory.bench.retrieval_load import (
     plan_retrieval,
     retrieval_load,
 )
+from overstory.core.config import ConfigError
 from overstory.data_pipeline.corpora import load_corpus
 from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies
 from overstory.evaluation.pipeline import DATASETS
 from overstory.retrieval.api import Models, Retriever
 from overstory.serve import served_retriever
 from overstory.serving.client import Client, ClientError
+from overstory.serving.config import RoleConfig, ServeConfig
 from overstory.serving.engine import EmbeddedEngine
 from overstory.serving.in_process import in_process_client
 from overstory.serving.launch import serve_in_background
+from overstory.serving.ports import free_port
 from overstory.serving.server import create_app
 
+ROOT = Path(__file__).resolve().parents[2]
 KEY = "retrieval-test-key"
 AUTH = {"authorization": f"Bearer {KEY}"}
 MAX_QUERIES = 8
@@ -276,3 +285,42 @@ def test_a_bounded_load_on_loopback_fails_no_valid_request(served: str) -> None:
     # measured: 0.8 MiB from the first quarter to the last over 400 requests. The bound catches a leak of about
     # 200 KiB a request (a kept answer with its evidence, a thread or pool per request), not a small one
     assert report["rss_growth_mib"] < 32, report["rss_quarters_mib"]
+
+
+def test_a_folder_without_a_saved_retriever_or_a_vllm_stack_is_refused(engine: EmbeddedEngine, tmp_path) -> None:
+    config = dataclasses.replace(engine.config, retriever=str(tmp_path))
+    with pytest.raises(ConfigError, match=f"retriever={tmp_path}: .*no saved Retriever"):
+        with served_retriever(config, engine):
+            pass
+    with pytest.raises(ConfigError, match="embedded engine only"):
+        ServeConfig(roles={"generator": RoleConfig(model="x")}, engine="vllm", retriever=str(tmp_path))
+    with pytest.raises(ConfigError, match="retriever_max_k"):
+        dataclasses.replace(engine.config, retriever_max_k=0)
+
+
+@pytest.mark.slow
+def test_overstory_serve_retriever_command(saved: str, tmp_path) -> None:
+    """``overstory serve --retriever DIR`` in a process of its own: the job table's path to the routes."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "overstory.cli", "serve", "--config", str(ROOT / "configs/serve/local.yaml"),
+         "--retriever", saved, f"port={port}", f"tracking.dir={tmp_path}"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "OVERSTORY_API_KEY": KEY})
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.5)
+        answer = httpx.post(f"http://127.0.0.1:{port}/v1/retrieve", json={"query": "Who wrote it?", "k": 2},
+                            headers=AUTH, timeout=60)
+        assert answer.status_code == 200 and len(answer.json()["data"][0]["evidence"]) == 2, answer.text
+    finally:
+        process.terminate()
+        output = process.communicate(timeout=30)[0]
+    assert process.returncode == 0 and "Traceback" not in output, output[-2000:]
+    assert f"naive retriever of {saved} (10 documents)" in output
+    summary = json.loads(next(tmp_path.glob("serve-*/summary.json")).read_text())
+    assert summary["retriever"] == {"folder": saved, "strategy": "naive", "documents": 10}
