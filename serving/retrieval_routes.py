@@ -16,7 +16,8 @@ room for a per-query failure) and a per-query ``failure`` on ours.
 
 Serving sits below retrieval, so this module knows the retriever only through ``RetrievalService``; the top layer
 (``overstory/serve.py``) wraps a ``retrieval.api.Retriever`` into one. The service raises ``serving.errors``
-(``BadRequest``, ``NotFound``, ``Conflict``), which the server's error handlers map to their statuses.
+(``BadRequest``, ``NotFound``, ``Conflict``, ``NotReady``; ``UnknownModel`` for another ``model``), which the
+server's error handlers map to their statuses.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Annotated, Any, Protocol
 from fastapi import FastAPI
 from pydantic import AfterValidator, Field, model_validator
 
-from overstory.serving.errors import BadRequest, NotFound, NotReady
+from overstory.serving.errors import BadRequest, NotReady, UnknownModel
 from overstory.serving.protocol import StrictRequest, Text, label
 
 SEARCH_R1_PATH = "/retrieve"  # Search-R1's retriever URL is http://<host>:<port>/retrieve
@@ -50,11 +51,10 @@ class QueryResult:
 
 @dataclass(frozen=True)
 class Indexed:
-    """What an add did: the ids added, the ids replaced, and what embedding them cost by role."""
+    """What an add did: the ids added and the ids replaced."""
 
     added: list[str]
     replaced: list[str] = field(default_factory=list)
-    usage: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 class RetrievalService(Protocol):
@@ -147,7 +147,7 @@ class SearchR1Request(StrictRequest):
 
 def _check_model(model: str | None) -> None:
     if model is not None and model != RETRIEVER_MODEL:
-        raise NotFound(f"model {model!r} is not served here; the retriever's name is {RETRIEVER_MODEL!r} (or leave "
+        raise UnknownModel(f"model {model!r} is not served here; the retriever's name is {RETRIEVER_MODEL!r} (or leave "
                        "model out)")
 
 
@@ -219,14 +219,13 @@ def handle_search_r1(service: RetrievalService, request: SearchR1Request) -> dic
 
 
 def handle_add(service: RetrievalService, request: DocumentsRequest) -> dict[str, Any]:
-    """``/v1/documents``: the ids added and replaced, the index's size after, and what embedding them cost."""
+    """``/v1/documents``: the ids added and replaced, and the index's size after."""
     _check_model(request.model)
     ids = [document.id for document in request.documents]
     if repeated := sorted({i for i in ids if ids.count(i) > 1}):
         raise BadRequest(f"documents: repeated id(s) {', '.join(repeated)}", param="documents")
     done = service.add([document.model_dump() for document in request.documents], request.replace)
-    return {"object": "list", "added": done.added, "replaced": done.replaced,
-            "documents": service.document_count(), "usage": totals([done.usage])}
+    return {"object": "list", "added": done.added, "replaced": done.replaced, "documents": service.document_count()}
 
 
 def handle_remove(service: RetrievalService, doc_id: str) -> dict[str, Any]:

@@ -351,7 +351,8 @@ def install_error_handlers(app: FastAPI) -> None:
         return _error(exc.status, exc.message, exc.kind, exc.param)
 
     # what the retrieval routes' service raises (the chat handlers map the engine's errors through _run)
-    statuses = ((NotFound, 404, "not_found_error"), (Conflict, 409, "conflict_error"),
+    statuses = ((UnknownModel, 404, "model_not_found"), (NotFound, 404, "not_found_error"),
+                (Conflict, 409, "conflict_error"),
                 (BadRequest, 400, "invalid_request_error"), (NotReady, 503, "service_unavailable"))
     for error, status, kind in statuses:
         app.add_exception_handler(error, _handler(status, kind))

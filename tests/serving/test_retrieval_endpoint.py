@@ -21,6 +21,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from fastapi import FastAPI
 
 from overstory.bench.retrieval_load import (
     BATCH_SIZES,
@@ -41,7 +42,8 @@ from overstory.serving.engine import EmbeddedEngine
 from overstory.serving.in_process import in_process_client
 from overstory.serving.launch import serve_in_background
 from overstory.serving.ports import free_port
-from overstory.serving.server import create_app
+from overstory.serving.retrieval_routes import QueryResult, mount_retrieval
+from overstory.serving.server import create_app, install_error_handlers
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "retrieval-test-key"
@@ -204,6 +206,7 @@ def test_bad_updates_and_unknown_names_are_refused(http: httpx.Client) -> None:
     assert http.post("/v1/documents", json={"documents": []}).status_code == 400
     model = http.post("/v1/retrieve", json={"query": "q", "model": "generator"})
     assert model.status_code == 404 and "'retriever'" in model.json()["error"]["message"]
+    assert model.json()["error"]["type"] == "model_not_found"
     negative = http.post("/retrieve", json={"queries": ["q"], "topk": -1})
     assert negative.status_code == 400 and negative.json()["error"]["param"] == "topk"
     blank = http.post("/retrieve", json={"queries": ["a question", " "]})
@@ -324,3 +327,32 @@ def test_overstory_serve_retriever_command(saved: str, tmp_path) -> None:
     assert f"naive retriever of {saved} (10 documents)" in output
     summary = json.loads(next(tmp_path.glob("serve-*/summary.json")).read_text())
     assert summary["retriever"] == {"folder": saved, "strategy": "naive", "documents": 10}
+
+
+class FailingService:
+    """A stand-in service (not a retriever) whose every query's model call failed after the client's retries: the
+    real models do not fail on demand, and what is checked is how the routes report such a failure."""
+
+    strategy, max_k, max_queries = "naive", 100, 8
+
+    def retrieve(self, queries, k):
+        return [QueryResult([], {"embedder": {"calls": 1, "prompt_tokens": 0, "completion_tokens": 0,
+                                              "failed_calls": 1}}, 0.01, "request_failed", "503: overloaded")
+                for _ in queries]
+
+    def document_count(self) -> int:
+        return 1
+
+
+def test_a_failed_query_is_reported_never_answered_as_empty_evidence() -> None:
+    app = FastAPI()
+    install_error_handlers(app)
+    mount_retrieval(app, FailingService())
+    with serve_in_background(app) as url, httpx.Client(base_url=url, timeout=30) as http:
+        ours = http.post("/v1/retrieve", json={"queries": ["a", "b"]})
+        assert ours.status_code == 200
+        assert [d["failure"] for d in ours.json()["data"]] == ["request_failed", "request_failed"]
+        assert ours.json()["data"][0]["failure_detail"] == "503: overloaded"
+        assert ours.json()["usage"]["failed_calls"] == 2
+        theirs = http.post("/retrieve", json={"queries": ["a"], "topk": 3})
+        assert theirs.status_code == 503 and "request_failed" in theirs.json()["error"]["message"]
