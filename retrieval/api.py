@@ -78,7 +78,7 @@ SECTIONS: dict[str, type] = {"naive": NaiveConfig, "smartchunk": SmartChunkConfi
 READ_BY_ANSWERING = ("arag", "bm25_floor")
 # strategies whose index ``Retriever.save`` / ``load`` persist and ``add_documents`` / ``remove_documents`` update
 PERSISTENT_CLASSES: dict[str, Any] = {"naive": NaiveStrategy, "smartchunk": SmartChunkStrategy,
-                                      "lattice": LatticeStrategy}
+                                      "lattice": LatticeStrategy, "fable": FableStrategy, "orion": OrionStrategy}
 PERSISTENT = tuple(PERSISTENT_CLASSES)
 RETRIEVER_KIND = "retriever"  # the kind a saved Retriever's manifest names
 
@@ -144,17 +144,18 @@ def build_strategy(name: str, documents: Sequence[Document], chunks: Sequence[Ch
                                         settings=settings)
     if name == "arag":
         return ARagStrategy.build(chunks, client, section)
+    recorded = {"embedding_model": embedding_model, "settings": settings}
     if name == "fable":
         if forest:
-            return FableStrategy.load(forest, section, asked)
-        return FableStrategy.build(documents, chunks, client, config=section, answer=asked)
+            return FableStrategy.load(forest, section, asked, **recorded)
+        return FableStrategy.build(documents, chunks, client, config=section, answer=asked, **recorded)
     if name == "orion":
-        return OrionStrategy.build(client, section, asked)
+        return OrionStrategy.build(client, section, asked, **recorded)
     check_lattice_tree(section)
     tree = Tree.load(section.tree)
     leaf_ids = {node.id for node in tree.leaves()}
     return LatticeStrategy(tree, [c for c in chunks if c.level == section.leaf_level and c.id in leaf_ids], section,
-                           asked, embedding_model=embedding_model, settings=settings)
+                           asked, **recorded)
 
 
 def documents_from(items: Iterable[Document | Mapping[str, Any]]) -> list[Document]:

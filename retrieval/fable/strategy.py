@@ -31,21 +31,25 @@ generator reads the best evidence there is and ``budget_truncations`` says it ha
 larger than B_max is otherwise left out (``oversized_selections``). B_max <= 0 is a config error.
 
 Configs: the forest is built by ``configs/data/fable_forest.yaml``; the strategy runs in the evaluation harness.
+
+Updates (``with_documents`` / ``without_documents``, which ``Retriever`` swaps in): a document's tree is built (with
+the forest's own ``ForestConfig``, kept in its meta) and added, or dropped; every other tree, and every other node's
+embedding, is kept as it was. ``save_index`` writes the forest with a manifest; ``load_index`` reads it back.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from overstory.core.config import ConfigError
+from overstory.core.config import ConfigError, build
 from overstory.core.records import Chunk, Document
 from overstory.retrieval.answer import AnswerConfig, generate_answer
 from overstory.retrieval.fable.builder import ForestBuilder, ForestConfig
-from overstory.retrieval.fable.forest import Forest
+from overstory.retrieval.fable.forest import Forest, ForestNode
 from overstory.retrieval.fable.paths import (
     budget_prefix,
     fuse_documents,
@@ -55,6 +59,13 @@ from overstory.retrieval.fable.paths import (
     vector_documents,
 )
 from overstory.retrieval.fable.replies import numbered, parse_ids
+from overstory.retrieval.index_manifest import (
+    check_contents,
+    check_manifest,
+    chunks_hash,
+    read_manifest,
+    write_manifest,
+)
 from overstory.retrieval.strategy import Retrieval, StrategyAnswer, raise_if_refused
 from overstory.serving.client import Client, ClientError
 
@@ -63,6 +74,7 @@ from overstory.serving.client import Client, ClientError
 #   llm-nodes / treexp-nodes / nodes: document-level bi-path, then node level by LLM navigation only, TreeExpansion
 #   only, or both, whatever the documents' size;              fable: whole documents when they fit B_max, else nodes.
 MODES = ("fable", "llm-docs", "docs", "llm-nodes", "treexp-nodes", "nodes")
+FABLE_KIND, FOREST_FILE = "fable", "forest.json"  # a saved FABLE index: its manifest's kind, its forest's file
 DOCUMENT_MODES = ("llm-docs", "docs")
 
 
@@ -95,6 +107,12 @@ class FableConfig:
                     "max_summary_chars", "max_tokens", "max_question_chars"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"fable.{key} must be at least 1, got {getattr(self, key)}")
+
+
+def _without(forest: Forest, dropped: set[str]) -> tuple[list[Document], list[ForestNode]]:
+    """The documents and nodes of ``forest`` outside the documents ``dropped``, in forest order."""
+    return ([d for i, d in forest.documents.items() if i not in dropped],
+            [n for n in forest.nodes.values() if n.doc_id not in dropped])
 
 
 # ---------------------------------------------------------------------------------------- prompts and schemas
@@ -137,26 +155,85 @@ class _Question:
 class FableStrategy:
     """FABLE over a forest: ``build`` makes one with the generator and embedder, ``load`` reads a saved one."""
 
-    def __init__(self, forest: Forest, config: FableConfig | None = None, answer: AnswerConfig | None = None):
+    def __init__(self, forest: Forest, config: FableConfig | None = None, answer: AnswerConfig | None = None, *,
+                 embedding_model: str | None = None, settings: Mapping[str, Any] | None = None):
         if not forest.documents:
             raise ConfigError("fable: the forest has no documents")
         self.forest, self.config, self.answer_config = forest, config or FableConfig(), answer or AnswerConfig()
         self.name = "fable" if self.config.mode == "fable" else f"fable-{self.config.mode}"
+        # what a save records: the served embedder's model (the nodes' vectors) and the hierarchy's settings
+        self.embedding_model, self.settings = embedding_model, dict(settings or {})
 
     @classmethod
     def build(cls, documents: Sequence[Document], hierarchy: Sequence[Chunk], client: Client,
               forest: ForestConfig | None = None, config: FableConfig | None = None,
-              answer: AnswerConfig | None = None) -> FableStrategy:
-        """Build every document's tree through ``client`` (``hierarchy``: ``build_hierarchies(documents, ...)``)."""
+              answer: AnswerConfig | None = None, *, embedding_model: str | None = None,
+              settings: Mapping[str, Any] | None = None) -> FableStrategy:
+        """Build every document's tree through ``client`` (``hierarchy``: ``build_hierarchies(documents, ...)``); a
+        save records ``embedding_model`` (the served embedder's model) and ``settings`` (the hierarchy's)."""
         builder = ForestBuilder(client, forest)
         trees = [builder.build(document, hierarchy) for document in documents]
-        return cls(Forest.from_records([t.record() for t in trees], {"forest": asdict(builder.config)}), config, answer)
+        return cls(Forest.from_records([t.record() for t in trees], {"forest": asdict(builder.config)}), config, answer,
+                   embedding_model=embedding_model, settings=settings)
 
     @classmethod
-    def load(cls, forest_path: str | Path, config: FableConfig | None = None,
-             answer: AnswerConfig | None = None) -> FableStrategy:
-        """The strategy over a forest saved by ``overstory data fable-forest`` (``<out>/forest.json``)."""
-        return cls(Forest.load(forest_path), config, answer)
+    def load(cls, forest_path: str | Path, config: FableConfig | None = None, answer: AnswerConfig | None = None, *,
+             embedding_model: str | None = None, settings: Mapping[str, Any] | None = None) -> FableStrategy:
+        """The strategy over a forest saved by ``overstory data fable-forest`` (``<out>/forest.json``); a save
+        records ``embedding_model`` and ``settings`` as ``build``'s do."""
+        return cls(Forest.load(forest_path), config, answer, embedding_model=embedding_model, settings=settings)
+
+    # ---- persistence and updates
+
+    def _derive(self, forest: Forest) -> FableStrategy:
+        return FableStrategy(forest, self.config, self.answer_config, embedding_model=self.embedding_model,
+                             settings=self.settings)
+
+    def _chunks(self) -> list[Chunk]:
+        """Every node of the forest as a chunk: what the manifest's corpus hash covers."""
+        return [self.forest.chunk(node_id) for node_id in self.forest.ids]
+
+    def save_index(self, folder: Path) -> None:
+        """The forest (``forest.json``) and a manifest (the nodes' corpus hash, the embedding model, the forest's
+        and the hierarchy's settings) in ``folder``: a part of a saved ``Retriever``."""
+        folder.mkdir(parents=True, exist_ok=True)
+        self.forest.save(folder / FOREST_FILE)
+        chunks = self._chunks()
+        write_manifest(folder, {"kind": FABLE_KIND, "corpus_hash": chunks_hash(chunks), "n_chunks": len(chunks),
+                                "n_documents": len(self.forest.documents), "embedding_model": self.embedding_model,
+                                "settings": {"forest": self.forest.meta.get("forest"), "hierarchy": self.settings}})
+
+    @classmethod
+    def load_index(cls, folder: Path, documents: Sequence[Document], chunks: Sequence[Chunk], client: Client,
+                   config: FableConfig, answer: AnswerConfig, *, embedding_model: str | None = None,
+                   settings: Mapping[str, Any] | None = None) -> FableStrategy:
+        """The strategy over the forest ``save_index`` wrote (it keeps its documents' text: ``documents`` and
+        ``chunks`` are not read), refused (``IndexMismatchError``) for another embedding model or hierarchy settings,
+        or nodes that differ from those saved."""
+        manifest = read_manifest(folder)
+        check_manifest(manifest, folder, embedding_model, {"hierarchy": dict(settings)} if settings is not None else {})
+        strategy = cls(Forest.load(folder / FOREST_FILE), config, answer,
+                       embedding_model=manifest.get("embedding_model"), settings=manifest["settings"]["hierarchy"])
+        saved = strategy._chunks()
+        check_contents(manifest, folder, FABLE_KIND, len(saved), chunks_hash(saved))
+        return strategy
+
+    def with_documents(self, documents: Sequence[Document], chunks: Sequence[Chunk], client: Client,
+                       replace: bool = False) -> FableStrategy:
+        """A strategy over the forest plus the trees of ``documents`` (``chunks``: their hierarchy), built through
+        ``client`` with the forest's ``ForestConfig``; with ``replace``, their old trees go first. Every other tree
+        is kept as it was, and this strategy too."""
+        recorded = self.forest.meta.get("forest")
+        builder = ForestBuilder(client, build(ForestConfig, dict(recorded), prefix="forest.") if recorded else None)
+        trees = [builder.build(document, chunks) for document in documents]
+        kept, nodes = _without(self.forest, {d.id for d in documents} if replace else set())
+        return self._derive(Forest([*kept, *(t.document for t in trees)],
+                                   [*nodes, *(n for t in trees for n in t.nodes)], self.forest.meta))
+
+    def without_documents(self, doc_ids: Iterable[str]) -> FableStrategy:
+        """A strategy over the forest without the trees of ``doc_ids``; every other tree is kept as it was, and this
+        strategy too."""
+        return self._derive(Forest(*_without(self.forest, set(doc_ids)), self.forest.meta))
 
     def answer(self, question: str, client: Client, scope: Sequence[str] | None = None) -> StrategyAnswer:
         """Retrieve (``retrieve_evidence``) and answer from the returned nodes; never raises for a bad reply or a

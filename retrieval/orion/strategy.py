@@ -2,12 +2,19 @@
 dense over the texts, BM25 over the texts; vectors cached in vectors.npz and checked against the embedder now
 serving) and answers a question: rewrite, retrieve and fuse per sub-query, prune, answer (``query``). A question
 with a document scope (QASPER's paper) is retrieved from those documents' chunks only, in all three indexes.
+
+Updates (``with_documents`` / ``without_documents``, which ``Retriever`` swaps in) make a new strategy: an added
+document is cut and tagged as the tagging job would (its chunking and tagging settings, read from the tags folder's
+``chunks.settings.json``, the defaults without one) and only its paths and texts are embedded; a removed document's
+master tags, chunks and vectors go. BM25 is rebuilt either way. ``save_index`` writes the tags, the vectors and a
+manifest; ``load_index`` reads them back without a model call.
 """
 
 from __future__ import annotations
 
+import json
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -15,10 +22,18 @@ from typing import Any
 
 import numpy as np
 
-from overstory.core.config import ConfigError
-from overstory.core.records import Chunk
+from overstory.core.config import ConfigError, build
+from overstory.core.records import Chunk, Document, write_jsonl
 from overstory.retrieval.answer import AnswerConfig, clean_answer
 from overstory.retrieval.index import BM25Index, DenseIndex, chunk_text_for_index
+from overstory.retrieval.index_manifest import (
+    IndexMismatchError,
+    check_contents,
+    check_manifest,
+    chunks_hash,
+    read_manifest,
+    write_manifest,
+)
 from overstory.retrieval.orion.query import (
     PRUNE_FORMAT,
     REWRITE_PROMPT,
@@ -29,13 +44,24 @@ from overstory.retrieval.orion.query import (
     rewrite_format,
     weighted_rrf,
 )
-from overstory.retrieval.orion.tags import VECTORS_FILE, ChunkTags, DocumentTags, load_tags, semantic_path
+from overstory.retrieval.orion.tagger import ChunkingConfig, Tagger, TaggingConfig, chunk_document
+from overstory.retrieval.orion.tags import (
+    CHUNKS_FILE,
+    MASTERS_FILE,
+    TAGS_SETTINGS_FILE,
+    VECTORS_FILE,
+    ChunkTags,
+    DocumentTags,
+    load_tags,
+    semantic_path,
+)
 from overstory.retrieval.strategy import Retrieval, StrategyAnswer, raise_if_refused
 from overstory.serving.client import Client, ClientError
 
 # embedded at every build and kept in vectors.npz: when the embedder serving now gives it another vector, the cached
 # vectors came from another embedder and are dropped
 PROBE = "Orion-RAG embedder check: which embedder wrote these vectors?"
+ORION_KIND = "orion"  # the kind a saved Orion-RAG index's manifest names
 
 
 @dataclass(frozen=True)
@@ -100,7 +126,8 @@ class OrionStrategy:
     name = "orion"
 
     def __init__(self, masters: dict[str, DocumentTags], records: Sequence[ChunkTags], config: OrionConfig,
-                 answer: AnswerConfig):
+                 answer: AnswerConfig, *, embedding_model: str | None = None, settings: Mapping[str, Any] | None = None,
+                 tagging: Mapping[str, Any] | None = None):
         if not records:
             raise ConfigError("orion.tags: no tagged chunks to index")
         untagged = [r.id for r in records if r.doc_id not in masters]
@@ -111,14 +138,21 @@ class OrionStrategy:
         self.config, self.answer_config = config, answer
         self.vectors: dict[str, np.ndarray] = {}  # every embedded path and text (and PROBE), by string
         self.embedded = 0  # strings embedded since construction (build, reindex_document)
+        # what a save records: the served embedder's model, the hierarchy's settings, and the chunking and tagging
+        # settings an added document is cut and tagged with ({"chunking": ..., "tagging": ...})
+        self.embedding_model, self.settings = embedding_model, dict(settings or {})
+        self.tagging = dict(tagging or {})
 
     @classmethod
-    def build(cls, client: Client, config: OrionConfig, answer: AnswerConfig | None = None) -> OrionStrategy:
+    def build(cls, client: Client, config: OrionConfig, answer: AnswerConfig | None = None, *,
+              embedding_model: str | None = None, settings: Mapping[str, Any] | None = None) -> OrionStrategy:
         """The strategy over the tags in ``config.tags``; what vectors.npz there lacks (or all of it, when another
-        embedder wrote it) is embedded through ``client``'s embedder."""
+        embedder wrote it) is embedded through ``client``'s embedder. A save records ``embedding_model`` (the served
+        embedder's model), ``settings`` (the hierarchy's) and the folder's chunking and tagging settings."""
         if not config.tags:
             raise ConfigError("orion.tags: name the out folder of `overstory data orion-tags` over this corpus")
-        strategy = cls(*load_tags(config.tags), config, answer or AnswerConfig())
+        strategy = cls(*load_tags(config.tags), config, answer or AnswerConfig(), embedding_model=embedding_model,
+                       settings=settings, tagging=_tagging_settings(config.tags))
         embed = _embedder(client)
         strategy.vectors = _trusted(load_vectors(config.tags), embed)
         strategy.embedded = strategy._embed_missing([s for r in strategy.records for s in strategy._strings(r)], embed)
@@ -178,6 +212,76 @@ class OrionStrategy:
         np.savez(partial, strings=np.array(used), vectors=np.stack([self.vectors[s] for s in used]))
         partial.replace(path)
         return path
+
+    # ---- persistence and updates
+
+    def _derive(self, masters: dict[str, DocumentTags], records: Sequence[ChunkTags]) -> OrionStrategy:
+        """A strategy over ``masters`` and ``records`` with this one's settings and the vectors they use (and PROBE);
+        its indexes are not built yet (``_rebuild``)."""
+        derived = OrionStrategy(masters, records, self.config, self.answer_config,
+                                embedding_model=self.embedding_model, settings=self.settings, tagging=self.tagging)
+        used = {PROBE, *(s for r in derived.records for s in derived._strings(r))}
+        derived.vectors = {s: v for s, v in self.vectors.items() if s in used}
+        return derived
+
+    def save_index(self, folder: Path) -> None:
+        """The master tags, the tagged chunks, their vectors and a manifest (the chunks' corpus hash, the embedding
+        model, the hierarchy and tagging settings) in ``folder``: a part of a saved ``Retriever``."""
+        folder.mkdir(parents=True, exist_ok=True)
+        write_jsonl(folder / MASTERS_FILE, self.masters.values())
+        write_jsonl(folder / CHUNKS_FILE, self.records)
+        self.save_vectors(folder)
+        chunks = list(self.chunks.values())
+        write_manifest(folder, {"kind": ORION_KIND, "corpus_hash": chunks_hash(chunks), "n_chunks": len(chunks),
+                                "n_documents": len(self.masters), "embedding_model": self.embedding_model,
+                                "settings": {"hierarchy": self.settings, "tagging": self.tagging}})
+
+    @classmethod
+    def load_index(cls, folder: Path, documents: Sequence[Document], chunks: Sequence[Chunk], client: Client,
+                   config: OrionConfig, answer: AnswerConfig, *, embedding_model: str | None = None,
+                   settings: Mapping[str, Any] | None = None) -> OrionStrategy:
+        """The strategy over the tags and vectors ``save_index`` wrote (Orion cuts its own chunks: ``documents`` and
+        ``chunks`` are not read; ``config.tags`` neither), with no model call; refused (``IndexMismatchError``) for
+        another embedding model or hierarchy settings, chunks that differ from those saved, or a missing vector."""
+        manifest = read_manifest(folder)
+        check_manifest(manifest, folder, embedding_model, {"hierarchy": dict(settings)} if settings is not None else {})
+        recorded = manifest["settings"]
+        strategy = cls(*load_tags(folder), config, answer, embedding_model=manifest.get("embedding_model"),
+                       settings=recorded["hierarchy"], tagging=recorded["tagging"])
+        saved = [r.chunk() for r in strategy.records]
+        check_contents(manifest, folder, ORION_KIND, len(saved), chunks_hash(saved))
+        strategy.vectors = load_vectors(folder)
+        if missing := [s for r in strategy.records for s in strategy._strings(r) if s not in strategy.vectors]:
+            raise IndexMismatchError(f"{folder}: {VECTORS_FILE} has no vector for {len(missing)} path(s) or text(s), "
+                                     f"e.g. {missing[0][:80]!r}")
+        strategy._rebuild()
+        return strategy
+
+    def with_documents(self, documents: Sequence[Document], chunks: Sequence[Chunk], client: Client,
+                       replace: bool = False) -> OrionStrategy:
+        """A strategy that also holds ``documents``: cut into windows and tagged through ``client``'s generator with
+        this index's chunking and tagging settings, their paths and texts alone embedded (``chunks``, the hierarchy,
+        is not read: Orion cuts its own); with ``replace`` their old tags go first. This strategy is left as it
+        was."""
+        chunking = build(ChunkingConfig, dict(self.tagging.get("chunking", {})), prefix="chunking.")
+        tagger = Tagger(client, build(TaggingConfig, dict(self.tagging.get("tagging", {})), prefix="tagging."))
+        ids = {d.id for d in documents}
+        masters = {i: m for i, m in self.masters.items() if not (replace and i in ids)}
+        records = [r for r in self.records if not (replace and r.doc_id in ids)]
+        masters.update({d.id: tagger.master(d).record for d in documents})
+        added = [tagger.paragraph(c).record for d in documents for c in chunk_document(d, chunking)]
+        derived = self._derive(masters, [*records, *added])
+        derived.embedded = derived._embed_missing([s for r in added for s in derived._strings(r)], _embedder(client))
+        derived._rebuild()
+        return derived
+
+    def without_documents(self, doc_ids: Iterable[str]) -> OrionStrategy:
+        """A strategy without the master tags, chunks and vectors of ``doc_ids``; this one is left as it was."""
+        dropped = set(doc_ids)
+        derived = self._derive({i: m for i, m in self.masters.items() if i not in dropped},
+                               [r for r in self.records if r.doc_id not in dropped])
+        derived._rebuild()
+        return derived
 
     # ---- a question
 
@@ -334,3 +438,13 @@ def _trusted(cached: dict[str, np.ndarray], embed: Callable[[list[str]], np.ndar
         if cosine > 0.999:
             return dict(cached)
     return {PROBE: fresh}
+
+
+def _tagging_settings(folder: str | Path) -> dict[str, Any]:
+    """The chunking and tagging settings the tagging job recorded in ``folder`` (``{"chunking", "tagging"}``); {}
+    (the defaults) when it recorded none."""
+    path = Path(folder) / TAGS_SETTINGS_FILE
+    if not path.is_file():
+        return {}
+    recorded = json.loads(path.read_text())
+    return {key: recorded[key] for key in ("chunking", "tagging") if key in recorded}

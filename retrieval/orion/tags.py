@@ -16,6 +16,8 @@ from overstory.core.records import Chunk, read_jsonl
 from overstory.models.json_reply import json_objects, loads_tolerant
 
 MASTERS_FILE, CHUNKS_FILE, VECTORS_FILE = "masters.jsonl", "chunks.jsonl", "vectors.npz"
+# the chunking and tagging settings the tagging job records beside CHUNKS_FILE (data_pipeline/fanout.settings_path)
+TAGS_SETTINGS_FILE = "chunks.settings.json"
 PARAGRAPH_TAGS = ("gist", "subjects", "domain")
 TAG_MAX_WORDS = 4
 TAG_MAX_WORD_CHARS = 20  # a tag word's cap in the reply schemas (longer is a run-on, not a word)
