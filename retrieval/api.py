@@ -22,6 +22,13 @@ given; SmartChunk's planner call is part of retrieving), LATTICE, FABLE and Orio
 ``k``. A-RAG is an agent whose reading and answering interleave, and the BM25 floor answers with the sentence it
 retrieves: for them ``retrieve`` runs ``answer`` and returns the chunks it read (the cost includes the answer;
 scores are None, the answer is in ``details["prediction"]``).
+
+Persistence (``PERSISTENT``: naive, SmartChunk, LATTICE, FABLE, Orion-RAG): ``Retriever.save`` writes the documents,
+their hierarchy and the strategy's index (its ``save_index``) as a new version of a folder with a manifest (strategy,
+corpus hash, the served embedder's model, the hierarchy / strategy / answer settings); ``Retriever.load`` reads it
+back and refuses another embedding model or settings (``IndexMismatchError``). ``add_documents`` and
+``remove_documents`` update in place through each strategy's ``with_documents`` / ``without_documents``
+(docs/strategies.md, "Indexes that persist and update").
 """
 
 from __future__ import annotations
