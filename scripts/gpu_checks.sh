@@ -13,6 +13,9 @@
 #   QUICK=1              a few requests and steps: checks that every stage runs (e.g. on a CPU with DEVICE=cpu)
 #   PROBE_FOLDER         a folder (or hub id) with SmolLM2's config and tokenizer, for the decode probe
 #   STAGES               which stages run (default: env decode-probe generate-135m generate-1.7b train)
+#   PROBE_ARGS           the decode probe's arguments (e.g. "--shapes smollm2-135m --max-tokens 48")
+#   SFT_STEPS, FULL_STEPS, GRPO_STEPS   steps of the LoRA SFT, full SFT and GRPO recipes (30, 10, 3): more steps,
+#                        a steadier logged-step MFU
 set -uo pipefail
 OUT=${OUT:-runs/gpu_checks}
 MODEL=${MODEL:-builtin:smollm2-135m-instruct}
@@ -48,8 +51,9 @@ if [[ $QUICK == 1 ]]; then
 else
   GEN="concurrency=[1,8,32,128] requests_per_level=8 max_tokens=128"
   GEN_LARGE="concurrency=[1,32,128] requests_per_level=8 max_tokens=64"
-  PROBE=""
-  SFT_STEPS=30 FULL_STEPS=10 GRPO_STEPS=3 SFT_BATCH=16 FULL_BATCH=8 GRPO_BATCH=16 GRPO_GENERATIONS=8 MAX_LENGTH=1024
+  PROBE=${PROBE_ARGS:-}
+  SFT_STEPS=${SFT_STEPS:-30} FULL_STEPS=${FULL_STEPS:-10} GRPO_STEPS=${GRPO_STEPS:-3}
+  SFT_BATCH=16 FULL_BATCH=8 GRPO_BATCH=16 GRPO_GENERATIONS=8 MAX_LENGTH=1024
 fi
 BF16=$([[ $DEVICE == cpu ]] && echo false || echo true)
 

@@ -132,11 +132,31 @@ def _token_biases(logit_bias: dict[str, float], vocab: int) -> tuple[tuple[int, 
     return tuple(sorted(pairs))
 
 
+def keep_decoding_off_cudnn_attention(device: str) -> bool:
+    """On a CUDA device, turn off PyTorch's cuDNN backend of scaled-dot-product attention for this process; True
+    when this call turned it off.
+
+    Why: for bf16 and fp16 inputs on Hopper, SDPA prefers cuDNN attention, which builds an execution plan for every
+    new input shape. Decoding makes a new key length every step, and the batcher's batches (rows, prompt lengths,
+    shared prefix) rarely repeat a shape, so the plans are seldom reused: on an H100 with torch 2.11, the first
+    bf16 ``generate`` of 8 rows spent 4.8 s of its 6.3 s inside ``_cudnn_attention_forward`` (5 ms a call) and the
+    engine decoded at 66-124 ms a step in bf16 against 28-50 ms in float32 (which cuDNN attention never takes).
+    With cuDNN attention off, SDPA takes flash or memory-efficient attention and bf16 decodes at 25-38 ms a step
+    (scripts/probe_bf16_decode.py --sdpa; docs/results.md, 'Where bf16's time went'). The flag is process-wide:
+    the embedded server's process is the engine's alone."""
+    if torch.device(device).type != "cuda" or not torch.backends.cuda.cudnn_sdp_enabled():
+        return False
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    return True
+
+
 class _ChatModel:
     """A causal LM with its batcher and its cache of compiled grammars."""
 
     def __init__(self, name: str, role: RoleConfig):
-        self.model, self.tokenizer = load_causal_lm(name, dtype=DTYPES[role.dtype], device=resolve_device(role.device))
+        device = resolve_device(role.device)
+        keep_decoding_off_cudnn_attention(device)
+        self.model, self.tokenizer = load_causal_lm(name, dtype=DTYPES[role.dtype], device=device)
         self.context = int(getattr(self.model.config, "max_position_embeddings", 2048))
         self.grammars = GrammarCompilerCache(self.tokenizer, self.model.config.vocab_size)
         self.batcher = Batcher(self.model, self.tokenizer, max_batch_size=role.max_batch_size,

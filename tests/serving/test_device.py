@@ -8,7 +8,7 @@ import torch
 from overstory.core.config import ConfigError
 from overstory.models.registry import SMOLLM2, resolve_device
 from overstory.serving.config import RoleConfig, ServeConfig
-from overstory.serving.engine import EmbeddedEngine
+from overstory.serving.engine import EmbeddedEngine, keep_decoding_off_cudnn_attention
 
 
 @pytest.mark.parametrize("device", ["cpu", "auto", "cuda", "cuda:1"])
@@ -45,3 +45,14 @@ def test_an_auto_role_loads_and_answers_on_the_device_torch_sees(monkeypatch: py
         assert engine.batcher("generator").model.device.type == "cpu"
         result = engine.chat("generator", [{"role": "user", "content": "Count: one, two,"}], max_tokens=3)
         assert result.completion_tokens == 3 and result.choices[0].text
+
+
+def test_a_chat_model_on_cuda_keeps_decoding_off_cudnn_attention(monkeypatch: pytest.MonkeyPatch) -> None:
+    """cuDNN attention builds a plan per input shape, which decoding never repeats (bf16 ran 2-3x slower than
+    float32 on an H100): a CUDA chat role turns that backend off; a CPU role leaves the flag alone."""
+    flags = []
+    monkeypatch.setattr(torch.backends.cuda, "enable_cudnn_sdp", flags.append)
+    monkeypatch.setattr(torch.backends.cuda, "cudnn_sdp_enabled", lambda: not flags or flags[-1])
+    assert keep_decoding_off_cudnn_attention("cpu") is False and flags == []
+    assert keep_decoding_off_cudnn_attention("cuda:0") is True and flags == [False]
+    assert keep_decoding_off_cudnn_attention("cuda") is False and flags == [False]
