@@ -215,10 +215,13 @@ def stack_in_background(config: ServeConfig) -> Iterator[str | dict[str, str]]:
 def client_for(serve: ServeConfig, server_url: str | Mapping[str, str] = "", **http_options: Any) -> Iterator[Client]:
     """A client for ``server_url`` when one is given (a URL, a role -> URL mapping or a ``stack.json``), else for
     the stack of ``serve`` started for as long as the block runs; ``http_options`` go to ``Client.from_url``
-    (``timeout_s``, ``max_retries``). The one place jobs choose between a running server and their own stack."""
+    (``timeout_s``, ``max_retries``). The one place jobs choose between a running server and their own stack.
+
+    The client sends the stack's API key (``serve.api_key``, else ``$OVERSTORY_API_KEY``: what the stack it starts
+    checks, and what a running stack of the same settings checks) unless ``http_options`` name another one."""
     with ExitStack() as stack:
         url = server_url or stack.enter_context(stack_in_background(serve))
-        client = Client.from_url(url, **http_options)
+        client = Client.from_url(url, **{"api_key": resolve_api_key(serve.api_key), **http_options})
         stack.callback(client.close)
         yield client
 

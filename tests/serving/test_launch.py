@@ -15,10 +15,12 @@ import httpx
 import pytest
 
 from overstory.core.config import ConfigError
+from overstory.models.registry import MINILM
 from overstory.serving import launch
+from overstory.serving.client import Client, ClientError
 from overstory.serving.config import RoleConfig, ServeConfig
 from overstory.serving.engine import EmbeddedEngine
-from overstory.serving.launch import run, serve_in_background, vllm_stack
+from overstory.serving.launch import client_for, run, serve_in_background, vllm_stack
 from overstory.serving.ports import PortInUse, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,6 +60,22 @@ def test_a_stack_started_from_a_config_releases_its_models_on_exit() -> None:
         started = _worker_threads() - before
         assert {t.name.split("-")[0] for t in started} == {"batcher", "model"}  # SmolLM2's batcher, MiniLM's thread
     assert not any(t.is_alive() for t in started)
+
+
+def test_a_jobs_client_sends_the_key_of_the_stack_it_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``client_for``'s client reaches a stack started with an API key (from the config, or from the environment as
+    ``overstory serve`` reads it), where a client without the key is refused with a 401 (MiniLM alone: cheap)."""
+    embedder_only = {"embedder": RoleConfig(model=MINILM, kind="embedding")}
+    monkeypatch.setenv("OVERSTORY_API_KEY", "from-env")
+    for serve, key in ((ServeConfig(port=0, api_key="job-key", roles=embedder_only), "job-key"),
+                       (ServeConfig(port=0, roles=embedder_only), "from-env")):
+        with client_for(serve) as client:
+            assert client.embed("embedder", ["a"]).shape[0] == 1
+            url = client.backend.urls
+            with pytest.raises(ClientError) as refused:
+                Client.from_url(url, max_retries=0).embed("embedder", ["a"])
+            assert refused.value.status == 401
+            assert httpx.get(f"{url}/v1/models", headers={"authorization": f"Bearer {key}"}).status_code == 200
 
 
 def test_bad_serve_configs_name_the_key() -> None:
