@@ -37,7 +37,7 @@ from overstory.core.config import ConfigError
 from overstory.core.records import Document, FailureRecord, JsonlAppender, read_jsonl
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
-from overstory.data_pipeline.fanout import Fanout, ServedWork, job_settings
+from overstory.data_pipeline.fanout import Fanout, ServedWork, job_server, job_settings
 from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies
 from overstory.data_pipeline.ray_runner import RayConfig
 from overstory.retrieval.fable.builder import DocumentTree, ForestBuilder, ForestConfig
@@ -59,7 +59,7 @@ class FableForestConfig:
     runner: Literal["threads", "ray"] = "threads"  # ray: Ray Data workers, requests spread over ray.endpoints
     ray: RayConfig = field(default_factory=RayConfig)
     max_failure_share: float = 0.0  # the job fails (exit 1) when more of its documents than this failed
-    server_url: str = ""  # empty: start the stack in `serve` for the run
+    server_url: str = ""  # empty: the first of ray.endpoints on Ray, else start the stack in `serve` for the run
     request_timeout_s: float = 600.0  # per request: a first structured-output call compiles its grammar
     serve: ServeConfig = field(default_factory=lambda: ServeConfig.local(port=0))
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
@@ -94,8 +94,9 @@ def run(config: FableForestConfig) -> dict:
 
 
 def build_forest(config: FableForestConfig, fanout: Fanout, stack: ExitStack) -> dict:
-    """Build the trees ``fanout``'s output lacks (through a client for ``server_url`` or a stack started for the
-    run, held open by ``stack``), then write forest.json and build.json; returns the report (build.json's content)."""
+    """Build the trees ``fanout``'s output lacks (through a client for ``server_url``, the first of ``ray.endpoints``
+    on Ray, or a stack started for the run, held open by ``stack``), then write forest.json and build.json; returns
+    the report (build.json's content)."""
     started = time.perf_counter()
     documents = load_corpus(config.corpus)[0]
     if not documents:
@@ -105,7 +106,9 @@ def build_forest(config: FableForestConfig, fanout: Fanout, stack: ExitStack) ->
     totals: Counter = Counter()
     client = None
     if todo:
-        client = stack.enter_context(client_for(config.serve, config.server_url, timeout_s=config.request_timeout_s))
+        # on Ray with endpoints and no server_url, the first endpoint: the fleet needs no stack of the job's own
+        url = job_server(config.server_url, config.runner, config.ray)
+        client = stack.enter_context(client_for(config.serve, url, timeout_s=config.request_timeout_s))
         fanout.record_served(served_models(client, ["generator", "embedder"]))
         with JsonlAppender(out / FALLBACKS_FILE) as fallbacks:
             build_trees(todo, config, client, fanout, fallbacks, totals)

@@ -33,7 +33,7 @@ from overstory.core.config import ConfigError
 from overstory.core.records import LEVELS, Chunk, Document, PseudoLabel, QAExample, read_jsonl
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
-from overstory.data_pipeline.fanout import Fanout, ServedWork, job_settings
+from overstory.data_pipeline.fanout import Fanout, ServedWork, job_server, job_settings
 from overstory.data_pipeline.gold_labels import GOLD_KINDS, exclusion, gold_label
 from overstory.data_pipeline.hierarchy import (
     HierarchyConfig,
@@ -76,8 +76,10 @@ class PseudoLabelsConfig:
     def __post_init__(self) -> None:
         if self.k < 1 or self.k_step < 0 or self.max_attempts < 1 or self.concurrency < 1:
             raise ConfigError("k, max_attempts and concurrency must be positive and k_step >= 0")
-        if self.upper == "compressor" and "compressor" not in self.serve.roles and not self.server_url:
-            raise ConfigError("upper: 'compressor' needs a compressor role in serve.roles")
+        if (self.upper == "compressor" and "compressor" not in self.serve.roles
+                and not job_server(self.server_url, self.runner, self.ray)):
+            raise ConfigError("upper: 'compressor' needs a compressor role in serve.roles (or a server_url or "
+                              "ray.endpoints that serve one)")
 
 
 def gold_levels(example: QAExample, document: Document, chunks: list[Chunk]) -> tuple[str | None, str | None]:
@@ -184,7 +186,9 @@ def run(config: PseudoLabelsConfig) -> dict:
                                             ray=config.ray))
         todo = fanout.todo(todo_all, lambda pair: pair[0].id)
         if todo:
-            client = stack.enter_context(client_for(config.serve, config.server_url))
+            # on Ray with endpoints and no server_url, the first endpoint: the fleet needs no stack of the job's own
+            url = job_server(config.server_url, config.runner, config.ray)
+            client = stack.enter_context(client_for(config.serve, url))
             served = served_models(client, ["generator", "scorer"])
             fanout.record_served(served)
 

@@ -27,7 +27,7 @@ from overstory.core.config import ConfigError
 from overstory.core.records import Chunk, SummaryRecord, check_level
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
-from overstory.data_pipeline.fanout import Fanout, ServedWork, failures_path, job_settings
+from overstory.data_pipeline.fanout import Fanout, ServedWork, failures_path, job_server, job_settings
 from overstory.data_pipeline.hierarchy import (
     HierarchyConfig,
     build_hierarchies,
@@ -92,7 +92,9 @@ def run(config: SummariesConfig) -> dict:
         todo = fanout.todo(targets, lambda c: c.id)
         generator_tokens = 0
         if todo:
-            client = stack.enter_context(client_for(config.serve, config.server_url))
+            # on Ray with endpoints and no server_url, the first endpoint: the fleet needs no stack of the job's own
+            url = job_server(config.server_url, config.runner, config.ray)
+            client = stack.enter_context(client_for(config.serve, url))
             served = served_models(client, ["generator", "embedder"])
             fanout.record_served(served)
             children = {c.id: [by_id[k] for k in c.children] for c in todo}
