@@ -3,12 +3,13 @@ one, at ``/v1/retrieve``, ``/v1/documents`` and Search-R1's ``/retrieve`` (``ser
 
     overstory serve --config configs/serve/local.yaml --retriever runs/index/hotpotqa-naive
 
-The retriever is a folder that ``overstory.retrieval.api.Retriever.save`` wrote; it is loaded over the roles this
-process serves (its embedder must be the model it was saved with, or the load is refused naming both), and its
-index calls them in-process, through the server's own handlers. Serving sits below retrieval, so the bridge lives
-here: ``ServedRetriever`` gives the routes a ``Retriever`` in their terms, with retrieval's errors as the server's
-(an unknown document -> 404, an existing one -> 409, other bad input -> 400). Updates run one at a time and are
-saved back into the folder before they are acknowledged, so a restart serves what the last answer said; a query
+The retriever is a folder that ``overstory.retrieval.api.Retriever.save`` wrote; it is loaded over the roles this stack
+serves (its embedder must be the model it was saved with, or the load is refused naming both), and its index calls the
+embedded roles in-process, through the server's own handlers; with ``engine: vllm`` it is served on the stack's front
+door and calls the chat roles on the vLLM servers over HTTP (``launch.StackBackend``). Serving sits below retrieval, so
+the bridge lives here: ``ServedRetriever`` gives the routes a ``Retriever`` in their terms, with retrieval's errors as
+the server's (an unknown document -> 404, an existing one -> 409, other bad input -> 400). Updates run one at a time and
+are saved back into the folder before they are acknowledged, so a restart serves what the last answer said; a query
 running meanwhile reads the old or the new index (``Retriever``'s one-assignment swap).
 """
 
@@ -34,10 +35,9 @@ from overstory.retrieval.api import (
     documents_from,
 )
 from overstory.serving import launch
+from overstory.serving.client import Client
 from overstory.serving.config import ServeConfig
-from overstory.serving.engine import EmbeddedEngine
 from overstory.serving.errors import BadRequest, Conflict, NotFound
-from overstory.serving.in_process import in_process_client
 from overstory.serving.retrieval_routes import Indexed, QueryResult
 
 __all__ = ["ServeConfig", "ServedRetriever", "run", "served_retriever"]
@@ -113,11 +113,12 @@ class ServedRetriever:
 
 
 @contextmanager
-def served_retriever(config: ServeConfig, engine: EmbeddedEngine) -> Iterator[ServedRetriever]:
-    """The retriever of ``config.retriever`` loaded over ``engine``'s roles (in-process calls); a folder saved with
-    another embedding model, or holding no saved retriever, is a ConfigError saying so."""
+def served_retriever(config: ServeConfig, client: Client) -> Iterator[ServedRetriever]:
+    """The retriever of ``config.retriever`` loaded over the roles ``client`` reaches (the launcher's client of the
+    stack it serves); a folder saved with another embedding model, or holding no saved retriever, is a ConfigError
+    saying so."""
     try:
-        retriever = Retriever.load(config.retriever, Models(in_process_client(engine)))
+        retriever = Retriever.load(config.retriever, Models(client))
     except (IndexMismatchError, FileNotFoundError) as exc:
         raise ConfigError(f"retriever={config.retriever}: {exc}") from exc
     service = ServedRetriever(retriever, config.retriever, config.retriever_max_k, config.retriever_max_queries)
@@ -132,4 +133,4 @@ def run(config: ServeConfig) -> None:
     if not config.retriever:
         return launch.run(config)
     with ExitStack() as owned:
-        launch.run(config, retrieval=lambda engine: owned.enter_context(served_retriever(config, engine)))
+        launch.run(config, retrieval=lambda client: owned.enter_context(served_retriever(config, client)))

@@ -105,7 +105,7 @@ class ServeConfig:
     # a persisted retriever (a folder written by overstory.retrieval.api's Retriever.save) served beside the roles
     # (`overstory serve --retriever DIR`): /v1/retrieve, /v1/documents and Search-R1's /retrieve
     # (serving/retrieval_routes.py); its index calls the roles served here, and each update is saved back into DIR.
-    # The embedded engine only
+    # With engine: vllm it is served on the stack's front door (the embedded server, which must serve the embedder)
     retriever: str = ""
     retriever_max_k: int = 100  # the most chunks one query may ask for (a larger k is a 400)
     retriever_max_queries: int = 512  # the most queries one request may send (Search-R1 sends a rollout's batch)
@@ -130,9 +130,6 @@ class ServeConfig:
         if min(self.retriever_max_k, self.retriever_max_queries) < 1:
             raise ConfigError(f"retriever_max_k and retriever_max_queries must be >= 1, got {self.retriever_max_k} and "
                               f"{self.retriever_max_queries}")
-        if self.retriever and self.engine != "embedded":
-            raise ConfigError(f"retriever={self.retriever} is served by the embedded engine only; serve it with "
-                              "engine=embedded (a vLLM stack's front door does not mount the retrieval routes)")
         if self.malloc_arena_max < 0:
             raise ConfigError(f"malloc_arena_max must be >= 0 (0: glibc's default), got {self.malloc_arena_max}")
 

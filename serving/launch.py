@@ -3,6 +3,8 @@ thread, or, with ``engine: vllm``, vLLM OpenAI servers for the chat roles next t
 the rest. The embedded server on the config's ``port`` is then the stack's front door
 (``serving/front_door.py``): it answers for every role by model name, so a client with one base URL (the
 ``openai`` package, LangChain) reaches the whole stack; ``stack.json`` maps role -> the server that runs it.
+A served retriever (``overstory serve --retriever DIR``, ``serving/retrieval_routes.py``) is mounted on the
+embedded server either way, behind the same key, its index calling the roles through :func:`stack_client`.
 
     overstory serve --config configs/serve/local.yaml
     overstory serve --config configs/serve/cpu-vllm.yaml      # engine: vllm, one base URL: port 8000
@@ -29,12 +31,14 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
+from overstory.core.config import ConfigError
 from overstory.core.tracking import start_run
 from overstory.models.registry import builtin_name_of
-from overstory.serving.client import Client
+from overstory.serving.client import Client, HttpBackend
 from overstory.serving.config import ServeConfig
 from overstory.serving.engine import EmbeddedEngine
 from overstory.serving.front_door import create_front_app, mount_front_door
+from overstory.serving.in_process import InProcessBackend, in_process_client
 from overstory.serving.operations import resolve_api_key, warn_if_exposed
 from overstory.serving.ports import claim_port
 from overstory.serving.retrieval_routes import RetrievalService
@@ -56,18 +60,23 @@ logger = logging.getLogger(__name__)
 FRONT_DOOR_TIMEOUT_S = 600.0
 
 
-def run(config: ServeConfig, retrieval: Callable[[EmbeddedEngine], RetrievalService] | None = None) -> None:
+# Makes the served retriever over a client of the stack's roles (the top layer's ``overstory/serve.py`` loads it)
+MakeRetrieval = Callable[[Client], RetrievalService]
+
+
+def run(config: ServeConfig, retrieval: MakeRetrieval | None = None) -> None:
     """Serve the roles of ``config`` until Ctrl-C or SIGTERM (from the main thread); the tracking run
     records the served stack when it starts and the uptime when it stops. ``retrieval`` makes the served
-    retriever (``serving/retrieval_routes.py``) once the engine is loaded: the top layer's ``overstory/serve.py``
-    passes it for ``config.retriever``, which this layer cannot load itself."""
+    retriever (``serving/retrieval_routes.py``) once the models are loaded, over a client of the roles served
+    here: the top layer's ``overstory/serve.py`` passes it for ``config.retriever``, which this layer cannot load
+    itself."""
     if config.engine == "vllm":
-        return run_vllm_stack(config)
+        return run_vllm_stack(config, retrieval=retrieval)
     warn_if_exposed(config.host, resolve_api_key(config.api_key), logger)
     with claim_port(config.host, config.port) as sock:
         url = f"http://{config.host}:{sock.getsockname()[1]}/v1"
         engine = EmbeddedEngine(config)
-        service = retrieval(engine) if retrieval is not None else None
+        service = retrieval(in_process_client(engine)) if retrieval is not None else None
         server = uvicorn.Server(uvicorn.Config(create_app(engine, service), log_level="info"))
         with start_run(config.tracking, "serve", config) as tracker:
             served = {"retriever": {"folder": config.retriever, "strategy": service.strategy,
@@ -153,17 +162,46 @@ class VllmStack(NamedTuple):
     roles: dict[str, str]  # role -> URL of the server that runs it (stack.json, for our own client)
     processes: list  # (process, log path) of each vLLM server
     url: str  # the front door: every role on this one base URL (no /v1)
+    retriever: RetrievalService | None = None  # the retriever served at the front door's /v1/retrieve
+
+
+class StackBackend:
+    """The backend of a vLLM stack's own client: the embedded roles called in this process through the server's
+    handlers (the front server is not up yet when the retriever loads, and needs no socket to itself), the vLLM
+    roles over HTTP with the stack's key."""
+
+    def __init__(self, engine: EmbeddedEngine, upstreams: Mapping[str, str], api_key: str | None,
+                 timeout_s: float = FRONT_DOOR_TIMEOUT_S):
+        self.local = InProcessBackend(engine)
+        self.remote = HttpBackend(dict(upstreams), timeout_s=timeout_s, api_key=api_key) if upstreams else None
+
+    def post(self, path: str, payload: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        if self.remote is not None and payload.get("model") in self.remote.urls:
+            return self.remote.post(path, payload)
+        return self.local.post(path, payload)
+
+    def get(self, path: str) -> list[dict[str, Any]]:
+        return [*self.local.get(path), *(self.remote.get(path) if self.remote is not None else [])]
+
+    def close(self) -> None:
+        if self.remote is not None:
+            self.remote.close()
 
 
 @contextmanager
-def vllm_stack(config: ServeConfig) -> Iterator[VllmStack]:
+def vllm_stack(config: ServeConfig, retrieval: MakeRetrieval | None = None) -> Iterator[VllmStack]:
     """Start vLLM servers for the chat roles (one per port, LoRA adapters as modules) and the embedded
     server for the other roles, which is also the front door for every role on the config's ``port``;
     yields a :class:`VllmStack` once every server answers /health, and stops them all on exit.
-    ``<log_dir>/stack.json`` holds the role -> URL mapping (``Client.from_url(mapping)`` reads it)."""
+    ``<log_dir>/stack.json`` holds the role -> URL mapping (``Client.from_url(mapping)`` reads it).
+    ``retrieval`` (see :func:`run`) gets a :class:`StackBackend` client once the vLLM servers answer; its
+    retriever's routes are the embedded server's, behind the same key and in the same error shape."""
 
     python = require_vllm(config.vllm_python)
     servers, rest = plan_servers(config, available_gpus=_visible_gpus())
+    if retrieval is not None and rest is None:
+        raise ConfigError(f"retriever={config.retriever}: a served retriever embeds through the stack's embedded "
+                          "server, and every role of this stack is a chat role on vLLM; serve roles.embedder too")
     api_key = resolve_api_key(config.api_key)  # the front door checks it; every vLLM server gets it
     warn_if_exposed(config.host, api_key, logger)
     commands = [vllm_command(server, config.host, config.vllm_args, python=python) for server in servers]
@@ -187,12 +225,18 @@ def vllm_stack(config: ServeConfig) -> Iterator[VllmStack]:
                 print(f"starting vLLM for {', '.join(server.roles)} on {url} (log: {log})", flush=True)
                 processes.append((start_server(command, url, log, env=server_env(config.vllm_env, api_key)), log))
                 upstreams.update({role: url for role in server.roles})
+            service = None
+            if retrieval is not None and isinstance(front, EmbeddedEngine):
+                client = Client(StackBackend(front, upstreams, api_key))
+                stack.callback(client.close)
+                service = retrieval(client)
+            app = create_app(front, service) if isinstance(front, EmbeddedEngine) else front
             door = partial(mount_front_door, upstreams=upstreams, timeout_s=FRONT_DOOR_TIMEOUT_S, api_key=api_key)
-            front_url = stack.enter_context(serve_in_background(front, port=config.port, host=config.host,
+            front_url = stack.enter_context(serve_in_background(app, port=config.port, host=config.host,
                                                                 configure_app=door))
             roles = {role: upstreams.get(role, front_url) for role in config.roles}
             (log_dir / "stack.json").write_text(json.dumps(roles, indent=2))
-            yield VllmStack(roles, processes, front_url)
+            yield VllmStack(roles, processes, front_url, service)
     finally:
         for process, _ in processes:
             stop_server(process)
@@ -243,14 +287,17 @@ def served_models(client: Client, roles: list[str] | None = None) -> dict[str, s
     return {role: model for role, model in served.items() if roles is None or role in roles}
 
 
-def run_vllm_stack(config: ServeConfig, poll_s: float = 5.0) -> None:
+def run_vllm_stack(config: ServeConfig, poll_s: float = 5.0, retrieval: MakeRetrieval | None = None) -> None:
     """``overstory serve`` with ``engine: vllm``: :func:`vllm_stack` until Ctrl-C or SIGTERM, or until a vLLM
     server dies (its log tail is shown)."""
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        with vllm_stack(config) as stack:
+        with vllm_stack(config, retrieval=retrieval) as stack:
             print(f"serving {', '.join(stack.roles)} on {stack.url}/v1 (every role by model name); role -> server "
                   f"in {Path(config.log_dir) / 'stack.json'}: {json.dumps(stack.roles)}", flush=True)
+            if stack.retriever is not None:
+                print(f"serving the {stack.retriever.strategy} retriever of {config.retriever} "
+                      f"({stack.retriever.document_count()} documents) on {stack.url}/v1/retrieve", flush=True)
             while True:
                 for process, log in stack.processes:
                     if process.poll() is not None:

@@ -17,6 +17,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
@@ -34,8 +35,10 @@ from overstory.core.config import ConfigError
 from overstory.data_pipeline.corpora import load_corpus
 from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies
 from overstory.evaluation.pipeline import DATASETS
+from overstory.models.registry import MINILM
 from overstory.retrieval.api import Models, Retriever
 from overstory.serve import served_retriever
+from overstory.serving import launch
 from overstory.serving.client import Client, ClientError
 from overstory.serving.config import RoleConfig, ServeConfig
 from overstory.serving.engine import EmbeddedEngine
@@ -44,6 +47,7 @@ from overstory.serving.launch import serve_in_background
 from overstory.serving.ports import free_port
 from overstory.serving.retrieval_routes import QueryResult, mount_retrieval
 from overstory.serving.server import create_app, install_error_handlers
+from tests.serving.test_launch import STAND_IN
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "retrieval-test-key"
@@ -78,7 +82,7 @@ def saved(engine: EmbeddedEngine, corpus, tmp_path_factory) -> str:
 def served(engine: EmbeddedEngine, saved: str) -> Iterator[str]:
     """The saved retriever served beside the engine's roles, behind ``KEY``; yields the base URL."""
     config = dataclasses.replace(engine.config, retriever=saved, retriever_max_queries=MAX_QUERIES)
-    with served_retriever(config, engine) as service, pytest.MonkeyPatch.context() as env:
+    with served_retriever(config, in_process_client(engine)) as service, pytest.MonkeyPatch.context() as env:
         env.setenv("OVERSTORY_API_KEY", KEY)  # what `overstory serve` reads when the config names no key
         with serve_in_background(create_app(engine, service)) as url:
             yield url
@@ -290,13 +294,11 @@ def test_a_bounded_load_on_loopback_fails_no_valid_request(served: str) -> None:
     assert report["rss_growth_mib"] < 32, report["rss_quarters_mib"]
 
 
-def test_a_folder_without_a_saved_retriever_or_a_vllm_stack_is_refused(engine: EmbeddedEngine, tmp_path) -> None:
+def test_a_folder_without_a_saved_retriever_or_a_zero_limit_is_refused(engine: EmbeddedEngine, tmp_path) -> None:
     config = dataclasses.replace(engine.config, retriever=str(tmp_path))
     with pytest.raises(ConfigError, match=f"retriever={tmp_path}: .*no saved Retriever"):
-        with served_retriever(config, engine):
+        with served_retriever(config, in_process_client(engine)):
             pass
-    with pytest.raises(ConfigError, match="embedded engine only"):
-        ServeConfig(roles={"generator": RoleConfig(model="x")}, engine="vllm", retriever=str(tmp_path))
     with pytest.raises(ConfigError, match="retriever_max_k"):
         dataclasses.replace(engine.config, retriever_max_k=0)
 
@@ -356,3 +358,56 @@ def test_a_failed_query_is_reported_never_answered_as_empty_evidence() -> None:
         assert ours.json()["usage"]["failed_calls"] == 2
         theirs = http.post("/retrieve", json={"queries": ["a"], "topk": 3})
         assert theirs.status_code == 503 and "request_failed" in theirs.json()["error"]["message"]
+
+
+def test_a_vllm_stack_serves_the_retriever_on_its_front_door(saved: str, corpus, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """``engine: vllm`` with a retriever: the routes on the front door behind the stack's key, in the same error shape,
+    and the retriever's client calls the embedder in-process and the chat roles on their vLLM server with the key.
+    The vLLM server is tests/serving/test_launch.py's stand-in process (not vLLM: it echoes who answered and the key it
+    got); the embedder is MiniLM on the stack's embedded server, as in configs/serve/cpu-vllm.yaml."""
+    monkeypatch.setattr(launch, "require_vllm", lambda python="": sys.executable)
+    monkeypatch.setattr(launch, "vllm_command", lambda server, host, extra_args=(), python="": [
+        sys.executable, "-c", STAND_IN, str(server.port), ",".join(server.roles)])
+    chat_port = free_port()
+    config = ServeConfig(engine="vllm", port=0, api_key=KEY, log_dir=str(tmp_path), retriever=saved, roles={
+        "generator": RoleConfig(model="a", port=chat_port), "embedder": RoleConfig(model=MINILM, kind="embedding")})
+    clients: list[Client] = []
+
+    def retrieval(client: Client):
+        clients.append(client)
+        return owned.enter_context(served_retriever(config, client))
+
+    _, _, question = corpus
+    with ExitStack() as owned, launch.vllm_stack(config, retrieval=retrieval) as stack:
+        assert stack.retriever is not None and stack.retriever.document_count() == 10
+        with httpx.Client(base_url=stack.url, headers=AUTH, timeout=60) as http:
+            found = http.post("/v1/retrieve", json={"query": question.question, "k": 3})
+            assert found.status_code == 200 and len(found.json()["data"][0]["evidence"]) == 3, found.text
+            assert found.json()["usage"]["by_role"]["embedder"]["calls"] == 1
+            theirs = http.post("/retrieve", json={"queries": [question.question], "topk": 2})
+            assert theirs.status_code == 200 and len(theirs.json()["result"][0]) == 2
+            bad = http.post("/v1/retrieve", json={"query": "q", "k": 0})
+            assert bad.status_code == 400 and bad.json()["error"]["param"] == "k"
+            chat = http.post("/v1/chat/completions", json={"model": "generator", "messages": []}).json()
+            assert chat["port"] == chat_port  # the front door still proxies the chat roles
+        for path, body in (("/v1/retrieve", {"query": "q"}), ("/retrieve", {"queries": ["q"]})):
+            refused = httpx.post(f"{stack.url}{path}", json=body)
+            assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key", path
+        # the retriever's own client: the embedder here, the chat roles on their vLLM server, with the stack's key
+        (client,) = clients
+        assert client.embed("embedder", ["a"]).shape == (1, 384)
+        reply = client.backend.post("/v1/chat/completions", {"model": "generator", "messages": []})[0]
+        assert reply["port"] == chat_port and reply["authorization"] == f"Bearer {KEY}"
+        assert {m["id"] for r in client.backend.get("/v1/models") for m in r["data"]} == {"generator", "embedder"}
+
+
+def test_a_vllm_stack_without_an_embedded_server_refuses_a_retriever(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(launch, "require_vllm", lambda python="": sys.executable)
+    started: list = []
+    monkeypatch.setattr(launch, "start_server", lambda *args, **kwargs: started.append(args))
+    config = ServeConfig(engine="vllm", port=0, retriever="somewhere", roles={"generator": RoleConfig(model="a")})
+    with pytest.raises(ConfigError, match="retriever=somewhere: .*serve roles.embedder too"):
+        with launch.vllm_stack(config, retrieval=lambda client: None):
+            pass
+    assert started == []
