@@ -17,7 +17,8 @@ puts an ASGI middleware in front of the embedded app so that its port answers fo
   request models (``REQUEST_MODELS``), which declare them all; a path without one (``/v1/responses``) is passed
   on unchecked;
 - everything else, including a body that names no proxied role, goes to the embedded app unchanged (the body
-  read to peek at ``model`` is replayed to it).
+  read to peek at ``model`` is replayed to it): a served retriever's routes (``/v1/retrieve``, ``/v1/documents``,
+  Search-R1's ``/retrieve``) are the embedded app's, behind its own key check and in its error shape.
 
 The model name is the role name on both sides (``serving/vllm.py`` serves every role under its own name,
 as a served model name or a LoRA module), so a body is forwarded as it is. Upstream errors keep their status
