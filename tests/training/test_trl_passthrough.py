@@ -37,6 +37,23 @@ def test_trl_fields_reach_the_grpo_config_and_vllm_colocation_is_reachable(tmp_p
     assert args.learning_rate == config.train.lr and args.num_generations == config.train.num_generations
 
 
+GPU_GRPO_YAML = ROOT / "configs/train/planner_grpo-qwen2.5-1.5b.yaml"
+
+
+def test_the_gpu_grpo_config_rolls_out_on_vllm_colocated_or_on_a_server(tmp_path: Path) -> None:
+    """The paper-scale config builds GRPOConfig with TRL's vLLM rollouts in each process; two TRL fields move them to
+    a server. (On CPU neither mode can update vLLM's weights: TRL 1.16 syncs them over NCCL, docs/training.md.)"""
+    here = [f"out={tmp_path}", "train.bf16=false"]  # TrainingArguments refuses bf16 on a machine without a GPU
+    config = load_config(PlannerGrpoConfig, GPU_GRPO_YAML, here)
+    args = grpo_args(config.train, tmp_path, [1.0], config.trl, "trl")
+    assert (args.use_vllm, args.vllm_mode, args.vllm_gpu_memory_utilization) == (True, "colocate", 0.3)
+    assert args.num_generations == 8 and args.loss_type == "dapo" and args.steps_per_generation == 16
+    server = load_config(PlannerGrpoConfig, GPU_GRPO_YAML, [*here, "trl.vllm_mode=server",
+                                                            "trl.vllm_server_base_url=http://10.0.0.2:8000"])
+    args = grpo_args(server.train, tmp_path, [1.0], server.trl, "trl")
+    assert (args.use_vllm, args.vllm_mode, args.vllm_server_base_url) == (True, "server", "http://10.0.0.2:8000")
+
+
 def test_a_misspelt_trl_field_is_refused_with_the_closest_name(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"unknown config key 'trl.lr_sheduler_type': not a field of trl.SFTConfig; "
                                           r"did you mean 'trl.lr_scheduler_type'\?"):
