@@ -88,7 +88,8 @@ class Outcome:
     body_head: str = ""
 
 
-def _dump(payload: Any) -> bytes:
+def dump_json(payload: Any) -> bytes:
+    """``payload`` as the JSON bytes a request sends (the retrieval load test builds its bodies with it too)."""
     # ensure_ascii keeps a lone surrogate as its \ud800 escape (valid JSON text, invalid Unicode), which is
     # what a client sends; encoding the character itself as UTF-8 would fail on this side
     return json.dumps(payload, ensure_ascii=True).encode()
@@ -129,33 +130,34 @@ MALFORMED: tuple[tuple[str, str | None, int, str, str, Callable[[_Roles], bytes 
     ("bad_json", None, 400, "POST", "/v1/chat/completions",
      lambda r: b'{"model": "' + (r.chat or "generator").encode() + b'", "messages": [{"role": "user", '),
     ("missing_messages", None, 400, "POST", "/v1/chat/completions",
-     lambda r: _dump({"model": r.chat or "generator", "max_tokens": 8})),
+     lambda r: dump_json({"model": r.chat or "generator", "max_tokens": 8})),
     ("unknown_model", None, 404, "POST", "/v1/chat/completions",
-     lambda r: _dump({**_chat(r), "model": "no-such-model"})),
-    ("negative_max_tokens", None, 400, "POST", "/v1/chat/completions", lambda r: _dump(_chat(r, max_tokens=-5))),
+     lambda r: dump_json({**_chat(r), "model": "no-such-model"})),
+    ("negative_max_tokens", None, 400, "POST", "/v1/chat/completions", lambda r: dump_json(_chat(r, max_tokens=-5))),
     ("wrong_method", None, 405, "GET", "/v1/chat/completions", lambda r: None),
     ("content_is_a_number", None, 400, "POST", "/v1/chat/completions",
-     lambda r: _dump({**_chat(r), "messages": [{"role": "user", "content": 42}]})),
-    ("n_zero", None, 400, "POST", "/v1/chat/completions", lambda r: _dump(_chat(r, n=0))),
+     lambda r: dump_json({**_chat(r), "messages": [{"role": "user", "content": 42}]})),
+    ("n_zero", None, 400, "POST", "/v1/chat/completions", lambda r: dump_json(_chat(r, n=0))),
     ("lone_surrogate", None, 400, "POST", "/v1/chat/completions",
-     lambda r: _dump({**_chat(r), "messages": [{"role": "user", "content": "broken \ud800 text"}]})),
+     lambda r: dump_json({**_chat(r), "messages": [{"role": "user", "content": "broken \ud800 text"}]})),
     ("unknown_response_format", None, 400, "POST", "/v1/chat/completions",
-     lambda r: _dump(_chat(r, response_format={"type": "xml"}))),
+     lambda r: dump_json(_chat(r, response_format={"type": "xml"}))),
     ("tool_choice_not_among_tools", None, 400, "POST", "/v1/chat/completions",
-     lambda r: _dump(_chat(r, tools=[_TOOL], tool_choice={"type": "function", "function": {"name": "book_flight"}}))),
+     lambda r: dump_json(_chat(r, tools=[_TOOL],
+                               tool_choice={"type": "function", "function": {"name": "book_flight"}}))),
     ("stream_options_without_stream", None, 400, "POST", "/v1/chat/completions",
-     lambda r: _dump(_chat(r, stream=False, stream_options={"include_usage": True}))),
+     lambda r: dump_json(_chat(r, stream=False, stream_options={"include_usage": True}))),
     ("top_logprobs_without_logprobs", None, 400, "POST", "/v1/chat/completions",
-     lambda r: _dump(_chat(r, top_logprobs=3))),
+     lambda r: dump_json(_chat(r, top_logprobs=3))),
     ("unknown_message_role", None, 400, "POST", "/v1/chat/completions",
-     lambda r: _dump({**_chat(r), "messages": [{"role": "wizard", "content": "hi"}]})),
-    ("negative_temperature", None, 400, "POST", "/v1/chat/completions", lambda r: _dump(_chat(r, temperature=-1))),
+     lambda r: dump_json({**_chat(r), "messages": [{"role": "wizard", "content": "hi"}]})),
+    ("negative_temperature", None, 400, "POST", "/v1/chat/completions", lambda r: dump_json(_chat(r, temperature=-1))),
     ("completion_without_prompt", "chat", 400, "POST", "/v1/completions",
-     lambda r: _dump({"model": r.chat, "max_tokens": 8})),
+     lambda r: dump_json({"model": r.chat, "max_tokens": 8})),
     ("embeddings_without_input", "embedding", 400, "POST", "/v1/embeddings",
-     lambda r: _dump({"model": r.embedding})),
+     lambda r: dump_json({"model": r.embedding})),
     ("rerank_without_documents", "cross-encoder", 400, "POST", "/v1/rerank",
-     lambda r: _dump({"model": r.scorer, "query": "what is a cross-encoder?"})),
+     lambda r: dump_json({"model": r.scorer, "query": "what is a cross-encoder?"})),
 )
 
 
@@ -165,7 +167,7 @@ def available_kinds(roles: Mapping[str, str]) -> list[str]:
     return [kind for kind in KINDS if served.serves(NEEDS.get(kind))]
 
 
-def _counts(weights: Mapping[str, float], total: int) -> dict[str, int]:
+def kind_counts(weights: Mapping[str, float], total: int) -> dict[str, int]:
     """Exact per-kind counts summing to ``total`` (largest remainders), so that the mix is what it says."""
     norm = sum(weights.values())
     shares = {kind: total * w / norm for kind, w in weights.items()}
@@ -193,7 +195,7 @@ def plan_requests(roles: Mapping[str, str], requests: int, max_tokens: int, seed
     if not chosen:
         raise ValueError(f"no request kind left to send: the roles {dict(roles)} serve {kinds}")
     rng = random.Random(seed)
-    order = [kind for kind, n in _counts(chosen, requests).items() for _ in range(n)]
+    order = [kind for kind, n in kind_counts(chosen, requests).items() for _ in range(n)]
     rng.shuffle(order)
     cases = [case for case in MALFORMED if served.serves(case[1])]
     plan, malformed_seen = [], 0
@@ -212,20 +214,20 @@ def plan_requests(roles: Mapping[str, str], requests: int, max_tokens: int, seed
                 messages.insert(0, {"role": "system", "content": "Answer briefly."})
             if kind == "stream":
                 body.update(stream=True, stream_options={"include_usage": True})
-            plan.append(Planned(index, kind, kind, "POST", "/v1/chat/completions", _dump(body)))
+            plan.append(Planned(index, kind, kind, "POST", "/v1/chat/completions", dump_json(body)))
         elif kind == "completions":
             body = {"model": served.chat, "prompt": f"Question: {prompt}\nAnswer:", "max_tokens": max_tokens,
                     "temperature": 0}
-            plan.append(Planned(index, kind, kind, "POST", "/v1/completions", _dump(body)))
+            plan.append(Planned(index, kind, kind, "POST", "/v1/completions", dump_json(body)))
         elif kind == "embeddings":
             texts = [rng.choice(prompts) for _ in range(rng.randint(1, 4))]
             # a single string is as valid as a list; both spellings are sent
             body = {"model": served.embedding, "input": texts[0] if len(texts) == 1 and rng.random() < 0.5 else texts}
-            plan.append(Planned(index, kind, kind, "POST", "/v1/embeddings", _dump(body), n_inputs=len(texts)))
+            plan.append(Planned(index, kind, kind, "POST", "/v1/embeddings", dump_json(body), n_inputs=len(texts)))
         else:  # scoring
             documents = [rng.choice(prompts) for _ in range(rng.randint(3, 8))]
             body = {"model": served.scorer, "query": prompt, "documents": documents}
-            plan.append(Planned(index, kind, kind, "POST", "/v1/rerank", _dump(body), n_inputs=len(documents)))
+            plan.append(Planned(index, kind, kind, "POST", "/v1/rerank", dump_json(body), n_inputs=len(documents)))
     return plan
 
 
@@ -240,7 +242,8 @@ def _error_body_problem(body: Any) -> str | None:
     return None
 
 
-def _is_number(x: Any) -> bool:
+def is_number(x: Any) -> bool:
+    """Whether ``x`` is a JSON number (an int or float, not a bool): a score or a vector entry."""
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
@@ -278,7 +281,7 @@ def _body_problem(planned: Planned, body: Any) -> str | None:
         if not isinstance(data, list) or len(data) != planned.n_inputs:
             return f"{planned.n_inputs} texts sent, data does not hold as many embeddings"
         vectors = [d.get("embedding") for d in data]
-        if not all(isinstance(v, list) and v and all(_is_number(x) for x in v) for v in vectors):
+        if not all(isinstance(v, list) and v and all(is_number(x) for x in v) for v in vectors):
             return "an embedding is not a non-empty list of floats"
         if len({len(v) for v in vectors}) != 1 or [d.get("index") for d in data] != list(range(len(data))):
             return "embeddings differ in size or are out of order"
@@ -288,7 +291,7 @@ def _body_problem(planned: Planned, body: Any) -> str | None:
         if not isinstance(results, list) or len(results) != planned.n_inputs:
             return f"{planned.n_inputs} documents sent, results does not hold as many"
         scores = [r.get("relevance_score") for r in results]
-        if not all(_is_number(s) for s in scores) or scores != sorted(scores, reverse=True):
+        if not all(is_number(s) for s in scores) or scores != sorted(scores, reverse=True):
             return "relevance scores are not numbers sorted from best"
         if sorted(r.get("index") for r in results) != list(range(planned.n_inputs)):
             return "result indexes are not the documents' positions"

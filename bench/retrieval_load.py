@@ -18,7 +18,7 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from overstory.bench.load import DEFAULT_PROMPTS, Planned, _counts, _dump, _is_number, run_plan
+from overstory.bench.load import DEFAULT_PROMPTS, Planned, dump_json, is_number, kind_counts, run_plan
 
 RETRIEVAL_WEIGHTS: dict[str, float] = {"retrieve": 0.40, "batch": 0.20, "search_r1": 0.25, "malformed": 0.15}
 BATCH_SIZES = (2, 8)  # the queries of a batched request, drawn between these
@@ -42,7 +42,7 @@ RETRIEVAL_MALFORMED: tuple[tuple[str, int, str, str, Callable[[str], Any]], ...]
 
 def _bytes(body: Any) -> bytes | None:
     """A case's body as sent: raw bytes as they are, anything else as JSON."""
-    return body if body is None or isinstance(body, bytes) else _dump(body)
+    return body if body is None or isinstance(body, bytes) else dump_json(body)
 
 
 def plan_retrieval(requests: int, k: int, seed: int = 0, weights: Mapping[str, float] | None = None,
@@ -55,7 +55,7 @@ def plan_retrieval(requests: int, k: int, seed: int = 0, weights: Mapping[str, f
     if not chosen or not queries or k < 1:
         raise ValueError("give at least one request kind with a weight, one query and k >= 1")
     rng = random.Random(seed)
-    order = [kind for kind, n in _counts(chosen, requests).items() for _ in range(n)]
+    order = [kind for kind, n in kind_counts(chosen, requests).items() for _ in range(n)]
     rng.shuffle(order)
     plan: list[Planned] = []
     malformed_seen = 0
@@ -67,16 +67,16 @@ def plan_retrieval(requests: int, k: int, seed: int = 0, weights: Mapping[str, f
             plan.append(Planned(index, kind, name, method, path, _bytes(build(query)), expect))
         elif kind == "retrieve":  # a single string, with or without k
             body = {"query": query, "k": k} if rng.random() < 0.7 else {"query": query}
-            plan.append(Planned(index, kind, kind, "POST", "/v1/retrieve", _dump(body), n_inputs=1))
+            plan.append(Planned(index, kind, kind, "POST", "/v1/retrieve", dump_json(body), n_inputs=1))
         elif kind == "batch":
             batch = [rng.choice(queries) for _ in range(rng.randint(*BATCH_SIZES))]
-            plan.append(Planned(index, kind, kind, "POST", "/v1/retrieve", _dump({"queries": batch, "k": k}),
+            plan.append(Planned(index, kind, kind, "POST", "/v1/retrieve", dump_json({"queries": batch, "k": k}),
                                 n_inputs=len(batch)))
         else:  # search_r1
             batch = [rng.choice(queries) for _ in range(rng.randint(1, BATCH_SIZES[1]))]
             body = {"queries": batch, "topk": k, "return_scores": rng.random() < 0.7}
             plan.append(Planned(index, kind, "search_r1_scores" if body["return_scores"] else kind, "POST",
-                                "/retrieve", _dump(body), n_inputs=len(batch)))
+                                "/retrieve", dump_json(body), n_inputs=len(batch)))
     return plan
 
 
@@ -86,7 +86,7 @@ def _evidence_problem(evidence: Any) -> str | None:
     for hit in evidence:
         if not isinstance(hit.get("id"), str) or not isinstance(hit.get("text"), str):
             return "an evidence chunk has no id or text"
-        if hit.get("score") is not None and not _is_number(hit["score"]):
+        if hit.get("score") is not None and not is_number(hit["score"]):
             return "an evidence score is neither a number nor null"
     return None
 
@@ -107,7 +107,7 @@ def retrieval_body_problem(planned: Planned, body: Any) -> str | None:
                 document = entry.get("document") if scored else entry
                 if not isinstance(document, dict) or not isinstance(document.get("contents"), str):
                     return "a document has no contents"
-                if scored and not _is_number(entry.get("score")):
+                if scored and not is_number(entry.get("score")):
                     return "return_scores was asked and a score is not a number"
         return None
     data = body.get("data")
