@@ -89,6 +89,10 @@ JOBS: dict[tuple[str, str], tuple[str, str, str, str]] = {
         "overstory.serve", "ServeConfig", "run",
         "start the embedded OpenAI-compatible server for the roles in a config (and a saved retriever: --retriever)",
     ),
+    ("index", "build"): (
+        "overstory.index_job", "IndexBuildConfig", "run",
+        "a saved retriever folder: a corpus, its hierarchy and one strategy's index, for serve --retriever",
+    ),
     ("eval", "rag"): (
         "overstory.evaluation.rag", "RagEvalConfig", "run",
         "retrieve-then-generate over a QA dataset: recall@k, exact match, token F1, latency",
@@ -117,6 +121,10 @@ JOBS: dict[tuple[str, str], tuple[str, str, str, str]] = {
         "overstory.bench.generate", "GenerateBenchConfig", "run",
         "batched generation tokens/s of one chat model per setting (dtype, device, batch limits) and concurrency",
     ),
+    ("bench", "retrieval"): (
+        "overstory.retrieval_bench", "RetrievalBenchConfig", "run",
+        "bounded load on a saved retriever's /v1/retrieve and /retrieve: failures, malformed statuses, latency, memory",
+    ),
     ("bench", "capacity"): (
         "overstory.bench.capacity", "CapacityConfig", "run",
         "the capacity plan: calls, tokens and GPU-hours per pipeline step, projected to scale from measured metrics",
@@ -134,6 +142,7 @@ JOBS: dict[tuple[str, str], tuple[str, str, str, str]] = {
 GROUP_HELP = {
     "data": "offline data generation: chunk hierarchies, summaries, planner pseudo-labels, gold labels and traces",
     "train": "training recipes",
+    "index": "build a persisted retriever (a strategy's index over a corpus) for serve --retriever and the Python API",
     "serve": "serve models for the retrieval runtime",
     "eval": "evaluate checkpoints and retrieval strategies",
     "bench": "benchmarks that print ratios against a baseline measured in the same run",
