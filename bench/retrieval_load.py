@@ -1,4 +1,5 @@
-"""A bounded load test of the retrieval endpoint (``overstory serve --retriever DIR``, docs/serving.md).
+"""A bounded load test of the retrieval endpoint (``overstory serve --retriever DIR``, docs/serving.md); the command
+``overstory bench retrieval`` (``overstory/retrieval_bench.py``) runs it and writes its metrics.
 
 The chat load test's skeleton (``bench/load.py``: ``run_plan`` sends, judges, probes ``/health`` and samples the
 server's memory) with a plan of its own: one-query and batched ``/v1/retrieve`` requests, Search-R1's ``/retrieve``
