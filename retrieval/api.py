@@ -21,14 +21,20 @@ What ``retrieve`` returns per strategy: naive and SmartChunk search ``k`` deep (
 given; SmartChunk's planner call is part of retrieving), LATTICE, FABLE and Orion-RAG return their ranking cut to
 ``k``. A-RAG is an agent whose reading and answering interleave, and the BM25 floor answers with the sentence it
 retrieves: for them ``retrieve`` runs ``answer`` and returns the chunks it read (the cost includes the answer;
-scores are None, the answer is in ``details["prediction"]``).
+scores are None, the answer is in ``details["prediction"]``). A ``k`` past what the index can return
+(``Retriever.max_k``) is a ValueError naming both: naive's chunks at its levels, every chunk SmartChunk can plan over,
+LATTICE's leaves, FABLE's leaf nodes, Orion-RAG's tagged chunks (each strategy's ``max_evidence``); for A-RAG and the
+BM25 floor, the hierarchy's chunks.
 
 Persistence (``PERSISTENT``: naive, SmartChunk, LATTICE, FABLE, Orion-RAG): ``Retriever.save`` writes the documents,
 their hierarchy and the strategy's index (its ``save_index``) as a new version of a folder with a manifest (strategy,
 corpus hash, the served embedder's model, the hierarchy / strategy / answer settings); ``Retriever.load`` reads it
 back and refuses another embedding model or settings (``IndexMismatchError``). ``add_documents`` and
 ``remove_documents`` update in place through each strategy's ``with_documents`` / ``without_documents``
-(docs/strategies.md, "Indexes that persist and update").
+(docs/strategies.md, "Indexes that persist and update"); ``add_documents`` returns what the add cost (embedding calls,
+the LLM calls of LATTICE, FABLE and Orion-RAG, and the replies that fell back: FABLE's chunk, group and summary
+replies, Orion-RAG's master and paragraph tags). A SmartChunk index with ``upper: compressor`` records the served
+compressor's model too, and a load refuses another.
 """
 
 from __future__ import annotations
@@ -132,13 +138,15 @@ def strategy_config(name: str, section: Any = None) -> Any:
 
 def build_strategy(name: str, documents: Sequence[Document], chunks: Sequence[Chunk], client: Client,
                    config: Any = None, answer: AnswerConfig | Mapping | None = None, forest: str = "", *,
-                   embedding_model: str | None = None, settings: Mapping[str, Any] | None = None) -> Strategy:
+                   embedding_model: str | None = None, settings: Mapping[str, Any] | None = None,
+                   compressor_model: str | None = None) -> Strategy:
     """Build strategy ``name`` over the corpus (``chunks``: the documents' hierarchy); index calls (embeddings,
     FABLE's summaries) go through ``client``. ``config`` is the strategy's section (see ``strategy_config``),
     ``answer`` how the generator is asked. FABLE reads a saved ``forest`` (a forest.json from ``overstory data
     fable-forest``) or builds one; Orion-RAG reads its tags folder (``orion.tags``, from ``overstory data
     orion-tags``); LATTICE its tree (``lattice.tree``, from ``overstory data lattice-tree``). The naive and SmartChunk
-    indexes record ``embedding_model`` (the served embedder's model) and ``settings`` (the hierarchy's) for saves."""
+    indexes record ``embedding_model`` (the served embedder's model) and ``settings`` (the hierarchy's) for saves, and
+    SmartChunk's with ``upper: compressor`` ``compressor_model`` (the served compressor's)."""
     section = strategy_config(name, config)
     asked = _section(AnswerConfig, answer, "answer")
     if name == "bm25_floor":
@@ -148,7 +156,7 @@ def build_strategy(name: str, documents: Sequence[Document], chunks: Sequence[Ch
                                    settings=settings)
     if name == "smartchunk":
         return SmartChunkStrategy.build(documents, chunks, client, section, asked, embedding_model=embedding_model,
-                                        settings=settings)
+                                        settings=settings, compressor_model=compressor_model)
     if name == "arag":
         return ARagStrategy.build(chunks, client, section)
     recorded = {"embedding_model": embedding_model, "settings": settings}
@@ -280,10 +288,13 @@ def usage_by_role(client: Client) -> dict[str, dict[str, int]]:
 @dataclass(frozen=True)
 class Cost:
     """What one call spent: per role, ``calls``, ``prompt_tokens``, ``completion_tokens`` and ``failed_calls`` (the
-    servers' usage), and the seconds it took."""
+    servers' usage), and the seconds it took. ``fallbacks``: for a build or an add, the model replies that fell back
+    to the strategy's own stand-in, by kind (FABLE: ``chunk``, ``group``, ``summary``; Orion-RAG: ``master_tags``,
+    ``paragraph_tags``); {} where the strategy asks for none."""
 
     roles: dict[str, dict[str, int]]
     seconds: float
+    fallbacks: dict[str, int] = field(default_factory=dict)
 
     @property
     def calls(self) -> int:
@@ -397,8 +408,9 @@ class Retriever:
         embedding_model = models.served_model("embedder") if strategy in PERSISTENT else None
         client, started = models.client.fork(), time.perf_counter()
         built = build_strategy(strategy, documents, chunks, client, section, asked, forest,
-                               embedding_model=embedding_model, settings=recorded)
-        cost = Cost(usage_by_role(client), round(time.perf_counter() - started, 3))
+                               embedding_model=embedding_model, settings=recorded,
+                               compressor_model=_compressor_model(models, strategy, section))
+        cost = Cost(usage_by_role(client), round(time.perf_counter() - started, 3), _fallbacks(built))
         return cls(built, strategy, models, documents, chunks, cost, section, asked, recorded)
 
     def _persistent(self, what: str) -> None:
@@ -433,9 +445,10 @@ class Retriever:
              settings: Any = None) -> Retriever:
         """The retriever ``save`` wrote in ``folder``, answering through ``models``: its strategy, documents and
         index as saved, nothing embedded again. Refused (``IndexMismatchError``, naming what differs) when the
-        folder was saved with another embedding model than ``models`` serve, other hierarchy ``settings`` (when
-        given), or an index that ``config`` (the strategy's section; None: the saved one) cannot read, such as
-        another index kind, levels or way of embedding."""
+        folder was saved with another embedding model than ``models`` serve (or, for SmartChunk with ``upper:
+        compressor``, another compressor), other hierarchy ``settings`` (when given), or an index that ``config``
+        (the strategy's section; None: the saved one) cannot read, such as another index kind, levels or way of
+        embedding."""
         embedding_model = models.served_model("embedder")
 
         def read(files: Path, versioned: bool) -> Retriever:
@@ -451,17 +464,19 @@ class Retriever:
             chunks = list(read_jsonl(files / "chunks.jsonl", Chunk))
             check_contents(manifest, folder, RETRIEVER_KIND, len(chunks), chunks_hash(chunks))
             strategy = load_strategy(name, files / "index", documents, chunks, models.client, section, asked,
-                                     embedding_model, recorded["hierarchy"])
+                                     embedding_model, recorded["hierarchy"], _compressor_model(models, name, section))
             return cls(strategy, name, models, documents, chunks, Cost({}, 0.0), section, asked,
                        recorded["hierarchy"])
 
         return read_versioned(folder, read)
 
     def add_documents(self, documents: Sequence[Document | Mapping[str, Any]], chunks: Sequence[Chunk],
-                      replace: bool = False) -> None:
+                      replace: bool = False) -> Cost:
         """Add ``documents`` (``chunks``: their hierarchy, e.g. ``build_hierarchies(documents, settings)``) to the
         index in place: only their chunks are embedded or indexed. A document already held is refused
-        (``DocumentExistsError``) unless ``replace``, which drops its old chunks first."""
+        (``DocumentExistsError``) unless ``replace``, which drops its old chunks first. Returns what the add cost:
+        the model calls by role (the embedder's; LATTICE's scorer, FABLE's and Orion-RAG's generator too), the
+        seconds, and the replies that fell back (``Cost.fallbacks``)."""
         self._persistent("add documents to")
         documents, chunks = documents_from(documents), list(chunks)
         check_hierarchy(documents, chunks)
@@ -470,11 +485,13 @@ class Retriever:
             if (present := [d.id for d in documents if d.id in held.documents]) and not replace:
                 raise DocumentExistsError(f"already in the index: document {', '.join(map(repr, present))}; remove "
                                           "it first or add with replace=True")
+            client, started = self.models.client.fork(), time.perf_counter()
             strategy = held.strategy.with_documents(  # type: ignore[attr-defined]  # PERSISTENT strategies
-                documents, chunks, self.models.client.fork(), replace)
+                documents, chunks, client, replace)
             ids = {d.id for d in documents}
             kept = (c for c in held.chunks if c.doc_id not in ids)
             self._held = _Held(strategy, {**held.documents, **{d.id: d for d in documents}}, (*kept, *chunks))
+        return Cost(usage_by_role(client), round(time.perf_counter() - started, 3), _fallbacks(strategy))
 
     def remove_documents(self, ids: Iterable[str]) -> None:
         """Remove the documents ``ids`` from the index in place: their chunks, vectors and terms, nothing else. An id
@@ -495,6 +512,11 @@ class Retriever:
             self._held = _Held(strategy, {i: d for i, d in held.documents.items() if i not in dropped},
                                tuple(c for c in held.chunks if c.doc_id not in dropped))
 
+    @property
+    def max_k(self) -> int:
+        """The most evidence chunks one ``retrieve`` can return from the index held now (``k`` past it is refused)."""
+        return _max_k(self._held)
+
     @staticmethod
     def _scope(held: _Held, scope: str | Sequence[str] | None) -> list[str] | None:
         """``scope`` as a list of document ids (one id may be given alone); an id not in the corpus is a
@@ -508,11 +530,12 @@ class Retriever:
 
     def retrieve(self, question: str, k: int | None = None, scope: str | Sequence[str] | None = None) -> Retrieved:
         """The evidence for ``question`` from the documents ``scope`` names (None: the whole corpus), at most ``k``
-        chunks (None: the strategy's own setting), and its cost."""
+        chunks (None: the strategy's own setting), and its cost. An empty question, a ``k`` below 1 or past what the
+        index can return (``max_k``) is a ValueError."""
         _check_question(question)
-        if k is not None and k < 1:
-            raise ValueError(f"k must be at least 1, got {k}")
         held = self._held  # one snapshot: an update meanwhile swaps in a new one
+        if k is not None:
+            _check_k(k, self.name, _max_k(held))
         ids, client, started = self._scope(held, scope), self.models.client.fork(), time.perf_counter()
         if self.name in READ_BY_ANSWERING:
             answered = held.strategy.answer(question, client, ids)
@@ -538,15 +561,47 @@ class Retriever:
 
 
 def load_strategy(name: str, folder: Path, documents: Sequence[Document], chunks: Sequence[Chunk], client: Client,
-                  config: Any, answer: AnswerConfig, embedding_model: str | None,
-                  settings: Mapping[str, Any]) -> Strategy:
+                  config: Any, answer: AnswerConfig, embedding_model: str | None, settings: Mapping[str, Any],
+                  compressor_model: str | None = None) -> Strategy:
     """The strategy ``name`` over the index its ``save_index`` wrote in ``folder``, for ``documents`` and their
-    hierarchy ``chunks`` (each checks its own manifest against ``embedding_model``, ``settings`` and ``config``)."""
+    hierarchy ``chunks`` (each checks its own manifest against ``embedding_model``, ``settings`` and ``config``;
+    SmartChunk against ``compressor_model`` too, the served compressor's)."""
     if name not in PERSISTENT_CLASSES:
         raise ConfigError(f"{name}: no saved index of this strategy can be read; the strategies that persist are "
                           f"{', '.join(PERSISTENT)}")
+    served = {"compressor_model": compressor_model} if name == "smartchunk" else {}
     return PERSISTENT_CLASSES[name].load_index(folder, documents, chunks, client, config, answer,
-                                               embedding_model=embedding_model, settings=settings)
+                                               embedding_model=embedding_model, settings=settings, **served)
+
+
+def _compressor_model(models: Models, name: str, section: Any) -> str | None:
+    """The served compressor's model where strategy ``name`` embeds with it (SmartChunk with ``upper: compressor``),
+    for its index to record and check; else None (asking ``/v1/models`` only then)."""
+    if name == "smartchunk" and section.upper == "compressor":
+        return models.served_model("compressor")
+    return None
+
+
+def _fallbacks(strategy: Strategy) -> dict[str, int]:
+    """The replies that fell back while ``strategy``'s index was made (FABLE's trees, Orion-RAG's tags of added
+    documents: their ``fallbacks``); {} for the strategies that ask a model for no part of their index."""
+    return dict(getattr(strategy, "fallbacks", {}))
+
+
+def _max_k(held: _Held) -> int:
+    """The most evidence chunks one retrieval from ``held`` can return: the strategy's ``max_evidence`` (see the
+    module docstring); for the strategies that retrieve by answering, the chunks of the hierarchy they read."""
+    if hasattr(held.strategy, "max_evidence"):
+        return held.strategy.max_evidence()  # naive, SmartChunk, LATTICE, FABLE, Orion-RAG
+    return len(held.chunks)
+
+
+def _check_k(k: Any, name: str, bound: int) -> None:
+    """A ValueError unless ``k`` is an integer from 1 to ``bound`` (what the ``name`` index can return)."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be an integer of at least 1, got {k!r}")
+    if k > bound:
+        raise ValueError(f"k={k} is more than the {name} index can return: at most {bound} chunks")
 
 
 def _check_question(question: Any) -> None:

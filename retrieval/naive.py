@@ -104,6 +104,10 @@ class NaiveStrategy:
             return self
         return NaiveStrategy(self.index.without_documents(dropped), self.config, self.answer_config)
 
+    def max_evidence(self) -> int:
+        """The most chunks one retrieval can return: the index's chunks (those at ``naive.levels``)."""
+        return len(self.index.chunks)
+
     def retrieve_evidence(self, question: str, client: Client, scope: Sequence[str] | None = None,
                           k: int | None = None) -> Retrieval:
         """The top ``k`` chunks (``naive.k`` when None; of the documents ``scope`` names, when given) with their

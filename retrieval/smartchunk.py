@@ -73,16 +73,20 @@ class SmartChunkRetriever:
 
     ``embeddings`` (chunk id -> vector) skips the embedding: a loaded index, an update. ``with_documents`` and
     ``without_documents`` return a new retriever, embedding only the added documents' chunks (a chunk's children are
-    in its own document, so no other vector changes) and keeping every other vector bit for bit.
+    in its own document, so no other vector changes) and keeping every other vector bit for bit. A save records the
+    served embedder's model and, with ``upper="compressor"``, the served compressor's (``compressor_model``); a load
+    refuses another of either, since the vectors of an added document would not match the saved ones.
     """
 
     def __init__(self, chunks: Sequence[Chunk], client: Client, upper: Literal["compressor", "direct"] = "compressor",
                  direct_levels: Sequence[str] = ("sentence",), batch_size: int = 256,
                  embeddings: dict[str, np.ndarray] | None = None, *, embedding_model: str | None = None,
-                 settings: Mapping[str, Any] | None = None):
+                 settings: Mapping[str, Any] | None = None, compressor_model: str | None = None):
         self.client, self.upper, self.batch_size = client, upper, batch_size
-        # what a save records: the served embedder's model and the hierarchy's settings
+        # what a save records: the served embedder's model, the hierarchy's settings and the served compressor's model
+        # (None when no compressor made the vectors: upper="direct")
         self.embedding_model, self.settings = embedding_model, dict(settings or {})
+        self.compressor_model = compressor_model if upper == "compressor" else None
         self.direct_levels = tuple(check_level(level) for level in direct_levels)
         self.chunks = list(chunks)
         self.embeddings = embeddings if embeddings is not None else self._embed_bottom_up(self.chunks, client)
@@ -106,7 +110,8 @@ class SmartChunkRetriever:
 
     def _derive(self, chunks: list[Chunk], embeddings: dict[str, np.ndarray]) -> SmartChunkRetriever:
         return SmartChunkRetriever(chunks, self.client, self.upper, self.direct_levels, self.batch_size, embeddings,
-                                   embedding_model=self.embedding_model, settings=self.settings)
+                                   embedding_model=self.embedding_model, settings=self.settings,
+                                   compressor_model=self.compressor_model)
 
     def with_documents(self, chunks: Sequence[Chunk], client: Client, replace: bool = False) -> SmartChunkRetriever:
         """A retriever over these chunks plus ``chunks`` (their documents' whole hierarchy, embedded through
@@ -129,18 +134,21 @@ class SmartChunkRetriever:
         np.save(folder / "embeddings.npy", np.stack([self.embeddings[c.id] for c in self.chunks]))
         write_manifest(folder, {"kind": SMARTCHUNK_KIND, "corpus_hash": chunks_hash(self.chunks),
                                 "n_chunks": len(self.chunks), "n_documents": len({c.doc_id for c in self.chunks}),
-                                "embedding_model": self.embedding_model, "settings": {
+                                "embedding_model": self.embedding_model, "compressor_model": self.compressor_model,
+                                "settings": {
                                     "upper": self.upper, "direct_levels": list(self.direct_levels),
                                     "hierarchy": self.settings}})
 
     @classmethod
     def load(cls, folder: Path, client: Client, upper: Literal["compressor", "direct"], embedding_model: str | None,
-             settings: Mapping[str, Any] | None) -> SmartChunkRetriever:
+             settings: Mapping[str, Any] | None, compressor_model: str | None = None) -> SmartChunkRetriever:
         """The retriever ``save`` wrote, refused (``IndexMismatchError``) when made another way (``upper``, the
-        embedding model, the hierarchy ``settings`` when given) or when its files disagree with its manifest."""
+        embedding model, the compressor's model, the hierarchy ``settings`` when given) or when its files disagree
+        with its manifest."""
         manifest = read_manifest(folder)
         wanted = {"upper": upper, **({"hierarchy": dict(settings)} if settings is not None else {})}
         check_manifest(manifest, folder, embedding_model, wanted)
+        check_compressor(manifest, folder, compressor_model)
         chunks = list(read_jsonl(folder / "chunks.jsonl", Chunk))
         vectors = np.load(folder / "embeddings.npy")
         check_contents(manifest, folder, SMARTCHUNK_KIND, len(chunks), chunks_hash(chunks))
@@ -148,7 +156,8 @@ class SmartChunkRetriever:
             raise IndexMismatchError(f"{folder}: {len(vectors)} vectors for {len(chunks)} chunks")
         return cls(chunks, client, upper, manifest["settings"]["direct_levels"],
                    embeddings=dict(zip((c.id for c in chunks), vectors)),
-                   embedding_model=manifest.get("embedding_model"), settings=manifest["settings"]["hierarchy"])
+                   embedding_model=manifest.get("embedding_model"), settings=manifest["settings"]["hierarchy"],
+                   compressor_model=manifest.get("compressor_model"))
 
     def index(self, level_min: str, level_max: str) -> DenseIndex:
         """The dense index over the chunks of levels level_min..level_max (built once per range)."""
@@ -170,6 +179,23 @@ class SmartChunkRetriever:
         reply = self.client.chat("generator", answer_messages(question, chunks, max_chunk_chars=1500),
                                  max_tokens=max_tokens, temperature=0)
         return reply, chunks
+
+
+def check_compressor(manifest: Mapping[str, Any], folder: str | Path, compressor_model: str | None) -> None:
+    """Refuse a saved SmartChunk index whose upper levels another compressor made than ``compressor_model`` (the one
+    served now), when both are known; the error names both.
+
+    >>> check_compressor({"compressor_model": "a"}, "f", "a")
+    >>> check_compressor({"compressor_model": "a"}, "f", "b")
+    Traceback (most recent call last):
+    ...
+    overstory.retrieval.index_manifest.IndexMismatchError: f: compressor_model is 'a' in the saved index but the ...
+    """
+    recorded = manifest.get("compressor_model")
+    if compressor_model is not None and recorded is not None and recorded != compressor_model:
+        raise IndexMismatchError(f"{folder}: compressor_model is {recorded!r} in the saved index but the served "
+                                 f"compressor is {compressor_model!r}; rebuild the index with {compressor_model!r} or "
+                                 f"serve {recorded!r} as the compressor")
 
 
 class DocumentRetrievers:
@@ -239,14 +265,15 @@ class SmartChunkStrategy:
 
     @classmethod
     def build(cls, documents: Sequence[Document], chunks: Sequence[Chunk], client: Client, config: SmartChunkConfig,
-              answer: AnswerConfig, *, embedding_model: str | None = None,
-              settings: Mapping[str, Any] | None = None) -> SmartChunkStrategy:
+              answer: AnswerConfig, *, embedding_model: str | None = None, settings: Mapping[str, Any] | None = None,
+              compressor_model: str | None = None) -> SmartChunkStrategy:
         """Embed every chunk (``SmartChunkRetriever``); a save records ``embedding_model`` (the served embedder's
-        model) and ``settings`` (the hierarchy's)."""
+        model), ``settings`` (the hierarchy's) and, with ``upper: compressor``, ``compressor_model`` (the served
+        compressor's)."""
         if not any(c.level == "document" for c in chunks):
             raise ConfigError("smartchunk needs the hierarchy's document level (hierarchy.levels)")
         retriever = SmartChunkRetriever(chunks, client, upper=config.upper, embedding_model=embedding_model,
-                                        settings=settings)
+                                        settings=settings, compressor_model=compressor_model)
         return cls(retriever, {d.id: d for d in documents}, config, answer)
 
     def save_index(self, folder: Path) -> None:
@@ -257,10 +284,11 @@ class SmartChunkStrategy:
     @classmethod
     def load_index(cls, folder: Path, documents: Sequence[Document], chunks: Sequence[Chunk], client: Client,
                    config: SmartChunkConfig, answer: AnswerConfig, *, embedding_model: str | None = None,
-                   settings: Mapping[str, Any] | None = None) -> SmartChunkStrategy:
+                   settings: Mapping[str, Any] | None = None,
+                   compressor_model: str | None = None) -> SmartChunkStrategy:
         """The strategy over ``documents`` and the vectors ``save_index`` wrote (with its own copy of the chunks:
-        ``chunks`` is not read; ``SmartChunkRetriever.load`` checks them)."""
-        retriever = SmartChunkRetriever.load(folder, client, config.upper, embedding_model, settings)
+        ``chunks`` is not read; ``SmartChunkRetriever.load`` checks them, and the served ``compressor_model``)."""
+        retriever = SmartChunkRetriever.load(folder, client, config.upper, embedding_model, settings, compressor_model)
         return cls(retriever, {d.id: d for d in documents}, config, answer)
 
     def with_documents(self, documents: Sequence[Document], chunks: Sequence[Chunk], client: Client,
@@ -277,6 +305,11 @@ class SmartChunkStrategy:
         dropped = set(doc_ids)
         return self._derive(self.retriever.without_documents(dropped),
                             {i: d for i, d in self.documents.items() if i not in dropped})
+
+    def max_evidence(self) -> int:
+        """The most chunks one retrieval can return: every chunk of the hierarchy (the widest range the planner can
+        plan, sentence..document)."""
+        return len(self.retriever.chunks)
 
     def planner_document(self, question: str, scope: Sequence[str] | None, embed) -> Document:
         """The document the planner reads: the scope's one document, else the one (of the scope's, when given)

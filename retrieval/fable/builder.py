@@ -52,6 +52,7 @@ from overstory.retrieval.strategy import raise_if_refused
 from overstory.serving.client import Client, ClientError
 
 EMBEDDER = "embedder"  # the role that embeds the nodes
+FALLBACK_KINDS = ("chunk", "group", "summary")  # the replies that fall back (counted as ``<kind>_fallbacks``)
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,15 @@ class DocumentTree:
         """The JSONL line the data job appends (``Forest.from_records`` reads it back)."""
         return {"id": self.document.id, "title": self.document.title, "text": self.document.text,
                 "nodes": [asdict(n) for n in self.nodes], "stats": dict(self.stats)}
+
+
+def fallback_counts(trees: Sequence[DocumentTree]) -> dict[str, int]:
+    """How many chunk, group and summary replies fell back while ``trees`` were built, by kind (zeros included).
+
+    >>> fallback_counts([DocumentTree(Document("d", "", "x"), [], Counter(summary_fallbacks=2), [])])
+    {'chunk': 0, 'group': 0, 'summary': 2}
+    """
+    return {kind: sum(tree.stats[f"{kind}_fallbacks"] for tree in trees) for kind in FALLBACK_KINDS}
 
 
 class _Build:

@@ -34,7 +34,9 @@ Configs: the forest is built by ``configs/data/fable_forest.yaml``; the strategy
 
 Updates (``with_documents`` / ``without_documents``, which ``Retriever`` swaps in): a document's tree is built (with
 the forest's own ``ForestConfig``, kept in its meta) and added, or dropped; every other tree, and every other node's
-embedding, is kept as it was. ``save_index`` writes the forest with a manifest; ``load_index`` reads it back.
+embedding, is kept as it was; the chunk, group and summary replies that fell back while the new trees were built are
+counted in the new strategy's ``fallbacks``. ``save_index`` writes the forest with a manifest; ``load_index`` reads it
+back.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from typing import Any
 from overstory.core.config import ConfigError, build
 from overstory.core.records import Chunk, Document
 from overstory.retrieval.answer import AnswerConfig, generate_answer
-from overstory.retrieval.fable.builder import ForestBuilder, ForestConfig
+from overstory.retrieval.fable.builder import ForestBuilder, ForestConfig, fallback_counts
 from overstory.retrieval.fable.forest import Forest, ForestNode
 from overstory.retrieval.fable.paths import (
     budget_prefix,
@@ -163,6 +165,8 @@ class FableStrategy:
         self.name = "fable" if self.config.mode == "fable" else f"fable-{self.config.mode}"
         # what a save records: the served embedder's model (the nodes' vectors) and the hierarchy's settings
         self.embedding_model, self.settings = embedding_model, dict(settings or {})
+        # the replies that fell back while this object built trees (build, with_documents), by kind; {} for none built
+        self.fallbacks: dict[str, int] = {}
 
     @classmethod
     def build(cls, documents: Sequence[Document], hierarchy: Sequence[Chunk], client: Client,
@@ -173,8 +177,10 @@ class FableStrategy:
         save records ``embedding_model`` (the served embedder's model) and ``settings`` (the hierarchy's)."""
         builder = ForestBuilder(client, forest)
         trees = [builder.build(document, hierarchy) for document in documents]
-        return cls(Forest.from_records([t.record() for t in trees], {"forest": asdict(builder.config)}), config, answer,
-                   embedding_model=embedding_model, settings=settings)
+        built = cls(Forest.from_records([t.record() for t in trees], {"forest": asdict(builder.config)}), config,
+                    answer, embedding_model=embedding_model, settings=settings)
+        built.fallbacks = fallback_counts(trees)
+        return built
 
     @classmethod
     def load(cls, forest_path: str | Path, config: FableConfig | None = None, answer: AnswerConfig | None = None, *,
@@ -221,19 +227,26 @@ class FableStrategy:
     def with_documents(self, documents: Sequence[Document], chunks: Sequence[Chunk], client: Client,
                        replace: bool = False) -> FableStrategy:
         """A strategy over the forest plus the trees of ``documents`` (``chunks``: their hierarchy), built through
-        ``client`` with the forest's ``ForestConfig``; with ``replace``, their old trees go first. Every other tree
-        is kept as it was, and this strategy too."""
+        ``client`` with the forest's ``ForestConfig`` (the replies that fell back in its ``fallbacks``); with
+        ``replace``, their old trees go first. Every other tree is kept as it was, and this strategy too."""
         recorded = self.forest.meta.get("forest")
         builder = ForestBuilder(client, build(ForestConfig, dict(recorded), prefix="forest.") if recorded else None)
         trees = [builder.build(document, chunks) for document in documents]
         kept, nodes = _without(self.forest, {d.id for d in documents} if replace else set())
-        return self._derive(Forest([*kept, *(t.document for t in trees)],
-                                   [*nodes, *(n for t in trees for n in t.nodes)], self.forest.meta))
+        derived = self._derive(Forest([*kept, *(t.document for t in trees)],
+                                      [*nodes, *(n for t in trees for n in t.nodes)], self.forest.meta))
+        derived.fallbacks = fallback_counts(trees)
+        return derived
 
     def without_documents(self, doc_ids: Iterable[str]) -> FableStrategy:
         """A strategy over the forest without the trees of ``doc_ids``; every other tree is kept as it was, and this
         strategy too."""
         return self._derive(Forest(*_without(self.forest, set(doc_ids)), self.forest.meta))
+
+    def max_evidence(self) -> int:
+        """The most nodes one retrieval can return: the forest's leaves (NodeFusion never returns a node with its
+        ancestor, and documents are returned as their roots)."""
+        return sum(1 for node in self.forest.nodes.values() if node.kind == "leaf")
 
     def answer(self, question: str, client: Client, scope: Sequence[str] | None = None) -> StrategyAnswer:
         """Retrieve (``retrieve_evidence``) and answer from the returned nodes; never raises for a bad reply or a

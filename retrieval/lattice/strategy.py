@@ -116,6 +116,10 @@ class LatticeStrategy:
         return Retrieval([self.leaves[node_id] for node_id, _ in ranking], [score for _, score in ranking],
                          details=details)
 
+    def max_evidence(self) -> int:
+        """The most leaves one search can rank: the tree's leaves."""
+        return len(self.leaves)
+
     def answer(self, question: str, client: Client, scope: Sequence[str] | None = None) -> StrategyAnswer:
         """Search the tree (cut to ``scope``'s documents, when given) and answer from the ranked leaves."""
         found = self.retrieve_evidence(question, client, scope)

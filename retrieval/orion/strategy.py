@@ -5,8 +5,9 @@ with a document scope (QASPER's paper) is retrieved from those documents' chunks
 
 Updates (``with_documents`` / ``without_documents``, which ``Retriever`` swaps in) make a new strategy: an added
 document is cut and tagged as the tagging job would (its chunking and tagging settings, read from the tags folder's
-``chunks.settings.json``, the defaults without one) and only its paths and texts are embedded; a removed document's
-master tags, chunks and vectors go. BM25 is rebuilt either way. ``save_index`` writes the tags, the vectors and a
+``chunks.settings.json``, the defaults without one) and only its paths and texts are embedded (the tags that fell
+back to the tagger's own are counted in the new strategy's ``fallbacks``); a removed document's master tags, chunks
+and vectors go. BM25 is rebuilt either way. ``save_index`` writes the tags, the vectors and a
 manifest; ``load_index`` reads them back without a model call.
 """
 
@@ -142,6 +143,8 @@ class OrionStrategy:
         # settings an added document is cut and tagged with ({"chunking": ..., "tagging": ...})
         self.embedding_model, self.settings = embedding_model, dict(settings or {})
         self.tagging = dict(tagging or {})
+        # tags that fell back while this object tagged documents (with_documents): master_tags, paragraph_tags
+        self.fallbacks: dict[str, int] = {}
 
     @classmethod
     def build(cls, client: Client, config: OrionConfig, answer: AnswerConfig | None = None, *,
@@ -260,18 +263,22 @@ class OrionStrategy:
     def with_documents(self, documents: Sequence[Document], chunks: Sequence[Chunk], client: Client,
                        replace: bool = False) -> OrionStrategy:
         """A strategy that also holds ``documents``: cut into windows and tagged through ``client``'s generator with
-        this index's chunking and tagging settings, their paths and texts alone embedded (``chunks``, the hierarchy,
-        is not read: Orion cuts its own); with ``replace`` their old tags go first. This strategy is left as it
-        was."""
+        this index's chunking and tagging settings (the tags that fell back counted in its ``fallbacks``), their
+        paths and texts alone embedded (``chunks``, the hierarchy, is not read: Orion cuts its own); with ``replace``
+        their old tags go first. This strategy is left as it was."""
         chunking = build(ChunkingConfig, dict(self.tagging.get("chunking", {})), prefix="chunking.")
         tagger = Tagger(client, build(TaggingConfig, dict(self.tagging.get("tagging", {})), prefix="tagging."))
         ids = {d.id for d in documents}
         masters = {i: m for i, m in self.masters.items() if not (replace and i in ids)}
         records = [r for r in self.records if not (replace and r.doc_id in ids)]
-        masters.update({d.id: tagger.master(d).record for d in documents})
-        added = [tagger.paragraph(c).record for d in documents for c in chunk_document(d, chunking)]
+        master_tags = [tagger.master(d) for d in documents]
+        paragraph_tags = [tagger.paragraph(c) for d in documents for c in chunk_document(d, chunking)]
+        masters.update({d.id: tagged.record for d, tagged in zip(documents, master_tags)})
+        added = [tagged.record for tagged in paragraph_tags]
         derived = self._derive(masters, [*records, *added])
         derived.embedded = derived._embed_missing([s for r in added for s in derived._strings(r)], _embedder(client))
+        derived.fallbacks = {"master_tags": sum(t.failure is not None for t in master_tags),
+                             "paragraph_tags": sum(t.failure is not None for t in paragraph_tags)}
         derived._rebuild()
         return derived
 
@@ -284,6 +291,10 @@ class OrionStrategy:
         return derived
 
     # ---- a question
+
+    def max_evidence(self) -> int:
+        """The most chunks one retrieval can return: every tagged chunk of the index."""
+        return len(self.chunks)
 
     def retrieve_evidence(self, question: str, client: Client, scope: Sequence[str] | None = None,
                           k: int | None = None) -> Retrieval:

@@ -56,6 +56,7 @@ def test_smartchunk_retrieves_from_the_planned_range(models, hotpot) -> None:
     assert len(found.evidence) == 3
     assert all(order.index(low) <= order.index(hit.level) <= order.index(high) for hit in found.evidence)
     assert found.cost.roles["planner"]["calls"] == 1 and "generator" not in found.cost.roles
+    assert retriever.max_k == len(chunks)  # the planner may plan any range, sentence..document the widest
 
 
 def test_a_scoped_retrieve_returns_only_that_documents_chunks(models, hotpot) -> None:
@@ -99,3 +100,9 @@ def test_bad_input_is_refused_with_what_is_wrong(models, hotpot) -> None:
                 {"question": question.question, "scope": "hotpotqa/no-such-document"}):
         with pytest.raises(ValueError):
             retriever.retrieve(**bad)
+    paragraphs = sum(c.level == "paragraph" for c in chunks)  # what naive indexes (naive.levels)
+    assert retriever.max_k == paragraphs and len(retriever.retrieve(question.question, k=paragraphs).evidence) == \
+        paragraphs
+    with pytest.raises(ValueError, match=f"k={paragraphs + 1} is more than the naive index can return: at most "
+                                         f"{paragraphs} chunks"):
+        retriever.retrieve(question.question, k=paragraphs + 1)

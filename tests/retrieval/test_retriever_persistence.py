@@ -2,7 +2,9 @@
 SmartChunk on real HotpotQA documents, cut by the harness's hierarchy code and embedded by the built-in MiniLM (the
 planner: the built-in SmolLM2-135M-Instruct): a loaded retriever answers as the saved one did; an added document is
 found while it is there; adding then removing it leaves every saved file as it was, byte for byte; the refusals
-name what is wrong; a reader during updates sees the old or the new index, never a mix."""
+name what is wrong (another compressor for SmartChunk's upper levels too); a reader during updates sees the old or
+the new index, never a mix. What an add costs and what fell back during it: naive and SmartChunk, and FABLE's trees and
+Orion-RAG's tags asked of SmolLM2-135M-Instruct with replies cut short."""
 
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ from overstory.core.config import ConfigError
 from overstory.data_pipeline.corpora import load_corpus
 from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies
 from overstory.evaluation.pipeline import DATASETS
+from overstory.models.compressor import SetCompressor, SetCompressorConfig, save_checkpoint
+from overstory.models.registry import MINILM
 from overstory.retrieval.api import (
     DocumentExistsError,
     IndexMismatchError,
@@ -23,7 +27,11 @@ from overstory.retrieval.api import (
     Retriever,
     UnknownDocumentError,
 )
+from overstory.retrieval.fable.builder import FALLBACK_KINDS, ForestConfig
+from overstory.retrieval.fable.strategy import FableStrategy
 from overstory.retrieval.index_manifest import current_version
+from overstory.serving.config import RoleConfig, ServeConfig
+from tests.retrieval.test_fable_orion_updates import _tags_folder
 
 SETTINGS = HierarchyConfig()
 CONFIGS = {"naive": {"index": "hybrid"}, "smartchunk": {"planner_max_tokens": 32}}
@@ -85,8 +93,11 @@ def test_add_then_remove_finds_the_document_and_leaves_the_index_as_it_was(model
     before = _files(tmp_path / "before")
     assert not {hit.doc_id for hit in retriever.retrieve(question.question, k=5).evidence} & set(question.gold_doc_ids)
 
-    retriever.add_documents(b_docs, b_chunks)
+    cost = retriever.add_documents(b_docs, b_chunks)
     assert retriever.doc_ids == {d.id for d in a_docs + b_docs}
+    # the add's cost: its embedding calls, and nothing else asked (no planner call, no fallback)
+    assert set(cost.roles) == {"embedder"} and cost.roles["embedder"]["prompt_tokens"] > 0
+    assert cost.calls == cost.roles["embedder"]["calls"] >= 1 and cost.fallbacks == {}
     found = retriever.retrieve(question.question, k=5)
     assert {hit.doc_id for hit in found.evidence} & set(question.gold_doc_ids), [h.doc_id for h in found.evidence]
     assert found.cost.roles["embedder"]["calls"] >= 1
@@ -170,3 +181,71 @@ def test_a_reader_during_updates_sees_the_old_or_the_new_index(models, corpus) -
     done.set()
     reader.join()
     assert not errors and all(docs == {b_id} for docs in seen)
+
+
+def test_a_smartchunk_index_records_its_compressor_and_refuses_another(corpus, tmp_path) -> None:
+    """``upper: compressor``: the index's manifest names the served compressor (an untrained set compressor over
+    MiniLM, saved as `train compressor` saves one), and a load where another compressor made the saved vectors is
+    refused naming both."""
+    a_docs, a_chunks, _, _, _ = corpus
+    checkpoint = save_checkpoint(SetCompressor(SetCompressorConfig(encoder=MINILM)), tmp_path / "compressor", {})
+    serve = ServeConfig(port=0, roles={"embedder": RoleConfig(model=MINILM, kind="embedding"),
+                                       "compressor": RoleConfig(model=str(checkpoint), kind="compression")})
+    with Models.builtin(serve) as models:
+        served = models.served_model("compressor")
+        built = Retriever.build("smartchunk", a_docs, a_chunks, models, config={"upper": "compressor"},
+                                settings=SETTINGS)
+        assert built.index_cost.roles["compressor"]["calls"] >= 1
+        built.save(tmp_path / "index")
+        manifest_path = current_version(tmp_path / "index") / "index" / "manifest.json"
+        manifest = json.loads(manifest_path.read_text())
+        assert served and manifest["compressor_model"] == served
+        assert manifest["embedding_model"] == models.served_model("embedder")
+        assert Retriever.load(tmp_path / "index", models).doc_ids == built.doc_ids
+        manifest_path.write_text(json.dumps({**manifest, "compressor_model": "another-compressor"}))
+        with pytest.raises(IndexMismatchError, match=f"compressor_model is 'another-compressor' in the saved index "
+                                                     f"but the served compressor is '{served}'"):
+            Retriever.load(tmp_path / "index", models)
+
+
+@pytest.mark.slow
+def test_an_add_reports_the_llm_calls_and_fallbacks_of_fable_and_orion(models, corpus, tmp_path) -> None:
+    """What an add cost and what fell back, checked against the strategies' own records. The forest's and the tags'
+    settings cut every reply to 2 tokens, which no chunking, summary or tag reply fits (the real model's reply,
+    unusable): FABLE's chunk and summary replies fall back (its internal nodes of source "fallback") and so do
+    Orion-RAG's master and paragraph tags (its records of source "fallback"; one reply asked for each)."""
+    a_docs, a_chunks, b_docs, b_chunks, _ = corpus
+    a_doc, a_hierarchy = a_docs[:1], [c for c in a_chunks if c.doc_id == a_docs[0].id]
+    b_doc, b_hierarchy = b_docs[:1], [c for c in b_chunks if c.doc_id == b_docs[0].id]
+    cut = ForestConfig(segment_max_tokens=2, summary_max_tokens=2)
+    built = FableStrategy.build(a_doc, a_hierarchy, models.client, forest=cut)
+    internal = [n for n in built.forest.nodes.values() if n.kind != "leaf"]
+    assert built.fallbacks["summary"] == len(internal) > 0  # what Retriever.build's index_cost reports
+    built.forest.save(tmp_path / "forest.json")
+    fable = Retriever.build("fable", a_doc, a_hierarchy, models, config={"mode": "docs"}, forest=str(tmp_path /
+                                                                                                  "forest.json"))
+    assert fable.index_cost.fallbacks == {}  # a forest read, none built
+    cost = fable.add_documents(b_doc, b_hierarchy)
+    added = [n for n in fable.strategy.forest.nodes.values() if n.doc_id == b_doc[0].id]
+    internal = [n for n in added if n.kind != "leaf"]
+    sentences = sum(c.level == "sentence" for c in b_hierarchy)
+    assert set(cost.fallbacks) == set(FALLBACK_KINDS) and cost.fallbacks["group"] == 0
+    assert cost.fallbacks["summary"] == sum(n.source == "fallback" for n in internal) == len(internal) > 0
+    assert cost.fallbacks["chunk"] == int(sentences > 1)  # one chunking window; a single sentence needs no call
+    assert cost.roles["generator"]["calls"] == len(internal) + cost.fallbacks["chunk"]
+    assert cost.roles["embedder"]["calls"] >= 1
+
+    tags = Path(_tags_folder(a_docs, tmp_path))
+    recorded = json.loads((tags / "chunks.settings.json").read_text())
+    (tags / "chunks.settings.json").write_text(json.dumps({**recorded, "tagging": {"max_attempts": 1,
+                                                                                  "max_tokens": 2}}))
+    orion = Retriever.build("orion", a_docs, a_chunks, models, settings=SETTINGS,
+                            config={"tags": str(tags), "rewrite_max": 0, "prune": False})
+    assert orion.index_cost.fallbacks == {}  # the tags were read, none written
+    cost = orion.add_documents(b_doc, b_hierarchy)
+    strategy = orion.strategy
+    records = [r for r in strategy.records if r.doc_id == b_doc[0].id]
+    assert strategy.masters[b_doc[0].id].source == "fallback" and records
+    assert cost.fallbacks == {"master_tags": 1, "paragraph_tags": sum(r.source == "fallback" for r in records)}
+    assert cost.fallbacks["paragraph_tags"] == len(records)
+    assert cost.roles["generator"]["calls"] == 1 + len(records) and cost.roles["embedder"]["calls"] >= 1
