@@ -107,8 +107,8 @@ def build_forest(config: FableForestConfig, fanout: Fanout, stack: ExitStack) ->
     client = None
     if todo:
         # on Ray with endpoints and no server_url, the first endpoint: the fleet needs no stack of the job's own
-        url = job_server(config.server_url, config.runner, config.ray)
-        client = stack.enter_context(client_for(config.serve, url, timeout_s=config.request_timeout_s))
+        url, options = job_server(config.server_url, config.runner, config.ray)
+        client = stack.enter_context(client_for(config.serve, url, timeout_s=config.request_timeout_s, **options))
         fanout.record_served(served_models(client, ["generator", "embedder"]))
         with JsonlAppender(out / FALLBACKS_FILE) as fallbacks:
             build_trees(todo, config, client, fanout, fallbacks, totals)

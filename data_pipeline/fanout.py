@@ -124,19 +124,21 @@ def run_ray(work: Work, items: Sequence[T], concurrency: int, settings: RayConfi
 RUNNERS: dict[str, Runner] = {"threads": run_threads, "ray": run_ray}
 
 
-def job_server(server_url: str, runner: str, ray: RayConfig) -> str:
-    """The server of a job's own client (what it asks which models serve it, and what the thread runner calls):
-    ``server_url``; else, on Ray with endpoints, the first of them (a fleet needs no stack of the job's own); else
-    "" (the job starts its stack).
+def job_server(server_url: str, runner: str, ray: RayConfig) -> tuple[str, dict[str, Any]]:
+    """The server of a job's own client (what it asks which models serve it, and what the thread runner calls), and
+    that client's ``Client.from_url`` options: ``server_url``; else, on Ray with endpoints, the first of them (a
+    fleet needs no stack of the job's own), with the key the workers send it (``ray.api_key_env``'s, none when
+    unset), so the driver and the workers are let in or refused alike; else "" (the job starts its stack). Without
+    options, ``client_for`` sends the stack's key (``serve.api_key``, else ``$OVERSTORY_API_KEY``).
 
-    >>> job_server("", "ray", RayConfig(endpoints=["http://a:8000", "http://b:8000"]))
-    'http://a:8000'
+    >>> job_server("", "ray", RayConfig(endpoints=["http://a:8000", "http://b:8000"], api_key_env="NO_SUCH_KEY"))
+    ('http://a:8000', {'api_key': None})
     >>> job_server("", "threads", RayConfig(endpoints=["http://a:8000"]))
-    ''
+    ('', {})
     """
     if server_url or runner != "ray" or not ray.endpoints:
-        return server_url
-    return ray.endpoints[0]
+        return server_url, {}
+    return ray.endpoints[0], {"api_key": ray.api_key()}
 
 
 def job_settings(config: Any, drop: Collection[str] = ()) -> dict[str, Any]:

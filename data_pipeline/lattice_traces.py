@@ -156,8 +156,8 @@ def _search_work(config: LatticeTracesConfig, tree: Tree, gold: dict[str, set[st
     model recorded with the settings), its slates scored ``concurrency // batch_queries`` at a time."""
     if config.scorer == "oracle":
         return _searcher(config, tree, OracleSlateScorer(tree, gold))
-    url = job_server(config.server_url, config.runner, config.ray)
-    client = stack.enter_context(client_for(config.serve, url, timeout_s=config.request_timeout_s))
+    url, options = job_server(config.server_url, config.runner, config.ray)
+    client = stack.enter_context(client_for(config.serve, url, timeout_s=config.request_timeout_s, **options))
     fanout.record_served(served_models(client, [config.role]))
 
     def build(worker_client: Client) -> Callable[[QAExample], SearchResult]:

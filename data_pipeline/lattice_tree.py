@@ -4,42 +4,59 @@
     overstory data lattice-tree-stats tree=runs/lattice/hotpotqa/tree.json
 
 The leaves are the corpus's chunks at ``leaf_level`` (paragraphs: a HotpotQA document is one; a QASPER
-paper has dozens). ``method: top-down`` (the default): the ``generator`` writes each leaf's 5-level keyword
-summaries (``retrieval.lattice.keywords``; appended to ``<out>/keywords.jsonl``, so a killed run resumes there),
-then ``retrieval.lattice.top_down`` clusters them into a tree of branching at most M. ``method: bottom-up``
-clusters embeddings layer by layer and has the generator summarise each new node; ``method: hybrid`` keeps each
-document's own hierarchy and builds bottom-up above the documents (``retrieval.lattice.bottom_up``). Their node
-summaries are appended to ``<out>/summaries.jsonl`` as they are made (the reply and what was made of it, keyed by the
-group's members and prompt), on the data jobs' resumable skeleton (``data_pipeline/fanout.py``): a killed build
-rerun over the same corpus reuses them and asks only for the nodes it lacks; summaries that fell back are listed
-in ``<out>/summaries.failures.jsonl`` and asked again. The settings that decide the summaries and the served
-generator and embedder are kept in ``<out>/summaries.settings.json``, and a rerun with others is refused, naming the
-keys. The job writes ``<out>/tree.json`` (``Tree.load`` reads it) and ``<out>/build.json``: the tree's statistics
-and what each stage spent (LLM calls, prompt and completion tokens from the server's usage, seconds; for the node
-summaries, how many were reused from the record and how many asked for). A resumed run counts only what it did
-itself.
+paper has dozens), made as ``retrieval.lattice.insert.leaf_node`` makes them. ``method: top-down`` (the default):
+the ``generator`` writes each leaf's 5-level keyword summaries, ``keywords.batch_size`` leaves a request
+(``retrieval.lattice.keywords``), then ``retrieval.lattice.top_down`` clusters them into a tree of branching at most
+M. ``method: bottom-up`` clusters embeddings layer by layer and has the generator summarise each new node;
+``method: hybrid`` keeps each document's own hierarchy and builds bottom-up above the documents
+(``retrieval.lattice.bottom_up``).
+
+What the generator writes runs on the data jobs' resumable skeleton (``data_pipeline/fanout.py``): the keyword
+batches, or each layer's node summaries, are its items, on local threads or (``runner: ray``) on Ray Data workers
+whose requests are spread over ``ray.endpoints`` (docs/scale.md, "Data jobs on Ray"); the results come back to the
+job, which alone writes them. The embeddings and the top-down clustering go through the job's own client. The
+keywords are appended to ``<out>/keywords.jsonl`` (a killed run resumes there; a leaf whose keywords fell back counts
+as done, its raw reply in ``<out>/keywords.fallbacks.jsonl``: delete its line to ask again), the settings that
+decide them and the served generator to ``<out>/keywords.settings.json``. The node summaries are appended to
+``<out>/summaries.jsonl`` as they are made (the reply and what was made of it, keyed by the group's members and
+prompt): a killed build rerun over the same corpus reuses them and asks only for the nodes it lacks; summaries that
+fell back are listed in ``<out>/summaries.failures.jsonl`` and asked again. The settings that decide the summaries
+and the served generator and embedder are kept in ``<out>/summaries.settings.json``. A rerun with other settings is
+refused, naming the keys. The job writes ``<out>/tree.json`` (``Tree.load`` reads it) and ``<out>/build.json``: the
+tree's statistics and what each stage spent (LLM calls, prompt and completion tokens from the server's usage,
+seconds; for the node summaries, how many were reused from the record and how many asked for). A resumed run counts
+only what it did itself.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Literal
-
-from rich.progress import Progress
+from typing import Any, Literal
 
 from overstory.core.config import ConfigError
 from overstory.core.failures import check_failure_share, raise_if_too_many
 from overstory.core.records import Chunk, FailureRecord, JsonlAppender, check_level, read_jsonl
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
-from overstory.data_pipeline.fanout import Fanout, job_settings
+from overstory.data_pipeline.fanout import Fanout, ServedWork, job_server, job_settings
 from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies, chunks_at_levels
-from overstory.retrieval.lattice.bottom_up import BottomUpBuilder, SummaryJournal
-from overstory.retrieval.lattice.keywords import KeywordSummariser
+from overstory.data_pipeline.ray_runner import RayConfig
+from overstory.retrieval.lattice.bottom_up import (
+    BottomUpBuilder,
+    GroupMap,
+    GroupOutcome,
+    GroupRequest,
+    SummaryCall,
+    SummaryJournal,
+)
+from overstory.retrieval.lattice.insert import leaf_node
+from overstory.retrieval.lattice.keywords import KeywordSummariser, LeafKeywords
 from overstory.retrieval.lattice.top_down import TopDownBuilder
 from overstory.retrieval.lattice.tree import Node, Tree
 from overstory.serving.client import Client
@@ -47,6 +64,9 @@ from overstory.serving.config import ServeConfig
 from overstory.serving.launch import client_for, served_models
 
 SUMMARIES_FILE = "summaries.jsonl"  # bottom-up / hybrid node summaries (with .settings.json and .failures.jsonl)
+KEYWORDS_FILE = "keywords.jsonl"  # top-down leaf keywords (with .settings.json and .failures.jsonl)
+KEYWORD_FALLBACKS_FILE = "keywords.fallbacks.jsonl"  # the raw replies of the leaves whose keywords fell back
+GENERATOR = {"generator": "generator"}  # what each Ray endpoint must serve: the role that writes the summaries
 
 
 @dataclass(frozen=True)
@@ -96,6 +116,11 @@ class LatticeTreeConfig:
     request_timeout_s: float = 900.0  # per request: a keyword batch of 20 passages is a long reply on CPU
     serve: ServeConfig = field(default_factory=lambda: ServeConfig.local(port=0))
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    # ray: the keyword batches (top-down) or the node summaries (bottom-up, hybrid) on Ray Data workers
+    # (keywords.concurrency or summaries.concurrency of them), their requests spread over ray.endpoints; the
+    # embeddings and the top-down clustering stay with the job's own client
+    runner: Literal["threads", "ray"] = "threads"
+    ray: RayConfig = field(default_factory=RayConfig)
 
     def __post_init__(self) -> None:
         if self.request_timeout_s <= 0:
@@ -143,8 +168,15 @@ def corpus_leaves(config: LatticeTreeConfig) -> list[Node]:
         chunks = chunks[: config.limit_leaves]
     if not chunks:
         raise ConfigError(f"corpus {config.corpus.path!r} has no {config.leaf_level} chunks to build a tree over")
-    return [Node(id=c.id, leaf=True, text=f"{c.title}: {c.text}" if c.title else c.text, doc_id=c.doc_id)
-            for c in chunks]
+    return [leaf_node(chunk) for chunk in chunks]
+
+
+def keyword_settings(config: LatticeTreeConfig) -> dict:
+    """What decides the top-down keyword summaries, recorded beside them: the corpus (not its path or size), its
+    hierarchy, the leaf level and the keyword settings but ``keywords.concurrency``."""
+    settings = job_settings(config)
+    keywords = {k: v for k, v in settings["keywords"].items() if k != "concurrency"}
+    return {**{key: settings[key] for key in ("corpus", "hierarchy", "leaf_level")}, "keywords": keywords}
 
 
 def summary_settings(config: LatticeTreeConfig) -> dict:
@@ -161,14 +193,14 @@ def summary_settings(config: LatticeTreeConfig) -> dict:
 def run(config: LatticeTreeConfig) -> dict:
     out_dir = Path(config.out)
     with ExitStack() as stack:
-        # the bottom-up / hybrid record is checked first: other settings are refused before a server starts
-        record = None if config.method == "top-down" else stack.enter_context(
-            Fanout("lattice-tree", out_dir / SUMMARIES_FILE, summary_settings(config)))
+        # the record of what the LLM writes is checked first: other settings are refused before a server starts
+        record = stack.enter_context(_fanout(config, out_dir))
         tracker = stack.enter_context(start_run(config.tracking, "data lattice-tree", config))
-        client = stack.enter_context(client_for(config.serve, config.server_url, timeout_s=config.request_timeout_s))
-        if record is None:
+        url, options = job_server(config.server_url, config.runner, config.ray)
+        client = stack.enter_context(client_for(config.serve, url, timeout_s=config.request_timeout_s, **options))
+        if config.method == "top-down":
             leaves = corpus_leaves(config)
-            tree, report = _top_down(config, client, leaves, stack, out_dir)
+            tree, report = _top_down(config, client, leaves, record, out_dir)
         else:
             tree, report, leaves = _bottom_up(config, client, record)
         tree.validate(max_branching=config.clustering.m_max, expected_leaves={leaf.id for leaf in leaves})
@@ -192,6 +224,16 @@ def run(config: LatticeTreeConfig) -> dict:
     return report
 
 
+def _fanout(config: LatticeTreeConfig, out_dir: Path) -> Fanout:
+    """The fan-out of what the generator writes: the leaves' keywords (top-down) or the node summaries (bottom-up,
+    hybrid), on the config's runner."""
+    if config.method == "top-down":
+        return Fanout("lattice-tree keywords", out_dir / KEYWORDS_FILE, keyword_settings(config),
+                      concurrency=config.keywords.concurrency, runner=config.runner, ray=config.ray)
+    return Fanout("lattice-tree", out_dir / SUMMARIES_FILE, summary_settings(config),
+                  concurrency=config.summaries.concurrency, runner=config.runner, ray=config.ray)
+
+
 def _summary_counts(report: dict) -> dict[str, int]:
     """The node summaries reused from the record and asked for this run (bottom-up and hybrid; else empty)."""
     if "summaries" not in report:
@@ -209,31 +251,39 @@ def _raise_if_summaries_failed(placements: dict, max_failure_share: float, out_d
                             "members' heads)")
 
 
-def _top_down(config: LatticeTreeConfig, client: Client, leaves: list[Node], stack: ExitStack,
+def _top_down(config: LatticeTreeConfig, client: Client, leaves: list[Node], fanout: Fanout,
               out_dir: Path) -> tuple[Tree, dict]:
-    """Keyword summaries of every leaf (resumable), then Algorithm 3's recursive clustering."""
-    kw_path, failures_path = out_dir / "keywords.jsonl", out_dir / "keywords.failures.jsonl"
-    keywords_out = stack.enter_context(JsonlAppender(kw_path))
-    failures = stack.enter_context(JsonlAppender(failures_path))
+    """Keyword summaries of the leaves ``fanout``'s output lacks (batches on its runner), then Algorithm 3's
+    recursive clustering through the job's client."""
     started = time.perf_counter()
-    with Progress() as progress:
-        todo = sum(1 for leaf in leaves if leaf.id not in keywords_out)
-        task = progress.add_task("keyword summaries", total=todo)
-        summariser = KeywordSummariser(client, batch_size=config.keywords.batch_size,
-                                       max_attempts=config.keywords.max_attempts,
-                                       max_passage_chars=config.keywords.max_passage_chars,
-                                       max_tokens=config.keywords.max_tokens,
-                                       concurrency=config.keywords.concurrency)
-        counts = summariser.run([(leaf.id, leaf.text) for leaf in leaves], keywords_out, failures,
-                                on_done=lambda n: progress.advance(task, n))
+    fanout.record_served(served_models(client, list(GENERATOR)))
+    passages = [(leaf.id, leaf.text) for leaf in fanout.todo(leaves, lambda leaf: leaf.id)]
+    size = config.keywords.batch_size
+    batches = [passages[i: i + size] for i in range(0, len(passages), size)]
+    calls = 0
+    with JsonlAppender(out_dir / KEYWORD_FALLBACKS_FILE) as fallbacks:
+
+        def write(_: list[tuple[str, str]], result: tuple[list[LeafKeywords], list[FailureRecord], int]) -> None:
+            nonlocal calls
+            records, failed, spent = result
+            for leaf_keywords in records:
+                fanout.write(leaf_keywords, kind=leaf_keywords.source)
+            for failure in failed:
+                fallbacks.write(failure)
+            calls += spent
+
+        work = ServedWork(partial(_keyword_batch, config.keywords), client, {"timeout_s": config.request_timeout_s},
+                          served_roles=GENERATOR)
+        fanout.run(batches, lambda batch: batch[0][0], work, write, "keyword summaries")
+    counts = fanout.finish()
+    fanout.raise_if_failed()
     keywords_usage = client.stats.summary().get("generator", {})
-    keyword_cost = {"llm_calls": counts["calls"], "prompt_tokens": keywords_usage.get("prompt_tokens", 0),
+    keyword_cost = {"llm_calls": calls, "prompt_tokens": keywords_usage.get("prompt_tokens", 0),
                     "completion_tokens": keywords_usage.get("completion_tokens", 0),
                     "seconds": round(time.perf_counter() - started, 2),
-                    "leaves_llm": counts["llm"], "leaves_fallback": counts["fallback"],
+                    "leaves_llm": counts.get("llm", 0), "leaves_fallback": counts.get("fallback", 0),
                     "leaves_skipped_done": counts["skipped"]}
-    keywords_out.close()
-    keywords = {r["id"]: r["keywords"] for r in read_jsonl(kw_path)}
+    keywords = {r["id"]: r["keywords"] for r in read_jsonl(out_dir / KEYWORDS_FILE)}
     builder = TopDownBuilder(client, embed=lambda texts: client.embed("embedder", texts),
                              m_max=config.clustering.m_max, m_min=config.clustering.m_min or None,
                              token_budget=config.clustering.token_budget,
@@ -242,6 +292,30 @@ def _top_down(config: LatticeTreeConfig, client: Client, leaves: list[Node], sta
     tree = builder.build(leaves, keywords)
     tree.meta["keywords_cost"] = keyword_cost
     return tree, {"keywords": keyword_cost, "clustering": builder.stats.as_dict()}
+
+
+def _keyword_batch(settings: KeywordsConfig, client: Client
+                   ) -> Callable[[Sequence[tuple[str, str]]], tuple[list[LeafKeywords], list[FailureRecord], int]]:
+    """The fan-out's work for the keywords: one batch through ``client`` (the job's, or a Ray worker's)."""
+    return KeywordSummariser(client, max_attempts=settings.max_attempts, max_passage_chars=settings.max_passage_chars,
+                             max_tokens=settings.max_tokens).summarise_batch
+
+
+def _one_group(call: SummaryCall, client: Client) -> Callable[[GroupRequest], GroupOutcome]:
+    """The fan-out's work for the node summaries: one group's ``call`` through ``client``."""
+    return partial(call, client)
+
+
+def _fanout_map(fanout: Fanout, client: Client, worker_options: dict[str, Any]) -> GroupMap:
+    """The bottom-up builder's map: each layer's groups a run of ``fanout`` (its runner: threads on the job's
+    client, or Ray workers on clients of their own made with ``worker_options``); the outcomes come back to this
+    thread, which writes them."""
+
+    def map_groups(call: SummaryCall, requests: Sequence[GroupRequest],
+                   handle: Callable[[GroupRequest, GroupOutcome], None]) -> None:
+        work = ServedWork(partial(_one_group, call), client, worker_options, served_roles=GENERATOR)
+        fanout.run(requests, lambda request: request.key, work, handle, "node summaries")
+    return map_groups
 
 
 def _journal(record: Fanout) -> SummaryJournal:
@@ -257,25 +331,19 @@ def _bottom_up(config: LatticeTreeConfig, client: Client, record: Fanout) -> tup
     """Bottom-up over the leaves, or the hybrid over the documents' own hierarchies (no keyword stage), reusing
     the node summaries ``record`` holds and adding this run's to it."""
     record.record_served(served_models(client, ["generator", "embedder"]))
-    with Progress() as progress:
-        # each layer's groups join the total as it is clustered, so the bar's total grows layer by layer
-        task = progress.add_task("node summaries", total=None)
-        builder = BottomUpBuilder(client, embed=lambda texts: client.embed("embedder", texts),
-                                  m_max=config.clustering.m_max, max_tokens=config.summaries.max_tokens,
-                                  max_attempts=config.summaries.max_attempts,
-                                  concurrency=config.summaries.concurrency,
-                                  max_member_chars=config.summaries.max_member_chars, seed=config.clustering.seed,
-                                  progress=lambda queued, done: progress.update(task, total=queued, completed=done),
-                                  journal=_journal(record))
-        if config.method == "bottom-up":
-            leaves = corpus_leaves(config)
-            tree = builder.build(leaves)
-        else:
-            chunks = corpus_chunks(config)
-            tree = builder.build_hybrid(chunks, config.leaf_level)
-            leaves = [n for n in tree.nodes.values() if n.leaf]
-        if not leaves:
-            raise ConfigError(f"corpus {config.corpus.path!r} has no {config.leaf_level} chunks to build a tree over")
+    builder = BottomUpBuilder(_fanout_map(record, client, {"timeout_s": config.request_timeout_s}),
+                              embed=lambda texts: client.embed("embedder", texts), m_max=config.clustering.m_max,
+                              max_tokens=config.summaries.max_tokens, max_attempts=config.summaries.max_attempts,
+                              max_member_chars=config.summaries.max_member_chars, seed=config.clustering.seed,
+                              journal=_journal(record))
+    if config.method == "bottom-up":
+        leaves = corpus_leaves(config)
+        tree = builder.build(leaves)
+    else:
+        tree = builder.build_hybrid(corpus_chunks(config), config.leaf_level)
+        leaves = [n for n in tree.nodes.values() if n.leaf]
+    if not leaves:
+        raise ConfigError(f"corpus {config.corpus.path!r} has no {config.leaf_level} chunks to build a tree over")
     record.finish()  # the failures file keeps only the summaries still missing
     return tree, {"summaries": builder.stats.as_dict()}, leaves
 

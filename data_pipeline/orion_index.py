@@ -11,10 +11,11 @@ then the chunks of the documents that have their master tags (a chunk's semantic
   ``tagging.max_attempts`` replies) counts as finished, its raw replies kept in ``<out>/fallbacks.jsonl`` (delete its
   line to ask again);
 - settings: the chunking and tagging settings and the generator the server reports are kept in
-  ``<out>/tags.settings.json``; a rerun with others is refused (chunk ids number windows, so tags of other windows
-  would land on the wrong text);
+  ``<out>/chunks.settings.json`` (``TAGS_SETTINGS_FILE``, where the strategy reads how the folder's chunks were cut
+  and tagged); a rerun with others is refused (chunk ids number windows, so tags of other windows would land on the
+  wrong text);
 - failures: a document or chunk whose requests failed (after the client's retries) would hold fallback tags for
-  replies that never came, so it is not written: it goes to ``<out>/tags.failures.jsonl`` and a rerun tags it again
+  replies that never came, so it is not written: it goes to ``<out>/chunks.failures.jsonl`` and a rerun tags it again
   (a failed document's chunks wait for it); more failures than ``max_failure_share`` of the items attempted raise
   ``TooManyFailures`` before anything is indexed. A request the server refuses (a 4xx other than 408 and 429: a
   wrong role, a bad request) is no item's failure: the tagger raises ``RequestRefused`` naming the role and the
@@ -46,8 +47,7 @@ from overstory.retrieval.orion.tags import CHUNKS_FILE, MASTERS_FILE, ChunkTags,
 from overstory.serving.client import Client
 from overstory.serving.launch import served_models
 
-# the fan-out names its settings and failures files after this one: tags.settings.json, tags.failures.jsonl
-TAGS_NAME, FALLBACKS_FILE, REPORT_FILE = "tags.jsonl", "fallbacks.jsonl", "build.json"
+FALLBACKS_FILE, REPORT_FILE = "fallbacks.jsonl", "build.json"
 GENERATOR = "generator"  # the role that writes the tags
 
 Item = TypeVar("Item", Document, Chunk)
@@ -63,9 +63,9 @@ def tag_and_index(documents: Sequence[Document], client: Client, out: str | Path
     out = Path(out)
     chunks = [chunk for document in documents for chunk in chunk_document(document, chunking)]
     started = time.perf_counter()
-    with Fanout("orion-tags", out / CHUNKS_FILE, tags_settings(chunking, tagging), beside=out / TAGS_NAME,
-                concurrency=tagging.concurrency, max_failure_share=max_failure_share, runner=runner,
-                ray=ray) as fanout:
+    # the fan-out keeps its settings beside chunks.jsonl (fanout.settings_path): TAGS_SETTINGS_FILE, the strategy's
+    with Fanout("orion-tags", out / CHUNKS_FILE, tags_settings(chunking, tagging), concurrency=tagging.concurrency,
+                max_failure_share=max_failure_share, runner=runner, ray=ray) as fanout:
         skipped, usage = tag_missing(documents, chunks, client, out, tagging, fanout, worker_options or {})
         counts = fanout.finish()
     fanout.raise_if_failed()

@@ -7,8 +7,8 @@ master tags.
 The job tags and indexes the corpus with ``tag_and_index`` (``data_pipeline/orion_index.py``, whose docstring gives
 the details): the ``generator`` writes each document's master tags and each chunk's paragraph tags
 (``retrieval.orion.tagger.Tagger``) into ``<out>/masters.jsonl`` and ``<out>/chunks.jsonl`` on the fan-out skeleton
-(a killed run resumes; the settings and the served generator are kept in ``<out>/tags.settings.json`` and a rerun
-with others is refused; items whose requests failed are listed in ``<out>/tags.failures.jsonl`` for the rerun, and
+(a killed run resumes; the settings and the served generator are kept in ``<out>/chunks.settings.json`` and a rerun
+with others is refused; items whose requests failed are listed in ``<out>/chunks.failures.jsonl`` for the rerun, and
 the job fails with exit code 1 when more than ``max_failure_share`` of them failed); then every chunk is indexed
 (``retrieval.orion.strategy.OrionStrategy``) and ``<out>/build.json`` says what it spent.
 
@@ -67,8 +67,8 @@ def run(config: OrionTagsConfig) -> dict:
         raise ConfigError(f"corpus: {config.corpus.path!r} holds no documents")
     with ExitStack() as stack:
         tracker = stack.enter_context(start_run(config.tracking, "data orion-tags", config))
-        client = stack.enter_context(client_for(config.serve, job_server(config.server_url, config.runner, config.ray),
-                                                timeout_s=config.request_timeout_s))
+        url, options = job_server(config.server_url, config.runner, config.ray)
+        client = stack.enter_context(client_for(config.serve, url, timeout_s=config.request_timeout_s, **options))
         report = tag_and_index(documents, client, config.out, config.chunking, config.tagging,
                                config.max_failure_share, config.runner, config.ray,
                                {"timeout_s": config.request_timeout_s})

@@ -77,7 +77,7 @@ class PseudoLabelsConfig:
         if self.k < 1 or self.k_step < 0 or self.max_attempts < 1 or self.concurrency < 1:
             raise ConfigError("k, max_attempts and concurrency must be positive and k_step >= 0")
         if (self.upper == "compressor" and "compressor" not in self.serve.roles
-                and not job_server(self.server_url, self.runner, self.ray)):
+                and not job_server(self.server_url, self.runner, self.ray)[0]):
             raise ConfigError("upper: 'compressor' needs a compressor role in serve.roles (or a server_url or "
                               "ray.endpoints that serve one)")
 
@@ -187,8 +187,8 @@ def run(config: PseudoLabelsConfig) -> dict:
         todo = fanout.todo(todo_all, lambda pair: pair[0].id)
         if todo:
             # on Ray with endpoints and no server_url, the first endpoint: the fleet needs no stack of the job's own
-            url = job_server(config.server_url, config.runner, config.ray)
-            client = stack.enter_context(client_for(config.serve, url))
+            url, options = job_server(config.server_url, config.runner, config.ray)
+            client = stack.enter_context(client_for(config.serve, url, **options))
             served = served_models(client, ["generator", "scorer"])
             fanout.record_served(served)
 

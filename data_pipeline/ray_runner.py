@@ -10,14 +10,15 @@ free up, and each result streams back to the driver as soon as it is done, where
 its resumability by id and the failure records stay the driver's, exactly as with the thread runner).
 
 Work may also call servers of its own that are not spread (a traces teacher with its own ``server_url``): its
-``pool`` of named clients is rebuilt on each worker from their URLs, once, and handed to ``build`` beside the
-endpoint's client.
+``pool`` of named clients is rebuilt on each worker from their URLs, once (with the same options and key as the
+endpoints' clients), and handed to ``build`` beside the endpoint's client.
 
 Settings (a job config's ``ray:`` section, used when ``runner: ray``): ``address`` ("" starts a local Ray for the
 job; ``auto`` joins the cluster this node belongs to, started with ``ray start --head``; ``ray://host:10001`` a
 remote one through Ray Client), ``endpoints`` (base URLs; empty: the job's own server) and ``api_key_env`` (the
 environment variable, on the node that runs the command, whose value the workers send as ``Authorization: Bearer``
-to every endpoint: servers started with an API key refuse requests without it).
+to every endpoint and to the pool's servers, and the job's own client too when it is the first endpoint:
+``fanout.job_server``; servers started with an API key refuse requests without it).
 """
 
 from __future__ import annotations
@@ -59,10 +60,14 @@ class RayConfig:
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", self.api_key_env):
             raise ConfigError(f"ray.api_key_env: {self.api_key_env!r} is not an environment variable's name")
 
+    def api_key(self) -> str | None:
+        """The key the job sends on Ray: ``api_key_env``'s value on this node; None (no key) when unset or blank."""
+        return os.environ.get(self.api_key_env, "").strip() or None
+
     def http_options(self, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """``options`` (``Client.from_url``'s) for the endpoints' clients, with the API key read from
-        ``api_key_env`` unless ``options`` already name one."""
-        key = os.environ.get(self.api_key_env, "").strip()
+        """``options`` (``Client.from_url``'s) for the clients of a job on Ray (the endpoints', the pool's), with
+        the API key read from ``api_key_env`` unless ``options`` already name one."""
+        key = self.api_key()
         return {**({"api_key": key} if key else {}), **(options or {})}
 
 
@@ -120,9 +125,9 @@ class EndpointWorker:
     or its error, and the calls it made through the endpoint's client."""
 
     def __init__(self, build: Callable[..., Callable[[Any], Any]], endpoints: list[Any],
-                 http_options: dict[str, Any], pool_urls: dict[str, Any], pool_options: dict[str, Any]):
+                 http_options: dict[str, Any], pool_urls: dict[str, Any]):
         self.clients = [Client.from_url(url, **http_options) for url in endpoints]
-        self.pool = {name: Client.from_url(url, **pool_options) for name, url in pool_urls.items()}
+        self.pool = {name: Client.from_url(url, **http_options) for name, url in pool_urls.items()}
         self.works = [make_work(build, client, self.pool) for client in self.clients]
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list]:
@@ -167,8 +172,7 @@ def ray_map(build: Callable[..., Callable[[T], Any]], client: Client, items: Seq
             EndpointWorker, batch_size=1, concurrency=min(concurrency, len(items)),
             fn_constructor_kwargs={"build": build, "endpoints": endpoints,
                                    "http_options": settings.http_options(http_options),
-                                   "pool_urls": {name: client_url(own, f"pool {name}") for name, own in pool.items()},
-                                   "pool_options": http_options or {}})
+                                   "pool_urls": {name: client_url(own, f"pool {name}") for name, own in pool.items()}})
         seen: set[int] = set()
         for row in results.iter_rows():
             index = int(row["index"])

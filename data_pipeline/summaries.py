@@ -93,8 +93,8 @@ def run(config: SummariesConfig) -> dict:
         generator_tokens = 0
         if todo:
             # on Ray with endpoints and no server_url, the first endpoint: the fleet needs no stack of the job's own
-            url = job_server(config.server_url, config.runner, config.ray)
-            client = stack.enter_context(client_for(config.serve, url))
+            url, options = job_server(config.server_url, config.runner, config.ray)
+            client = stack.enter_context(client_for(config.serve, url, **options))
             served = served_models(client, ["generator", "embedder"])
             fanout.record_served(served)
             children = {c.id: [by_id[k] for k in c.children] for c in todo}

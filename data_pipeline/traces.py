@@ -317,11 +317,13 @@ def teacher_clients(config: TracesConfig, jobs: list[tuple[PseudoLabel, str]], s
     clients: dict[str, Client] = {}
     spread = any(not config.teachers[name].server_url for name in llm) or config.rewrite or config.runner == "ray"
     if llm and spread:
-        url = job_server(config.server_url, config.runner, config.ray)
-        clients["_job"] = stack.enter_context(client_for(config.serve, url))
+        url, options = job_server(config.server_url, config.runner, config.ray)
+        clients["_job"] = stack.enter_context(client_for(config.serve, url, **options))
+    # on Ray, the key the workers send the teachers' own servers (ray.api_key_env's), so both are let in alike
+    own_options = {"api_key": config.ray.api_key()} if config.runner == "ray" else {}
     for name in llm:
         url = config.teachers[name].server_url
-        clients[name] = stack.enter_context(client_for(config.serve, url)) if url else clients["_job"]
+        clients[name] = stack.enter_context(client_for(config.serve, url, **own_options)) if url else clients["_job"]
     return clients
 
 

@@ -24,6 +24,11 @@ summary recorded by an earlier run for the same key is reused instead of asked f
 deterministic (seeded k-means over the same embeddings), so a killed build rerun over the same corpus forms the same
 groups, reuses what it recorded and asks only for the rest; a changed group (other members, or a member whose own
 summary changed) has another key and is asked. Fallbacks are handed to the journal as failures and never reused.
+
+Where the summaries are asked for: each group is one pure call (``summarise_group``: the client in, the summary, its
+journal record or failure and its counts out), and a build takes a map (``GroupMap``) that runs a layer's calls:
+``in_order(client)`` one after another, or the tree job's fan-out on local threads or Ray workers. The outcomes come
+back to the build's thread, which alone writes the journal and the stats.
 """
 
 from __future__ import annotations
@@ -31,11 +36,11 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import NamedTuple
 
 import numpy as np
@@ -43,13 +48,13 @@ from sklearn.cluster import KMeans
 
 from overstory.core.records import LEVELS, Chunk
 from overstory.models.json_reply import json_objects, loads_tolerant
+from overstory.retrieval.lattice.insert import leaf_node
 from overstory.retrieval.lattice.top_down import BuildStats, unit_rows
 from overstory.retrieval.lattice.tree import Node, Tree
 from overstory.retrieval.strategy import raise_if_refused
 from overstory.serving.client import Client, ClientError
 
 EmbedFn = Callable[[list[str]], np.ndarray]
-ProgressFn = Callable[[int, int], None]  # (groups queued so far, groups summarised so far): layers add to the total
 Group = tuple[list[str], list[str]]  # a group to summarise: its members' keys (see group_key) and texts, in order
 
 SUMMARY_PROMPT = """The passages below were grouped together because they are about related things.
@@ -152,123 +157,156 @@ class SummaryJournal:
     ``recorded``: key -> a record that ``write`` received before (``theme``, ``summary``, ``fingerprints``): reused
     for the same key instead of asking again. ``write(record)``: a summary the model wrote this run (``id`` the key,
     ``members``, the parsed fields, the raw ``reply``, ``attempts``). ``fail(key, error, raw, attempts)``: a group
-    named by the fallback (never reused: a rerun asks again). The hooks are called one at a time."""
+    named by the fallback (never reused: a rerun asks again). The hooks are called on the build's thread alone."""
 
     recorded: Mapping[str, dict] = field(default_factory=dict)
     write: Callable[[dict], None] = _ignore
     fail: Callable[[str, str, str, int], None] = _ignore
 
 
+class GroupRequest(NamedTuple):
+    """One group to ask a summary for: its record key (``group_key``), its members' keys, the prompt that shows
+    them, and their texts (the reply schema's size and the fallback's words)."""
+
+    key: str
+    member_keys: list[str]
+    prompt: str
+    texts: list[str]
+
+
+class GroupOutcome(NamedTuple):
+    """What asking for one group made: the summary; the journal's record of it (the model wrote it) or the failure
+    (``SummaryJournal.fail``'s arguments: it fell back); what it spent and how it ended, as ``BuildStats`` counts
+    (``llm_calls``, tokens, one of ``summaries_llm``, ``summaries_fallback`` or ``summaries_failed``)."""
+
+    summary: GroupSummary
+    record: dict | None
+    failure: tuple[str, str, str, int] | None
+    counts: dict[str, int]
+
+
+SummaryCall = Callable[[Client, GroupRequest], GroupOutcome]
+# map(call, requests, handle): call(client, request) for every request, through clients of the map's choosing (the
+# job's, a thread's, a Ray worker's), each outcome handed to handle(request, outcome) on the caller's thread as it
+# comes; an exception other than a request's own failure (RequestRefused, a killed job) stops the map
+GroupMap = Callable[[SummaryCall, Sequence[GroupRequest], Callable[[GroupRequest, GroupOutcome], None]], None]
+
+
+def in_order(client: Client) -> GroupMap:
+    """The map that asks for the groups one after another through ``client`` (a build without a fan-out)."""
+
+    def map_groups(call: SummaryCall, requests: Sequence[GroupRequest],
+                   handle: Callable[[GroupRequest, GroupOutcome], None]) -> None:
+        for request in requests:
+            handle(request, call(client, request))
+    return map_groups
+
+
+def summarise_group(client: Client, request: GroupRequest, role: str = "generator", max_tokens: int = 256,
+                    max_attempts: int = 2) -> GroupOutcome:
+    """Ask ``role`` for one group's summary, up to ``max_attempts`` times; touches nothing but ``client``, so it runs
+    wherever the map puts it. A refused request (a 4xx: a wrong role, a bad request) raises ``RequestRefused``; a group
+    whose every attempt failed in transit is named from its members' heads and counted as ``summaries_failed`` (the
+    job fails past its ``max_failure_share``), one whose replies never parsed is named the same way and counted as
+    ``summaries_fallback`` (a repair); both come back with a failure for the journal."""
+    messages = [{"role": "user", "content": request.prompt}]
+    counts: Counter[str] = Counter()
+    raw, answered = "", False
+    for attempt in range(1, max_attempts + 1):
+        counts["llm_calls"] += 1
+        try:
+            reply = client.chat(role, messages, max_tokens=max_tokens, temperature=0.0,
+                                response_format=summary_response_format(len(request.texts)))
+        except ClientError as exc:
+            raise_if_refused(exc, f"the {role} role's node summary")
+            raw = f"<request failed: {exc}>"
+            continue
+        answered = True
+        counts["prompt_tokens"] += reply.usage.get("prompt_tokens", 0)
+        counts["completion_tokens"] += reply.usage.get("completion_tokens", 0)
+        raw = reply.text
+        parsed = parse_summary(reply.text)
+        if parsed is not None:
+            counts["summaries_llm"] += 1
+            summary = GroupSummary(request.key, *parsed)
+            record = {"id": request.key, "members": list(request.member_keys), "theme": summary.theme,
+                      "summary": summary.summary, "fingerprints": summary.fingerprints, "reply": raw,
+                      "attempts": attempt}
+            return GroupOutcome(summary, record, None, dict(counts))
+    counts.update({"summaries_fallback": 1, "fallback_raw_chars": len(raw)} if answered else {"summaries_failed": 1})
+    heads = [" ".join(t.split()[:4]) for t in request.texts[:3]]
+    failure = (request.key, "no reply held a usable summary" if answered else "every request failed", raw,
+               max_attempts)
+    return GroupOutcome(GroupSummary(request.key, heads[0], "; ".join(heads), []), None, failure, dict(counts))
+
+
 class GroupSummariser:
-    """Names and describes groups through the served ``role``, concurrently, with retries and a fallback; reuses
-    and records summaries through ``journal``."""
+    """Names and describes groups: reuses the summaries ``journal`` recorded, asks for the others through
+    ``map_groups`` (one ``summarise_group`` call each, wherever the map runs it), and, on the caller's thread alone,
+    records what came back in the journal and counts it in ``stats``."""
 
-    def __init__(self, client: Client, stats: BuildStats, role: str = "generator", max_tokens: int = 256,
-                 max_attempts: int = 2, concurrency: int = 4, max_member_chars: int = 300,
-                 progress: ProgressFn | None = None, journal: SummaryJournal | None = None):
-        self.client, self.stats, self.role = client, stats, role
+    def __init__(self, stats: BuildStats, map_groups: GroupMap, role: str = "generator", max_tokens: int = 256,
+                 max_attempts: int = 2, max_member_chars: int = 300, journal: SummaryJournal | None = None):
+        self.stats, self.map_groups = stats, map_groups
         self.journal = journal or SummaryJournal()
-        self.max_tokens, self.max_attempts = max_tokens, max_attempts
-        self.concurrency, self.max_member_chars = concurrency, max_member_chars
-        self.progress, self.queued, self.done = progress, 0, 0
-        self._lock = threading.Lock()  # the groups are summarised on several threads; the stats are shared
-
-    def _count(self, **amounts: int) -> None:
-        with self._lock:
-            for key, amount in amounts.items():
-                if key in ("llm_calls", "prompt_tokens", "completion_tokens"):
-                    setattr(self.stats, key, getattr(self.stats, key) + amount)
-                else:
-                    self.stats.placements[key] += amount
+        self.call: SummaryCall = partial(summarise_group, role=role, max_tokens=max_tokens,
+                                         max_attempts=max_attempts)
+        self.max_member_chars = max_member_chars
 
     def summarise(self, groups: Sequence[Group]) -> list[GroupSummary]:
         """A summary per group (its members' keys and texts), in order."""
-        if not groups:
-            return []
-        self._advance(queued=len(groups))
-        with ThreadPoolExecutor(max_workers=max(1, min(self.concurrency, len(groups)))) as pool:
-            return list(pool.map(self._one_counted, groups))
+        requests = [self.request(group) for group in groups]
+        summaries: dict[str, GroupSummary] = {}
+        for request in requests:
+            recorded = self.journal.recorded.get(request.key)
+            if recorded is not None:
+                self._count({"summaries_reused": 1})
+                summaries[request.key] = GroupSummary(request.key, recorded["theme"], recorded["summary"],
+                                                      list(recorded["fingerprints"]))
+        asked = [request for request in requests if request.key not in summaries]
 
-    def _advance(self, queued: int = 0, done: int = 0) -> None:
-        with self._lock:
-            self.queued += queued
-            self.done += done
-            if self.progress is not None:
-                self.progress(self.queued, self.done)
+        def handle(request: GroupRequest, outcome: GroupOutcome) -> None:
+            self._count({"summaries_asked": 1, **outcome.counts})
+            if outcome.record is not None:
+                self.journal.write(outcome.record)
+            if outcome.failure is not None:
+                self.journal.fail(*outcome.failure)
+            summaries[request.key] = outcome.summary
 
-    def _one_counted(self, group: Group) -> GroupSummary:
-        result = self._one(group)
-        self._advance(done=1)
-        return result
+        if asked:
+            self.map_groups(self.call, asked, handle)
+        return [summaries[request.key] for request in requests]
 
-    def _one(self, group: Group) -> GroupSummary:
-        """One group's summary: the journal's record for its key (counted as ``summaries_reused``), else asked for
-        (counted as ``summaries_asked``)."""
+    def request(self, group: Group) -> GroupRequest:
+        """What is asked for a group: its members' texts cut to ``max_member_chars`` in the prompt, and its key."""
         member_keys, texts = group
         members = "\n".join(f"[{i}] {' '.join(t.split())[: self.max_member_chars]}" for i, t in enumerate(texts))
         prompt = SUMMARY_PROMPT.format(members=members)
-        key = group_key(member_keys, prompt)
-        recorded = self.journal.recorded.get(key)
-        if recorded is not None:
-            self._count(summaries_reused=1)
-            return GroupSummary(key, recorded["theme"], recorded["summary"], list(recorded["fingerprints"]))
-        self._count(summaries_asked=1)
-        return self._ask(key, member_keys, prompt, texts)
+        return GroupRequest(group_key(member_keys, prompt), list(member_keys), prompt, list(texts))
 
-    def _ask(self, key: str, member_keys: Sequence[str], prompt: str, texts: Sequence[str]) -> GroupSummary:
-        """Ask the model for one group's summary and record it. A refused request (a 4xx: a wrong role, a bad
-        request) stops the build with ``RequestRefused``; a group whose every attempt failed in transit is named
-        from its members' heads and counted as ``summaries_failed`` (the job fails past its
-        ``max_failure_share``), one whose replies never parsed is named the same way and counted as
-        ``summaries_fallback`` (a repair); both go to the journal as failures."""
-        messages = [{"role": "user", "content": prompt}]
-        raw, answered = "", False
-        for attempt in range(1, self.max_attempts + 1):
-            self._count(llm_calls=1)
-            try:
-                reply = self.client.chat(self.role, messages, max_tokens=self.max_tokens, temperature=0.0,
-                                         response_format=summary_response_format(len(texts)))
-            except ClientError as exc:
-                raise_if_refused(exc, f"the {self.role} role's node summary")
-                raw = f"<request failed: {exc}>"
-                continue
-            answered = True
-            self._count(prompt_tokens=reply.usage.get("prompt_tokens", 0),
-                        completion_tokens=reply.usage.get("completion_tokens", 0))
-            raw = reply.text
-            parsed = parse_summary(reply.text)
-            if parsed is not None:
-                self._count(summaries_llm=1)
-                summary = GroupSummary(key, *parsed)
-                with self._lock:
-                    self.journal.write({"id": key, "members": list(member_keys), "theme": summary.theme,
-                                        "summary": summary.summary, "fingerprints": summary.fingerprints,
-                                        "reply": raw, "attempts": attempt})
-                return summary
-        self._count(**({"summaries_fallback": 1, "fallback_raw_chars": len(raw)} if answered
-                       else {"summaries_failed": 1}))
-        with self._lock:
-            self.journal.fail(key, "no reply held a usable summary" if answered else "every request failed", raw,
-                              self.max_attempts)
-        heads = [" ".join(t.split()[:4]) for t in texts[:3]]
-        return GroupSummary(key, heads[0], "; ".join(heads), [])
+    def _count(self, amounts: Mapping[str, int]) -> None:
+        for key, amount in amounts.items():
+            if key in ("llm_calls", "prompt_tokens", "completion_tokens"):
+                setattr(self.stats, key, getattr(self.stats, key) + amount)
+            else:
+                self.stats.placements[key] += amount
 
 
 class BottomUpBuilder:
     """Builds a tree bottom-up over leaves (``build``) or over documents' natural hierarchies (``build_hybrid``)."""
 
-    def __init__(self, client: Client, embed: EmbedFn, m_max: int = 10, role: str = "generator",
-                 max_tokens: int = 256, max_attempts: int = 2, concurrency: int = 4, max_member_chars: int = 300,
-                 seed: int = 0, id_prefix: str = "b", progress: ProgressFn | None = None,
-                 journal: SummaryJournal | None = None):
-        """``journal``: where the node summaries are recorded and found again (none: asked for, kept nowhere)."""
+    def __init__(self, map_groups: GroupMap, embed: EmbedFn, m_max: int = 10, role: str = "generator",
+                 max_tokens: int = 256, max_attempts: int = 2, max_member_chars: int = 300, seed: int = 0,
+                 id_prefix: str = "b", journal: SummaryJournal | None = None):
+        """``map_groups``: where each layer's node summaries are asked for (``in_order(client)``, or the tree job's
+        fan-out); ``journal``: where they are recorded and found again (none: asked for, kept nowhere)."""
         if m_max < 2:
             raise ValueError(f"m_max must be >= 2, got {m_max}")
         self.embed, self.m_max, self.seed, self.id_prefix = embed, m_max, seed, id_prefix
         self.stats = BuildStats()
-        self.summariser = GroupSummariser(client, self.stats, role=role, max_tokens=max_tokens,
-                                          max_attempts=max_attempts, concurrency=concurrency,
-                                          max_member_chars=max_member_chars, progress=progress, journal=journal)
+        self.summariser = GroupSummariser(self.stats, map_groups, role=role, max_tokens=max_tokens,
+                                          max_attempts=max_attempts, max_member_chars=max_member_chars,
+                                          journal=journal)
         self._next_id = 0
         self.keys: dict[str, str] = {}  # internal node id -> its summary's key (a leaf's key is its id)
 
@@ -289,8 +327,7 @@ class BottomUpBuilder:
         self.nodes = {}
         for chunk in chunks:
             if chunk.level == leaf_level:
-                text = f"{chunk.title}: {chunk.text}" if chunk.title else chunk.text
-                self.nodes[chunk.id] = Node(id=chunk.id, leaf=True, text=text, doc_id=chunk.doc_id)
+                self.nodes[chunk.id] = leaf_node(chunk)
         if not self.nodes:
             raise ValueError(f"no {leaf_level} chunks to build a tree over")
         standing_for = self._natural(chunks, leaf_level)
@@ -344,7 +381,7 @@ class BottomUpBuilder:
     def _natural(self, chunks: Sequence[Chunk], leaf_level: str) -> dict[str, str | None]:
         """Chunk id -> the node standing for that part of its document (a leaf, a collapsed
         chain, or a summarised internal node; None when it holds no leaf). Deepest chunks first, and all the
-        internal nodes of one depth are summarised together (concurrently)."""
+        internal nodes of one depth are asked for together (one map)."""
         by_id = {c.id: c for c in chunks}
         rank = LEVELS.index(leaf_level)
         depth: dict[str, int] = {}

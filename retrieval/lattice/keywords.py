@@ -5,19 +5,19 @@ Each passage gets 5 summaries, from the most abstract to the most specific: 1-2,
 batches 20); the reply is JSON through the serving structured-output schema. Passages a reply leaves
 out, or gives the wrong number of levels, are asked again in a smaller batch; after ``max_attempts`` a
 passage gets a fallback made from its own words (marked ``source="fallback"``) and a failure record with
-the raw reply, so construction never loses a leaf. Records are appended to JSONL and finished ids are
-skipped, so a killed run resumes (a fallback counts as finished: delete its line to ask again).
+the raw reply, so construction never loses a leaf. ``KeywordSummariser.summarise_batch`` does one batch; the
+tree job appends its records to JSONL and skips finished ids, so a killed run resumes (a fallback counts as
+finished: delete its line to ask again).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from overstory.core.records import FailureRecord, JsonlAppender
+from overstory.core.records import FailureRecord
 from overstory.models.json_reply import json_objects, loads_tolerant
 from overstory.serving.client import Client, ClientError
 
@@ -132,33 +132,20 @@ def fallback_keywords(text: str) -> list[str]:
 
 
 class KeywordSummariser:
-    """Runs the batches through the ``generator`` role, concurrently, and appends records to ``out``."""
+    """The keyword summaries of one batch of passages through the ``generator`` role (``summarise_batch``): the
+    caller decides how batches run and where their records go (``overstory data lattice-tree`` hands them to its
+    fan-out: local threads or Ray workers, each with a summariser around its own client)."""
 
-    def __init__(self, client: Client, role: str = "generator", batch_size: int = 20, max_attempts: int = 3,
-                 max_passage_chars: int = 1000, max_tokens: int = 1024, concurrency: int = 4):
-        self.client, self.role = client, role
-        self.batch_size, self.max_attempts = batch_size, max_attempts
-        self.max_passage_chars, self.max_tokens, self.concurrency = max_passage_chars, max_tokens, concurrency
+    def __init__(self, client: Client, role: str = "generator", max_attempts: int = 3, max_passage_chars: int = 1000,
+                 max_tokens: int = 1024):
+        self.client, self.role, self.max_attempts = client, role, max_attempts
+        self.max_passage_chars, self.max_tokens = max_passage_chars, max_tokens
 
-    def run(self, passages: Sequence[tuple[str, str]], out: JsonlAppender, failures: JsonlAppender,
-            on_done: Callable[[int], None] | None = None) -> dict[str, int]:
-        todo = [(pid, text) for pid, text in passages if pid not in out]
-        batches = [todo[i: i + self.batch_size] for i in range(0, len(todo), self.batch_size)]
-        counts = {"llm": 0, "fallback": 0, "skipped": len(passages) - len(todo), "calls": 0}
-        with ThreadPoolExecutor(max_workers=max(1, self.concurrency)) as pool:
-            for records, failed, calls in pool.map(self._summarise_batch, batches):
-                for record in records:
-                    out.write(record)
-                    counts[record.source] += 1
-                for failure in failed:
-                    failures.write(failure)
-                counts["calls"] += calls
-                if on_done is not None:
-                    on_done(len(records))
-        return counts
-
-    def _summarise_batch(self, batch: list[tuple[str, str]]) -> tuple[list[LeafKeywords], list[FailureRecord], int]:
-        """One batch: ask, keep what came back, ask again for the rest (in halves), then fall back."""
+    def summarise_batch(self, batch: Sequence[tuple[str, str]]
+                        ) -> tuple[list[LeafKeywords], list[FailureRecord], int]:
+        """One batch of ``(passage_id, text)``: ask, keep what came back, ask again for the rest (in halves), then
+        fall back. Returns every passage's record (``llm`` or ``fallback``), a failure record with the raw reply
+        for each fallback, and the requests sent."""
         texts = dict(batch)
         pending, done, raw_by_id, calls = list(texts), [], {}, 0
         for attempt in range(self.max_attempts):

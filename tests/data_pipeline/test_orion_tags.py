@@ -16,7 +16,7 @@ from overstory.core.config import ConfigError, load_config
 from overstory.core.failures import TooManyFailures
 from overstory.core.records import Document, read_jsonl
 from overstory.data_pipeline.fanout import failures_path, settings_path
-from overstory.data_pipeline.orion_index import FALLBACKS_FILE, TAGS_NAME, tag_and_index
+from overstory.data_pipeline.orion_index import FALLBACKS_FILE, tag_and_index
 from overstory.data_pipeline.orion_tags import (
     OrionTagEditConfig,
     OrionTagsConfig,
@@ -26,7 +26,14 @@ from overstory.data_pipeline.orion_tags import (
 )
 from overstory.retrieval.orion.strategy import PROBE, load_vectors
 from overstory.retrieval.orion.tagger import ChunkingConfig, TaggingConfig, chunk_document
-from overstory.retrieval.orion.tags import CHUNKS_FILE, MASTERS_FILE, ChunkTags, DocumentTags, load_tags
+from overstory.retrieval.orion.tags import (
+    CHUNKS_FILE,
+    MASTERS_FILE,
+    TAGS_SETTINGS_FILE,
+    ChunkTags,
+    DocumentTags,
+    load_tags,
+)
 from overstory.serving.client import Client, ClientError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -147,8 +154,10 @@ def test_the_tags_are_kept_in_the_corpus_order_whichever_request_finishes_first(
 
 def test_other_chunking_or_tagging_settings_are_refused(tmp_path):
     tag_and_index(DOCUMENTS[:1], Client(StandIn()), tmp_path, CHUNKING, TAGGING)
-    assert json.loads(settings_path(tmp_path / TAGS_NAME).read_text())["chunking"]["chunk_chars"] == 40
-    with pytest.raises(ConfigError, match=r"\(chunking\.chunk_chars differ from .*tags\.settings\.json\)"):
+    # recorded where the strategy reads how the folder's chunks were cut and tagged (retrieval/orion/tags.py)
+    assert settings_path(tmp_path / CHUNKS_FILE) == tmp_path / TAGS_SETTINGS_FILE
+    assert json.loads((tmp_path / TAGS_SETTINGS_FILE).read_text())["chunking"]["chunk_chars"] == 40
+    with pytest.raises(ConfigError, match=r"\(chunking\.chunk_chars differ from .*chunks\.settings\.json\)"):
         tag_and_index(DOCUMENTS[:1], Client(StandIn()), tmp_path, ChunkingConfig(chunk_chars=41), TAGGING)
     with pytest.raises(ConfigError, match=r"tagging\.max_master_tags differ"):
         tag_and_index(DOCUMENTS[:1], Client(StandIn()), tmp_path, CHUNKING, TaggingConfig(max_master_tags=3))
@@ -161,7 +170,7 @@ def test_items_whose_requests_failed_are_listed_not_written_and_tagged_by_the_re
     with pytest.raises(TooManyFailures, match=r"orion-tags: 1 of 7 items failed") as failed:
         tag_and_index(DOCUMENTS, Client(StandIn(down_for="Title: Nile")), tmp_path, CHUNKING, TAGGING)
     assert failed.value.counts["documents_llm"] == 2 and failed.value.counts["chunks_llm"] == 4
-    (failure,) = read_jsonl(failures_path(tmp_path / TAGS_NAME))
+    (failure,) = read_jsonl(failures_path(tmp_path / CHUNKS_FILE))
     assert failure["id"] == "t/nile" and failure["error"] == "2 of 2 requests failed after the client's retries"
     assert "503: server busy" in failure["raw"] and not (tmp_path / "build.json").exists()
     assert "t/nile" not in {r["id"] for r in read_jsonl(tmp_path / MASTERS_FILE)}
@@ -176,7 +185,7 @@ def test_items_whose_requests_failed_are_listed_not_written_and_tagged_by_the_re
     backend = StandIn()
     report = tag_and_index(DOCUMENTS, Client(backend), tmp_path, CHUNKING, TAGGING)
     assert len(backend.prompts) == 3 and report["tagging"]["failed"] == 0  # the Nile's master tags, its two chunks
-    assert report["index"]["chunks"] == 6 and not failures_path(tmp_path / TAGS_NAME).read_text()
+    assert report["index"]["chunks"] == 6 and not failures_path(tmp_path / CHUNKS_FILE).read_text()
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import pytest
 from rich.progress import Progress
 
 from overstory.cli import main
-from overstory.data_pipeline import lattice_tree
+from overstory.data_pipeline import fanout
 from overstory.retrieval.lattice.bottom_up import balanced_groups, parse_summary
 from overstory.retrieval.lattice.tree import Tree
 
@@ -42,14 +42,18 @@ def _build(out: Path, *extra: str) -> dict:
 
 @pytest.mark.slow
 def test_bottom_up_tree_with_the_real_model(tmp_path: Path, monkeypatch) -> None:
-    updates: list[dict] = []
+    runs: list[dict] = []  # the fan-out's bars: one run per layer's node summaries
 
     class RecordingProgress(Progress):
-        def update(self, task_id, **fields) -> None:
-            updates.append(fields)
-            super().update(task_id, **fields)
+        def add_task(self, description, **fields):
+            runs.append({"description": description, "total": fields["total"], "completed": 0})
+            return super().add_task(description, **fields)
 
-    monkeypatch.setattr(lattice_tree, "Progress", RecordingProgress)
+        def advance(self, task_id, advance=1) -> None:
+            runs[-1]["completed"] += advance
+            super().advance(task_id, advance)
+
+    monkeypatch.setattr(fanout, "Progress", RecordingProgress)
     report = _build(tmp_path, "method=bottom-up", f"corpus.path={ROOT / 'data/hotpotqa'}", "limit_leaves=12")
     tree = Tree.load(tmp_path / "tree.json")
     tree.validate(max_branching=4)
@@ -60,9 +64,9 @@ def test_bottom_up_tree_with_the_real_model(tmp_path: Path, monkeypatch) -> None
     assert placed.get("summaries_llm", 0) + placed.get("summaries_fallback", 0) == len(internal)
     assert report["summaries"]["llm_calls"] >= len(internal) and report["summaries"]["prompt_tokens"] > 0
     assert all(n.name and n.description for n in internal)
-    # the job's bar counted every summary: its total grew layer by layer to the number of new nodes
-    assert updates[-1] == {"total": len(internal), "completed": len(internal)}
-    assert [u["total"] for u in updates] == sorted(u["total"] for u in updates)
+    # each layer's summaries were a run of the job's fan-out, every one of them done; together, every new node
+    assert runs and all(run["description"] == "node summaries" for run in runs)
+    assert all(run["completed"] == run["total"] for run in runs) and sum(r["total"] for r in runs) == len(internal)
 
 
 # The shortest shipped QASPER paper (21 paragraphs in 5 sections and 7 subsections; the first paper, which limit_leaves
