@@ -3,7 +3,8 @@
     POST   /v1/retrieve          {"query": str} or {"queries": [str, ...]}, optional "k" and "strategy":
                                  evidence per query (id, doc_id, title, text, level, score, span), usage by role
     POST   /v1/documents         {"documents": [{"id", "title", "text", "metadata"}], "replace": false}: indexed
-                                 in place (an id already held is a 409 unless "replace": true)
+                                 in place (an id already held is a 409 unless "replace": true); what the add cost
+                                 (usage by role, seconds) and the model replies that fell back (fallbacks)
     DELETE /v1/documents/{id}    removed in place (an id not held is a 404)
     POST   /retrieve             Search-R1's retriever call, {"queries", "topk", "return_scores"}, answered in its
                                  shape: {"result": [[{"document": {"id", "contents", ...}, "score"}, ...], ...]}
@@ -51,10 +52,14 @@ class QueryResult:
 
 @dataclass(frozen=True)
 class Indexed:
-    """What an add did: the ids added and the ids replaced."""
+    """What an add did: the ids added and the ids replaced, what it cost by role (as ``QueryResult.usage``) and in
+    seconds, and the model replies that fell back to the strategy's stand-in while indexing, by kind."""
 
     added: list[str]
     replaced: list[str] = field(default_factory=list)
+    usage: dict[str, dict[str, int]] = field(default_factory=dict)
+    seconds: float = 0.0
+    fallbacks: dict[str, int] = field(default_factory=dict)
 
 
 class RetrievalService(Protocol):
@@ -219,13 +224,15 @@ def handle_search_r1(service: RetrievalService, request: SearchR1Request) -> dic
 
 
 def handle_add(service: RetrievalService, request: DocumentsRequest) -> dict[str, Any]:
-    """``/v1/documents``: the ids added and replaced, and the index's size after."""
+    """``/v1/documents``: the ids added and replaced, the index's size after, what the add cost (``usage`` as
+    ``/v1/retrieve``'s, ``seconds``) and the replies that fell back (``fallbacks``, by kind)."""
     _check_model(request.model)
     ids = [document.id for document in request.documents]
     if repeated := sorted({i for i in ids if ids.count(i) > 1}):
         raise BadRequest(f"documents: repeated id(s) {', '.join(repeated)}", param="documents")
     done = service.add([document.model_dump() for document in request.documents], request.replace)
-    return {"object": "list", "added": done.added, "replaced": done.replaced, "documents": service.document_count()}
+    return {"object": "list", "added": done.added, "replaced": done.replaced, "documents": service.document_count(),
+            "usage": totals([done.usage]), "seconds": done.seconds, "fallbacks": done.fallbacks}
 
 
 def handle_remove(service: RetrievalService, doc_id: str) -> dict[str, Any]:

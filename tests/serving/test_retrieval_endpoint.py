@@ -45,7 +45,7 @@ from overstory.serving.engine import EmbeddedEngine
 from overstory.serving.in_process import in_process_client
 from overstory.serving.launch import serve_in_background
 from overstory.serving.ports import free_port
-from overstory.serving.retrieval_routes import QueryResult, mount_retrieval
+from overstory.serving.retrieval_routes import Indexed, QueryResult, mount_retrieval
 from overstory.serving.server import create_app, install_error_handlers
 from tests.serving.test_launch import STAND_IN
 
@@ -188,6 +188,7 @@ def test_add_then_delete_a_document_in_place(client: Client, http: httpx.Client,
     ({"query": "q", "queries": ["q"]}, None, "either query"),
     ({"query": "q", "k": 0}, "k", "greater than or equal to 1"),
     ({"query": "q", "k": 101}, "k", "at most 100"),
+    ({"query": "q", "k": 11}, None, "k=11 is more than the naive index can return: at most 10 chunks"),
     ({"query": "q", "strategy": "smartchunk"}, "strategy", "build and save a smartchunk retriever"),
     ({"queries": ["q"] * (MAX_QUERIES + 1)}, "queries", f"at most {MAX_QUERIES}"),
     ({"query": "q", "topk": 3}, "topk", "Unrecognized request argument"),
@@ -358,6 +359,29 @@ def test_a_failed_query_is_reported_never_answered_as_empty_evidence() -> None:
         assert ours.json()["usage"]["failed_calls"] == 2
         theirs = http.post("/retrieve", json={"queries": ["a"], "topk": 3})
         assert theirs.status_code == 503 and "request_failed" in theirs.json()["error"]["message"]
+
+
+class IndexingService(FailingService):
+    """A stand-in service (not a retriever) whose add reports a cost and fallbacks, as a FABLE or Orion-RAG index's
+    add does (the naive index served above asks no model reply that could fall back): what is checked is how the
+    route reports them."""
+
+    def add(self, documents, replace):
+        usage = {"generator": {"calls": 3, "prompt_tokens": 300, "completion_tokens": 30, "failed_calls": 0},
+                 "embedder": {"calls": 1, "prompt_tokens": 40, "completion_tokens": 0, "failed_calls": 0}}
+        return Indexed([d["id"] for d in documents], [], usage, 1.5, {"master_tags": 1, "paragraph_tags": 2})
+
+
+def test_an_add_answers_its_usage_and_fallbacks() -> None:
+    app = FastAPI()
+    install_error_handlers(app)
+    mount_retrieval(app, IndexingService())
+    with serve_in_background(app) as url, httpx.Client(base_url=url, timeout=30) as http:
+        added = http.post("/v1/documents", json={"documents": [{"id": "x", "text": "X."}]}).json()
+    assert added["added"] == ["x"] and added["seconds"] == 1.5
+    assert added["fallbacks"] == {"master_tags": 1, "paragraph_tags": 2}
+    assert added["usage"]["calls"] == 4 and added["usage"]["total_tokens"] == 370
+    assert added["usage"]["by_role"]["generator"]["calls"] == 3
 
 
 def test_a_vllm_stack_serves_the_retriever_on_its_front_door(saved: str, corpus, tmp_path: Path,
