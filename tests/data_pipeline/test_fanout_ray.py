@@ -1,8 +1,10 @@
 """`runner: ray`: real data jobs on a local Ray cluster against a fleet of two embedded servers, compared with the
 thread runner: SmolLM2 summaries of the shipped markdown docs (the same ids, the same summaries where each request is
 served alone, resumed by id, and a server that is down counted as failures, never lost) and SmolLM2 planner traces of
-real SQuAD questions from a pool of teachers, one of them on a server of its own (the same traces and rejections).
-One Ray cluster for the module, and at most one Ray run per job kind and purpose: the suite's time is budgeted."""
+real SQuAD questions from a pool of teachers, one of them on a server of its own (the same traces and rejections);
+SmolLM2 LATTICE trees of real HotpotQA paragraphs, the keyword batches (top-down) or the node summaries (bottom-up)
+on Ray (the same records and trees, resumed by id). One Ray cluster for the module, and at most one Ray run per job
+kind and purpose: the suite's time is budgeted."""
 
 from __future__ import annotations
 
@@ -19,14 +21,16 @@ import pytest
 
 from overstory.core.config import ConfigError, load_config
 from overstory.core.records import PseudoLabel, SummaryRecord, read_jsonl, write_jsonl
-from overstory.data_pipeline import summaries, traces
+from overstory.data_pipeline import lattice_tree, summaries, traces
 from overstory.data_pipeline.corpora import load_corpus
 from overstory.data_pipeline.fanout import Fanout, failures_path, settings_path
 from overstory.data_pipeline.hierarchy import save_hierarchies, stored_hierarchy_path
+from overstory.data_pipeline.lattice_tree import LatticeTreeConfig
 from overstory.data_pipeline.pseudo_labels import single_document_questions
 from overstory.data_pipeline.ray_runner import RayConfig, import_ray, ray_map
 from overstory.data_pipeline.summaries import SummariesConfig
 from overstory.data_pipeline.traces import TracesConfig, rejected_path
+from overstory.retrieval.lattice.tree import Tree
 from overstory.serving.client import Client
 from overstory.serving.config import ServeConfig
 from overstory.serving.launch import serve_in_background
@@ -186,6 +190,49 @@ def test_traces_from_a_pool_on_ray_match_the_threads(tmp_path: Path, ray_cluster
     served = [json.loads(settings_path(out).read_text())["served"] for out in (on_threads, on_ray)]
     assert served[0] == served[1] == {"teacher/job": "builtin:smollm2-135m-instruct",
                                       "teacher/own": "builtin:smollm2-135m-instruct"}
+
+
+def _tree_config(out: Path, method: str, *overrides: str) -> LatticeTreeConfig:
+    """A tiny real slice: the first HotpotQA paragraphs, M = 4, k-means only for the top-down clustering (no level
+    fits budget 0: the keywords are what runs on Ray), one attempt and short replies."""
+    return load_config(LatticeTreeConfig, ROOT / "configs/data/lattice_tree.yaml", [
+        f"out={out}", f"method={method}", f"corpus.path={ROOT / 'data/hotpotqa'}", "clustering.m_max=4",
+        "clustering.token_budget=0", "keywords.batch_size=2", "keywords.max_tokens=320", "keywords.max_attempts=1",
+        "keywords.concurrency=1", "summaries.max_tokens=96", "summaries.max_attempts=1", "summaries.concurrency=1",
+        "tracking.backend=none", *overrides])
+
+
+def _by_id(path: Path, drop: tuple[str, ...] = ()) -> dict[str, dict]:
+    return {r["id"]: {k: v for k, v in r.items() if k not in drop} for r in read_jsonl(path)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("method", "leaves", "written"), [("top-down", 4, "keywords.jsonl"),
+                                                           ("bottom-up", 8, "summaries.jsonl")])
+def test_lattice_trees_on_ray_match_the_threads(method: str, leaves: int, written: str, tmp_path: Path,
+                                                ray_cluster: None, fleet: list[str]) -> None:
+    """The keyword batches (top-down) or the node summaries (bottom-up) on Ray, spread over both servers, one
+    request at a time: the same records under the same ids as the thread runner on one server, the same tree (the
+    embeddings and the clustering are the job's own, on the first server), the same served models recorded; a rerun
+    on Ray asks for nothing."""
+    on_threads, on_ray = tmp_path / "threads", tmp_path / "ray"
+    expected = lattice_tree.run(_tree_config(on_threads, method, f"limit_leaves={leaves}", f"server_url={fleet[0]}"))
+    report = lattice_tree.run(_tree_config(on_ray, method, f"limit_leaves={leaves}", "runner=ray", _endpoints(fleet)))
+    assert _by_id(on_ray / written) == _by_id(on_threads / written) and len(_by_id(on_ray / written)) >= 2
+    first, second = Tree.load(on_threads / "tree.json"), Tree.load(on_ray / "tree.json")
+    assert (first.root, first.nodes) == (second.root, second.nodes) and report["stats"]["leaves"] == leaves
+    stage = "keywords" if method == "top-down" else "summaries"
+    for key in ("llm_calls", "prompt_tokens", "completion_tokens"):  # the workers' usage came back to the job
+        assert report[stage][key] == expected[stage][key] > 0
+    recorded = [json.loads(settings_path(out / written).read_text())["served"] for out in (on_threads, on_ray)]
+    assert recorded[0] == recorded[1] and recorded[0]["generator"] == "builtin:smollm2-135m-instruct"
+    again = lattice_tree.run(_tree_config(on_ray, method, f"limit_leaves={leaves}", "runner=ray", _endpoints(fleet)))
+    if method == "top-down":
+        assert again["keywords"]["llm_calls"] == 0 and again["keywords"]["leaves_skipped_done"] == leaves
+    else:
+        assert again["summaries"]["llm_calls"] == 0
+        assert again["summaries"]["placements"]["summaries_reused"] == len(_by_id(on_ray / written))
+    assert Tree.load(on_ray / "tree.json").nodes == first.nodes
 
 
 def test_the_endpoints_api_key_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
