@@ -339,8 +339,8 @@ def route(rows: list[dict], rollout: RolloutFn, traces: dict[str, PlannerTrace],
 
 @dataclass
 class Policy:
-    """The one policy every update trains; the last update's Trainer (whose engine holds the weights under ZeRO-3,
-    and saves them) and each update kind's optimizer state, carried to the next update of that kind."""
+    """The one policy every update trains; the last update's Trainer (whose wrapper the rollouts unwrap, and whose
+    ``save_model`` saves the adapter) and each update kind's optimizer state, carried to the next update of its kind."""
 
     model: object
     tokenizer: object
@@ -360,7 +360,7 @@ def policy_rollout(policy: Policy, settings: StitchSettings, max_new_tokens: int
     @torch.no_grad()
     def rollout(prompts: list[list[dict[str, str]]], n: int) -> list[list[str]]:
         tokenizer = policy.tokenizer
-        with stitch_ranks.generation_model(policy.model, policy.trainer) as model:  # every rank enters (ZeRO-3)
+        with stitch_ranks.generation_model(policy.model, policy.trainer) as model:
             if not prompts:
                 return []
             model.eval()
@@ -543,6 +543,7 @@ def finish(policy: Policy, state: dict, config: StitchConfig, extra: dict, track
 def run(config: StitchConfig) -> dict:
     # --- setup -------------------------------------------------------------------------------------
     settings, out, ranks = config.stitch, Path(config.out), process_state()
+    stitch_ranks.check_zero_stage()
     stitch_ranks.check_generations(settings.num_generations)
     random.seed(settings.seed)
     torch.manual_seed(settings.seed)

@@ -9,7 +9,9 @@ What a STITCH step needs beyond one process, and how it is done here:
   r + world, ...) and gathered, so every rank holds every completion; routing is a pure function of the draw (seeded
   by the step), the completions, the traces and the success rate, so every rank sorts the questions the same way.
   Split-and-gather rather than drawn on rank 0 and broadcast: the rollouts are a step's largest cost outside the
-  updates, and split they take 1/world of the time; under ZeRO-3 every rank must take part in each forward anyway.
+  updates, and split they take 1/world of the time, with every rank holding the whole policy anyway.
+- **Not ZeRO-3** (``check_zero_stage``): each update builds its own engine around the policy, and ZeRO-3's
+  partitioned parameters do not pass from one engine to the next.
   Each rank's routing is then reduced to a digest, the digests are gathered and compared: a disagreement stops the
   run (the ranks would otherwise train on different buffers) and the step log shows every rank's digest.
 - **The updates are the trainers' own.** Each GRPO update and SFT injection is a TRL trainer built around the one
@@ -18,9 +20,9 @@ What a STITCH step needs beyond one process, and how it is done here:
   at the end of an update is kept (each rank its shard under ZeRO) and loaded into the next update's optimizer at its
   start, the master weights refreshed from the current ones (``load_from_fp32_weights=False``: an SFT injection
   between two GRPO updates moved them) and the learning rate left to the new update's scheduler.
-- **Saves.** The weights are saved by every rank through the last update's Trainer (``save_model``: under ZeRO-3 the
-  weights are sharded and only a call on all ranks gathers them); before any update they are whole on each rank and
-  the main process saves them. Each rank writes its own optimizer shards and RNG state; the main process writes the
+- **Saves.** The weights are saved by every rank through the last update's Trainer (``save_model``, as the other
+  recipes save under DeepSpeed); before any update the main process saves them. Each rank writes its own optimizer
+  shards and RNG state; the main process writes the
   rest and swaps the step in (``training/checkpoint_state.py``), between barriers.
 """
 
@@ -84,6 +86,17 @@ def check_launch(saved: dict | None, folder: Path) -> None:
                           f"{saved['deepspeed']}); this launch has {now['world_size']} "
                           f"(DeepSpeed: {now['deepspeed']}). "
                           f"Resume it with the launch it was made with, or choose another out= to start afresh")
+
+
+def check_zero_stage() -> None:
+    """Refuse ZeRO-3: each update builds a DeepSpeed engine around the policy, and a second engine cannot take a
+    model whose parameters the first one partitioned (tried on CPU: the GRPO update runs, the SFT injection after it
+    fails in its backward). ZeRO-1/2 leave every rank whole parameters, and DDP has no engine."""
+    stage = os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "")
+    if launched_distributed() and stage == "3":
+        raise ConfigError("STITCH runs under DDP or DeepSpeed ZeRO-1/2, not ZeRO-3 (its updates build one engine "
+                          "each, and ZeRO-3's partitioned parameters cannot pass from one engine to the next): launch "
+                          "it with configs/accelerate/1node-8gpu-zero2.yaml or 2node-8gpu-zero2.yaml")
 
 
 def check_generations(num_generations: int) -> None:
@@ -204,8 +217,8 @@ def retire(trainer) -> None:
 
 @contextmanager
 def generation_model(model, trainer) -> Iterator[Any]:
-    """The policy to generate with: under ZeRO-3 the last update's engine holds the weights in shards, which TRL's
-    ``unwrap_model_for_generation`` gathers on every rank for the rollouts; otherwise the model itself."""
+    """The policy to generate with: the model under the last update's wrapper (DDP, a DeepSpeed engine), unwrapped
+    by TRL's ``unwrap_model_for_generation`` as its trainers do for their own rollouts."""
     if trainer is None:
         yield model
         return
@@ -240,8 +253,8 @@ def load_rank_state(folder: Path, kinds: tuple[str, ...]) -> dict[str, dict | No
 
 
 def save_weights(model, tokenizer, trainer, folder: Path) -> None:
-    """Every rank calls this: the adapter through the last update's Trainer (under ZeRO-3 only a call on all ranks
-    gathers the shards), or, before any update, the whole model the main process holds; the tokenizer beside it."""
+    """Every rank calls this: the adapter through the last update's Trainer (its ``save_model``, which under DeepSpeed
+    takes every rank), or, before any update, the model the main process holds; the tokenizer beside it."""
     state = process_state()
     if trainer is not None:
         trainer.save_model(str(folder))
