@@ -86,13 +86,14 @@ class ServedRetriever:
         with self._updates:
             held = self.retriever.doc_ids
             try:
-                self.retriever.add_documents(parsed, chunks, replace=replace)
+                cost = self.retriever.add_documents(parsed, chunks, replace=replace)
             except DocumentExistsError as exc:
                 raise Conflict(str(exc)) from exc
             except (ConfigError, ValueError) as exc:
                 raise BadRequest(str(exc), param="documents") from exc
             self.retriever.save(self.folder)
-        return Indexed([d.id for d in parsed if d.id not in held], [d.id for d in parsed if d.id in held])
+        return Indexed([d.id for d in parsed if d.id not in held], [d.id for d in parsed if d.id in held],
+                       cost.roles, cost.seconds, cost.fallbacks)
 
     def remove(self, doc_id: str) -> None:
         """Drop ``doc_id`` from the index in place, save."""

@@ -104,17 +104,17 @@ def test_orion_saves_loads_tags_an_added_document_and_drops_it(models, corpus, t
     retriever.save(tmp_path / "before")
     before, before_vectors = _files(tmp_path / "before"), _vectors(tmp_path / "before")
     loaded = Retriever.load(tmp_path / "before", models)
-    ranked = loaded.retrieve(question.question, k=4)
+    ranked = loaded.retrieve(question.question, k=3)
     assert loaded.index_cost.calls == 0 and ranked.cost.roles["embedder"]["calls"] == 1
     assert [(h.id, h.score) for h in ranked.evidence] == \
-        [(h.id, h.score) for h in retriever.retrieve(question.question, k=4).evidence]
+        [(h.id, h.score) for h in retriever.retrieve(question.question, k=3).evidence]
 
     retriever.add_documents(b_docs, b_chunks)
     strategy, b_id = retriever.strategy, b_docs[0].id
     windows = [c.id for c in chunk_document(b_docs[0], CHUNKING)]  # cut with the folder's recorded chunking
     assert [r.id for r in strategy.records if r.doc_id == b_id] == windows and b_id in strategy.masters
     assert strategy.embedded == 2 * len(windows)  # each new chunk's path and text, nothing else
-    found = retriever.retrieve(question.question, k=4)
+    found = retriever.retrieve(question.question, k=3)
     assert b_id in {h.doc_id for h in found.evidence}
 
     retriever.remove_documents([b_id])

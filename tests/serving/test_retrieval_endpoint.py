@@ -159,6 +159,7 @@ def test_add_then_delete_a_document_in_place(client: Client, http: httpx.Client,
     document = {"id": held_out.id, "title": held_out.title, "text": held_out.text}
     added = client.backend.post("/v1/documents", {"model": "retriever", "documents": [document]})[0]
     assert added["added"] == [held_out.id] and added["replaced"] == [] and added["documents"] == 11
+    assert added["usage"]["by_role"]["embedder"]["calls"] >= 1 and added["fallbacks"] == {}  # what the add cost
     found = retrieve(client, query=question.question, k=5)["data"][0]
     assert held_out.id in {hit["doc_id"] for hit in found["evidence"]}
     # the update was saved before it was acknowledged: a fresh load holds the document
