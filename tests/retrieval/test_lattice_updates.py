@@ -1,8 +1,11 @@
 """LATTICE's index that persists and updates: removal merges a cluster left with one child (by hand, on small trees),
-and through ``Retriever`` on real HotpotQA paragraphs with the built-in models (MiniLM clusters the tree, SmolLM2-135M
-scores the slates): a saved tree loads as it was, an added document's leaves are placed by search-and-insert and
-found, a cluster pushed past M is split, and removing the document leaves every saved file as before when no split
-happened."""
+and through ``Retriever`` on real HotpotQA paragraphs (MiniLM clusters the tree through the served embedder, a served
+cross-encoder scores the search-and-insert): a saved tree loads as it was, an added document's leaves are placed by
+search-and-insert and found, a cluster pushed past M is split, and removing the document leaves every saved file as
+before when no split happened. The scorer is MiniLM with an untrained one-label head
+(tests/serving/cross_encoder_fixture.py): these tests check where the updates put things and what they leave, not
+ranking quality; the LLM scorer's slates are the search tests' (tests/retrieval/test_lattice_search.py). With SmolLM2
+scoring the slates these two tests took about 230 s; with the cross-encoder, seconds."""
 
 from __future__ import annotations
 
@@ -11,16 +14,18 @@ import pytest
 from overstory.data_pipeline.corpora import load_corpus
 from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies
 from overstory.evaluation.pipeline import DATASETS
+from overstory.models.registry import MINILM
 from overstory.retrieval.api import Models, Retriever
 from overstory.retrieval.index_manifest import current_version
 from overstory.retrieval.lattice.insert import leaf_node, remove_leaves
 from overstory.retrieval.lattice.top_down import TopDownBuilder
 from overstory.retrieval.lattice.tree import Node, Tree, TreeError
+from overstory.serving.config import RoleConfig, ServeConfig
+from tests.serving.cross_encoder_fixture import build_tiny_cross_encoder
 
 SETTINGS = HierarchyConfig()
-# depth-2 trees: two iterations of one slate reach every leaf; short slate replies keep SmolLM2's calls quick
-CONFIG = {"search": {"iterations": 2, "beam": 1, "calibration_leaves": 2}, "max_tokens": 96,
-          "max_candidate_chars": 160}
+# depth-2 trees: two iterations of one slate reach every leaf
+CONFIG = {"scorer": "cross_encoder", "search": {"iterations": 2, "beam": 1, "calibration_leaves": 2}}
 
 
 def hand_tree() -> Tree:
@@ -47,8 +52,11 @@ def test_removing_leaves_merges_a_cluster_left_with_one_child_and_changes_nothin
 
 
 @pytest.fixture(scope="module")
-def models():
-    with Models.builtin() as loaded:
+def models(tmp_path_factory):
+    scorer = build_tiny_cross_encoder(tmp_path_factory.mktemp("scorer") / "ce")
+    serve = ServeConfig(port=0, roles={"embedder": RoleConfig(model=MINILM, kind="embedding"),
+                                       "scorer": RoleConfig(model=scorer, kind="cross-encoder")})
+    with Models.builtin(serve) as loaded:
         yield loaded
 
 
