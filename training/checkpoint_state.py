@@ -20,8 +20,6 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-import torch
-
 from overstory.core.config import ConfigError, differing_keys
 
 
@@ -103,15 +101,3 @@ def check_settings(state: Mapping, settings: Mapping, folder: str | Path) -> Non
     if changed:
         raise ConfigError(f"{folder} was trained with other settings ({', '.join(changed)} differ); rerun with the "
                           f"settings it was made with, or choose another out= to start afresh")
-
-
-def save_optimizers(folder: str | Path, optimizers: Mapping[str, torch.optim.Optimizer]) -> None:
-    """Each optimizer's state dict as ``<name>_optimizer.pt`` (Adam's moments carry across a resume)."""
-    for name, optimizer in optimizers.items():
-        torch.save(optimizer.state_dict(), Path(folder) / f"{name}_optimizer.pt")
-
-
-def load_optimizers(folder: str | Path, optimizers: Mapping[str, torch.optim.Optimizer]) -> None:
-    """Load what ``save_optimizers`` wrote into the same optimizers."""
-    for name, optimizer in optimizers.items():
-        optimizer.load_state_dict(torch.load(Path(folder) / f"{name}_optimizer.pt"))

@@ -49,7 +49,7 @@ from overstory.training.compressor_contrastive import (
     contrastive_loss,
     question_positives,
 )
-from overstory.training.distributed import accelerator_handlers
+from overstory.training.distributed import accelerator_handlers, cpu_ddp
 from overstory.training.model_card import finish_checkpoint
 
 STATE_FILE = "trainer_state.json"
@@ -166,13 +166,16 @@ def positives_for(split: list[SummaryRecord], chunks: dict[str, Chunk], question
 def evaluate(model: SetCompressor, loader: DataLoader, accelerator: Accelerator,
              train: CompressorTrainConfig) -> dict[str, float]:
     """Validation MSE and cosine to e_gt, for the model and for the mean of the children; with the contrastive
-    objective also its loss (``val_contrastive``, batch by batch) for both. ``val_objective`` is the objective
-    the run minimises, on the validation split: the best checkpoint is chosen by it."""
+    objective also its loss (``val_contrastive``, batch by batch) for both. Every process scores the whole
+    validation split (a few hundred records), so all hold the same figures and pick the same best epoch.
+    ``val_objective`` is the objective the run minimises, on the validation split: the best checkpoint is chosen
+    by it."""
     model.eval()
     sums = torch.zeros(6, device=accelerator.device)
     count = torch.zeros(2, device=accelerator.device)
     contrastive = train.objective != "mse"
     for batch in loader:
+        batch = {k: v.to(accelerator.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
         prediction = model(batch["children"], batch["mask"])
         mask = batch["mask"].unsqueeze(-1).float()
         mean_pool = (batch["children"] * mask).sum(1) / mask.sum(1)
@@ -184,7 +187,6 @@ def evaluate(model: SetCompressor, loader: DataLoader, accelerator: Accelerator,
                                                 batch["also_covers"], train.temperature) * batch["has_question"].sum()
         count[0] += len(batch["target"])
         count[1] += batch["has_question"].sum() if contrastive else 0
-    sums, count = accelerator.reduce(sums, "sum"), accelerator.reduce(count, "sum")
     values = (sums[:4] / count[0]).tolist()
     metrics = {"val_mse": values[0], "val_cosine": values[1], "mean_pool_mse": values[2],
                "mean_pool_cosine": values[3]}
@@ -252,8 +254,10 @@ def setup(config: CompressorJobConfig, accelerator: Accelerator) -> Setup:
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.train.lr, weight_decay=config.train.weight_decay)
     total_steps = config.train.epochs * math.ceil(len(train_records) / config.train.batch_size)
     scheduler = get_cosine_schedule_with_warmup(optimizer, int(config.train.warmup_ratio * total_steps), total_steps)
-    prepared = accelerator.prepare(model, optimizer, train_loader, val_loader, scheduler)
-    return Setup(*prepared[:2], prepared[4], *prepared[2:4], len(train_records), len(val_records), coverage)
+    # the validation loader stays whole on every process: sharded, accelerate pads the last batches with repeated
+    # records (even_batches) and every process would score a different, padded half
+    model, optimizer, train_loader, scheduler = accelerator.prepare(model, optimizer, train_loader, scheduler)
+    return Setup(model, optimizer, scheduler, train_loader, val_loader, len(train_records), len(val_records), coverage)
 
 
 def resume_settings(config: CompressorJobConfig) -> dict:
@@ -346,6 +350,8 @@ def summarise(config: CompressorJobConfig, prepared: Setup, state: dict, started
                "best_val_mse": state["best_val_mse"], "initial_val_mse": history[0]["val_mse"],
                "epochs": state["epoch"], "n_train": prepared.n_train, "n_val": prepared.n_val, **prepared.coverage,
                "seconds": round(time.perf_counter() - started, 1),
+               # how the run was spread: the processes that shared each step's batches, and accelerate's name for it
+               "processes": accelerator.num_processes, "distributed_type": str(accelerator.distributed_type),
                **{k: v for k, v in history[-1].items() if k.startswith(("val_", "mean_pool"))}}
     if tracker is not None:
         tracker.summary(summary)
@@ -362,7 +368,7 @@ def summarise(config: CompressorJobConfig, prepared: Setup, state: dict, started
 
 def run(config: CompressorJobConfig) -> dict:
     # --- setup -------------------------------------------------------------------------------------
-    accelerator = Accelerator(kwargs_handlers=accelerator_handlers())
+    accelerator = Accelerator(cpu=cpu_ddp(), kwargs_handlers=accelerator_handlers())
     set_seed(config.train.seed)
     prepared = setup(config, accelerator)
     state = resume(config, prepared, accelerator)

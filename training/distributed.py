@@ -26,6 +26,20 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", 1))
 
 
+def cpu_ddp() -> bool:
+    """True for a launch of several processes without CUDA and without DeepSpeed: DDP over gloo on CPUs. accelerate
+    calls that MULTI_CPU only when told ``cpu``; otherwise each rank believes it trains alone (no gradient sync,
+    every rank on the whole data), which looks like a one-process run."""
+    return (launched_distributed() and not torch.cuda.is_available()
+            and os.environ.get("ACCELERATE_USE_DEEPSPEED", "false") != "true")
+
+
+def trainer_device_args() -> dict[str, bool]:
+    """A Trainer's ``use_cpu`` under DDP on CPUs: its arguments set up the process state again, and without it
+    accelerate would take the ranks for independent processes (no gradient sync, no gather)."""
+    return {"use_cpu": True} if cpu_ddp() else {}
+
+
 def process_group_backend() -> str | None:
     """``"gloo"`` for a distributed job on a machine without CUDA, otherwise None (the default)."""
     if launched_distributed() and not torch.cuda.is_available():

@@ -21,7 +21,7 @@ from overstory.retrieval.answer import clean_answer
 from overstory.retrieval.judge import CorrectnessConfig, is_correct
 from overstory.retrieval.smartchunk import DocumentRetrievers
 from overstory.serving.client import Client
-from overstory.training.distributed import process_group_backend
+from overstory.training.distributed import process_group_backend, trainer_device_args
 from overstory.training.rewards import QAReward, align_reward, format_reward, make_cost_reward, make_length_reward
 from overstory.training.trl_args import HUB_OWNED, build_args
 
@@ -138,7 +138,7 @@ def grpo_args(settings: GrpoUpdateSettings, output_dir: str | Path, reward_weigh
     recipe = {"output_dir": str(output_dir), "reward_weights": reward_weights, "logging_nan_inf_filter": False,
               "remove_unused_columns": False, **settings.update_kwargs(), **run, **shape,
               # defaults a trl section may replace
-              "report_to": "none", "ddp_backend": process_group_backend(),
+              "report_to": "none", "ddp_backend": process_group_backend(), **trainer_device_args(),
               **({"save_total_limit": 2} if "save_strategy" in run else {})}
     return build_args("GRPOConfig", recipe, section or {}, key)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from overstory.core.config import ConfigError
-from overstory.training.distributed import process_group_backend
+from overstory.training.distributed import process_group_backend, trainer_device_args
 from overstory.training.trl_args import HUB_OWNED, build_args, check_section
 
 
@@ -96,5 +96,5 @@ def sft_args(config: SftRun, evaluate: bool, **overrides):
               "include_num_input_tokens_seen": "non_padding",  # tokens/s and MFU in `bench train`
               # defaults a trl section may replace
               "save_total_limit": 2, "report_to": "none", "completion_only_loss": True,
-              "ddp_backend": process_group_backend()}
+              "ddp_backend": process_group_backend(), **trainer_device_args()}
     return build_args("SFTConfig", recipe, {**config.trl, **overrides}, "trl")

@@ -66,7 +66,7 @@ from overstory.serving.config import ServeConfig
 from overstory.serving.launch import client_for
 from overstory.training import checkpoint_state, stitch_ranks
 from overstory.training.common import LoraSettings, lora_config, write_manifest
-from overstory.training.distributed import process_group_backend
+from overstory.training.distributed import process_group_backend, trainer_device_args
 from overstory.training.model_card import finish_checkpoint
 from overstory.training.planner_common import (
     GRPO_OWNED,
@@ -171,7 +171,7 @@ def stitch_grpo_args(config: StitchConfig, weights: list[float], out: Path, n_pr
     return grpo_args(config.grpo, out / "grpo", weights, config.trl_grpo, "trl_grpo", max_steps=settings.grpo_steps,
                      save_strategy="no", num_generations=G, **stitch_ranks.grpo_shape(G, n_prompts),
                      steps_per_generation=None, logging_steps=1, optim="adamw_torch", weight_decay=0.0,
-                     **stitch_ranks.trainer_device_args(),
+                     **trainer_device_args(),
                      seed=settings.seed, data_seed=settings.seed,
                      max_completion_length=config.rewards.max_completion_tokens + LENGTH_MARGIN)
 
@@ -184,7 +184,7 @@ def stitch_sft_args(config: StitchConfig, out: Path, n_traces: int):
               "learning_rate": settings.sft_lr,
               "per_device_train_batch_size": stitch_ranks.sft_batch(settings.sft_batch_size, n_traces),
               "save_strategy": "no", "bf16": config.grpo.bf16, "seed": settings.seed, "optim": "adamw_torch",
-              "weight_decay": 0.0, **stitch_ranks.trainer_device_args(),
+              "weight_decay": 0.0, **trainer_device_args(),
               # defaults trl_sft may replace
               "report_to": "none", "logging_steps": 1, "completion_only_loss": True,
               "ddp_backend": process_group_backend()}

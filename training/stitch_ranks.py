@@ -45,7 +45,7 @@ from accelerate.utils import DistributedType
 from transformers import TrainerCallback
 
 from overstory.core.config import ConfigError
-from overstory.training.distributed import launched_distributed, process_group_backend
+from overstory.training.distributed import cpu_ddp, launched_distributed, process_group_backend
 
 # (prompts, number of rollouts each) -> completions, prompt by prompt
 RolloutFn = Callable[[list[list[dict[str, str]]], int], list[list[str]]]
@@ -58,18 +58,6 @@ def process_state() -> PartialState:
     MULTI_CPU only when told ``cpu``, and would otherwise leave every rank training alone; the Trainers share the
     state made here."""
     return PartialState(cpu=cpu_ddp(), backend=process_group_backend())
-
-
-def cpu_ddp() -> bool:
-    """True for a launch of several processes without CUDA and without DeepSpeed: DDP over gloo on CPUs."""
-    return (launched_distributed() and not torch.cuda.is_available()
-            and os.environ.get("ACCELERATE_USE_DEEPSPEED", "false") != "true")
-
-
-def trainer_device_args() -> dict[str, bool]:
-    """The update Trainers' ``use_cpu`` under DDP on CPUs: their arguments set up the process state again, and
-    without it accelerate would take the ranks for independent processes (no gradient sync, no gather)."""
-    return {"use_cpu": True} if cpu_ddp() else {}
 
 
 def launch_record() -> dict[str, Any]:

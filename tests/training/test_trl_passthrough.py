@@ -73,7 +73,7 @@ def test_a_misspelt_trl_field_is_refused_with_the_closest_name(tmp_path: Path) -
     (PlannerGrpoConfig, GRPO_YAML, "trl.reward_weights=[1.0]", "the rewards section's weights"),
     (PlannerSftConfig, SFT_YAML, "trl.push_to_hub=true", "set the recipe's push_to_hub"),
     (StitchConfig, STITCH_YAML, "trl_grpo.gradient_accumulation_steps=2", "STITCH sets each update's shape"),
-    (StitchConfig, STITCH_YAML, "trl_sft.optim=adafactor", "Adam's moments carry across updates"),
+    (StitchConfig, STITCH_YAML, "trl_sft.optim=adafactor", "carries Adam's moments across updates"),
 ])
 def test_a_value_given_both_ways_or_owned_by_the_recipe_is_refused(cls: type, path: Path, override: str, message: str,
                                                                    tmp_path: Path) -> None:
