@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from overstory.core.config import ConfigError, load_config
+from overstory.core.config import ConfigError
 from overstory.training.common import save_final
-from overstory.training.stitch import StitchConfig
-from overstory.training.stitch import run as run_stitch
+from overstory.training.stitch_ranks import check_zero_stage
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -57,10 +56,13 @@ def test_save_final_saves_the_model_on_every_rank_and_the_rest_on_the_main_one(t
         assert written == (False, False, False)
 
 
-def test_stitch_refuses_several_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    config = load_config(StitchConfig, ROOT / "configs/train/stitch.yaml", [f"out={tmp_path / 'stitch'}",
-                                                                           "tracking.backend=none"])
-    with pytest.raises(ConfigError, match="STITCH runs in one process .WORLD_SIZE is 2."):
-        run_stitch(config)
-    assert not (tmp_path / "stitch").exists()  # refused before any work
+@pytest.mark.parametrize(("stage", "refused"), [("3", True), ("2", False), ("", False)])
+def test_stitch_refuses_zero3_under_a_launcher(stage: str, refused: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """STITCH runs on several processes under DDP and ZeRO-1/2; ZeRO-3 is refused by name before any work."""
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", stage)
+    if refused:
+        with pytest.raises(ConfigError, match="not ZeRO-3 .* configs/accelerate/1node-8gpu-zero2.yaml"):
+            check_zero_stage()
+    else:
+        assert check_zero_stage() is None
