@@ -44,7 +44,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,7 @@ from overstory.core.records import Chunk, Document, read_jsonl, write_jsonl
 from overstory.retrieval.answer import AnswerConfig
 from overstory.retrieval.arag import ARagConfig, ARagStrategy
 from overstory.retrieval.bm25_floor import BM25FloorStrategy
+from overstory.retrieval.evidence import Answered, Cost, Evidence, Retrieved, evidence_list, usage_by_role
 from overstory.retrieval.fable.strategy import FableConfig, FableStrategy
 from overstory.retrieval.index import DocumentExistsError, UnknownDocumentError
 from overstory.retrieval.index_manifest import (
@@ -253,88 +254,6 @@ class Models:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-# ------------------------------------------------------------------------------------------------ results
-
-
-@dataclass(frozen=True)
-class Evidence:
-    """One evidence chunk: a node of its document's hierarchy, and the strategy's score for it (None where the
-    strategy ranks without scores)."""
-
-    id: str
-    doc_id: str
-    text: str
-    level: str
-    score: float | None
-    title: str = ""
-    start: int = 0  # the chunk's span in its document's text
-    end: int = 0
-
-    @classmethod
-    def of(cls, chunk: Chunk, score: float | None) -> Evidence:
-        return cls(chunk.id, chunk.doc_id, chunk.text, chunk.level, None if score is None else float(score),
-                   chunk.title, chunk.start, chunk.end)
-
-
-def usage_by_role(client: Client) -> dict[str, dict[str, int]]:
-    """What ``client`` spent, by role: requests (``calls``), prompt and completion tokens, failed requests."""
-    return {role: {"calls": s["requests"], "prompt_tokens": s["prompt_tokens"],
-                   "completion_tokens": s["completion_tokens"], "failed_calls": s["failures"]}
-            for role, s in client.stats.summary().items()}
-
-
-@dataclass(frozen=True)
-class Cost:
-    """What one call spent: per role, ``calls``, ``prompt_tokens``, ``completion_tokens`` and ``failed_calls`` (the
-    servers' usage), and the seconds it took. ``fallbacks``: for a build or an add, the model replies that fell back
-    to the strategy's own stand-in, by kind (FABLE: ``chunk``, ``group``, ``summary``; Orion-RAG: ``master_tags``,
-    ``paragraph_tags``); {} where the strategy asks for none."""
-
-    roles: dict[str, dict[str, int]]
-    seconds: float
-    fallbacks: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def calls(self) -> int:
-        """Requests over every role (the embedder's included)."""
-        return sum(role["calls"] for role in self.roles.values())
-
-    @property
-    def tokens(self) -> int:
-        """Prompt and completion tokens over every role."""
-        return sum(role["prompt_tokens"] + role["completion_tokens"] for role in self.roles.values())
-
-
-@dataclass(frozen=True)
-class Retrieved:
-    """A question's evidence, best first, and its cost; ``failure`` is "" unless the retrieval failed (a request
-    that failed after the client's retries: ``request_failed``, with the error in ``failure_detail``)."""
-
-    evidence: list[Evidence]
-    cost: Cost
-    failure: str = ""
-    failure_detail: str = ""
-    details: dict[str, Any] = field(default_factory=dict)  # what the strategy did: plan, sub-queries, slates...
-
-
-@dataclass(frozen=True)
-class Answered:
-    """The generator's answer (``text``: cleaned; ``raw``: its reply), the evidence it was given and the cost."""
-
-    text: str
-    raw: str
-    evidence: list[Evidence]
-    cost: Cost
-    failure: str = ""
-    failure_detail: str = ""
-    details: dict[str, Any] = field(default_factory=dict)
-
-
-def _evidence(chunks: Sequence[Chunk], scores: Sequence[float | None]) -> list[Evidence]:
-    """Chunks with their scores (None past the end of ``scores``)."""
-    return [Evidence.of(chunk, scores[i] if i < len(scores) else None) for i, chunk in enumerate(chunks)]
 
 
 # ------------------------------------------------------------------------------------------------ retriever
@@ -545,7 +464,7 @@ class Retriever:
             retriever: RetrievingStrategy = held.strategy  # type: ignore[assignment]  # every other strategy
             found = retriever.retrieve_evidence(question, client, ids, k)
         cost = Cost(usage_by_role(client), round(time.perf_counter() - started, 3))
-        return Retrieved(_evidence(found.evidence, found.scores), cost, found.failure, found.failure_detail,
+        return Retrieved(evidence_list(found.evidence, found.scores), cost, found.failure, found.failure_detail,
                          found.details)
 
     def answer(self, question: str, scope: str | Sequence[str] | None = None) -> Answered:
@@ -556,7 +475,7 @@ class Retriever:
         ids, client, started = self._scope(held, scope), self.models.client.fork(), time.perf_counter()
         result: StrategyAnswer = held.strategy.answer(question, client, ids)
         cost = Cost(usage_by_role(client), round(time.perf_counter() - started, 3))
-        return Answered(result.prediction, result.raw, _evidence(result.evidence, result.scores), cost,
+        return Answered(result.prediction, result.raw, evidence_list(result.evidence, result.scores), cost,
                         result.failure, result.failure_detail, result.details)
 
 
