@@ -106,6 +106,14 @@ def test_stitch_updates_get_their_sections_and_a_bad_value_is_a_config_error(tmp
         stitch_sft_args(bad, tmp_path, 3)
 
 
+def test_the_gpu_stitch_config_rolls_out_its_grpo_updates_on_vllm(tmp_path: Path) -> None:
+    config = load_config(StitchConfig, ROOT / "configs/train/stitch-qwen2.5-1.5b.yaml",
+                         [f"out={tmp_path}", "grpo.bf16=false"])  # TrainingArguments refuses bf16 without a GPU
+    grpo = stitch_grpo_args(config, [1.0], tmp_path, 1)
+    assert (grpo.use_vllm, grpo.vllm_mode, grpo.vllm_gpu_memory_utilization) == (True, "colocate", 0.3)
+    assert grpo.num_generations == 8 and grpo.learning_rate == 1e-6
+
+
 def test_every_argument_a_recipe_builds_is_an_alias_an_owned_field_or_a_replaceable_default(tmp_path: Path) -> None:
     """The alias tables name every TRL field the short names set: a field missing from them would be given two
     ways without being refused."""
