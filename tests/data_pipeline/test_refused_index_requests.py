@@ -23,7 +23,7 @@ from tests.stand_ins import failing_server
 CORPUS = [{"id": "nile", "title": "Nile", "text": "The Nile is the longest river in Africa."}]
 # job -> (config, the file its finished items go to, the file its failures file is named after)
 JOBS = {"fable-forest": ("configs/data/fable_forest.yaml", "trees.jsonl", "trees.jsonl"),
-        "orion-tags": ("configs/data/orion_tags.yaml", "chunks.jsonl", "tags.jsonl")}
+        "orion-tags": ("configs/data/orion_tags.yaml", "chunks.jsonl", "chunks.jsonl")}
 
 
 def with_embeddings(app: FastAPI) -> FastAPI:
