@@ -207,7 +207,7 @@ def _by_id(path: Path, drop: tuple[str, ...] = ()) -> dict[str, dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("method", "leaves", "written"), [("top-down", 4, "keywords.jsonl"),
+@pytest.mark.parametrize(("method", "leaves", "written"), [("top-down", 2, "keywords.jsonl"),
                                                            ("bottom-up", 8, "summaries.jsonl")])
 def test_lattice_trees_on_ray_match_the_threads(method: str, leaves: int, written: str, tmp_path: Path,
                                                 ray_cluster: None, fleet: list[str]) -> None:
