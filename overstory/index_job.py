@@ -35,6 +35,7 @@ from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
 from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchy, cached_tokenizer
 from overstory.data_pipeline.hierarchy_job import level_stats
+from overstory.evaluation.pipeline import DATASETS
 from overstory.retrieval.answer import AnswerConfig
 from overstory.retrieval.api import PERSISTENT, SECTIONS, Models, Retriever, check_lattice_tree
 from overstory.retrieval.fable.strategy import FableConfig
@@ -54,7 +55,7 @@ class IndexBuildConfig:
     the folder to save."""
 
     strategy: str = "naive"  # one of the strategies whose index persists: naive, smartchunk, lattice, fable, orion
-    corpus: CorpusConfig = field(default_factory=lambda: CorpusConfig("hotpotqa", "data/hotpotqa"))
+    corpus: CorpusConfig = field(default_factory=lambda: DATASETS["hotpotqa"])
     hierarchy: HierarchyConfig = field(default_factory=HierarchyConfig)
     # each strategy's section, as `overstory eval pipeline` reads it; only the chosen strategy's is used, and the
     # others must stay at their defaults (a setting given for another strategy is refused, not ignored)

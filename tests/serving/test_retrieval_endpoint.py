@@ -11,10 +11,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 import threading
-import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -47,6 +45,7 @@ from overstory.serving.launch import serve_in_background
 from overstory.serving.ports import free_port
 from overstory.serving.retrieval_routes import Indexed, QueryResult, mount_retrieval
 from overstory.serving.server import create_app, install_error_handlers
+from overstory.serving.vllm import start_server, stop_server
 from tests.serving.test_launch import STAND_IN
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -309,24 +308,18 @@ def test_a_folder_without_a_saved_retriever_or_a_zero_limit_is_refused(engine: E
 def test_overstory_serve_retriever_command(saved: str, tmp_path) -> None:
     """``overstory serve --retriever DIR`` in a process of its own: the job table's path to the routes."""
     port = free_port()
-    process = subprocess.Popen(
+    log = tmp_path / "serve.log"
+    process = start_server(
         [sys.executable, "-m", "overstory.cli", "serve", "--config", str(ROOT / "configs/serve/local.yaml"),
-         "--retriever", saved, f"port={port}", f"tracking.dir={tmp_path}"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "OVERSTORY_API_KEY": KEY})
+         "--retriever", saved, f"port={port}", f"tracking.dir={tmp_path}"], f"http://127.0.0.1:{port}", log,
+        timeout_s=180, env={"OVERSTORY_API_KEY": KEY})
     try:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and process.poll() is None:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.5)
         answer = httpx.post(f"http://127.0.0.1:{port}/v1/retrieve", json={"query": "Who wrote it?", "k": 2},
                             headers=AUTH, timeout=60)
         assert answer.status_code == 200 and len(answer.json()["data"][0]["evidence"]) == 2, answer.text
     finally:
-        process.terminate()
-        output = process.communicate(timeout=30)[0]
+        stop_server(process)
+    output = log.read_text()
     assert process.returncode == 0 and "Traceback" not in output, output[-2000:]
     assert f"naive retriever of {saved} (10 documents)" in output
     summary = json.loads(next(tmp_path.glob("serve-*/summary.json")).read_text())
