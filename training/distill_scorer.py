@@ -70,7 +70,7 @@ from overstory.training.distill_data import (
     split_slates,
 )
 from overstory.training.model_card import finish_checkpoint
-from overstory.training.sft import SftTrainSettings, check_sft_section, sft_args
+from overstory.training.sft import SftTrainSettings, check_sft_section, checkpointing_field, sft_args
 
 SETTINGS_FILE = "resume_settings.json"  # in out: the settings the checkpoints were trained with
 # the saved cross-encoder's activation by its configured (and served) name
@@ -240,8 +240,8 @@ def _train_cross_encoder(config: DistillScorerConfig, train: list[TracedSlate], 
         save_steps=settings.save_steps or 500,
         eval_strategy=("epoch" if every_epoch else "steps") if evaluate else "no",
         eval_steps=None if every_epoch else settings.save_steps, save_total_limit=2, seed=settings.seed,
-        data_seed=settings.seed, bf16=settings.bf16, activation_checkpointing=settings.gradient_checkpointing,
-        deepspeed=settings.deepspeed or None, report_to="none", logging_nan_inf_filter=False)
+        data_seed=settings.seed, bf16=settings.bf16, deepspeed=settings.deepspeed or None, report_to="none",
+        logging_nan_inf_filter=False, **{checkpointing_field(): settings.gradient_checkpointing})
     tracker = start_run(config.tracking, "train distill-scorer", config) if args.process_index == 0 else None
     trainer = CrossEncoderTrainer(
         model=model, args=args, loss=loss, train_dataset=Dataset.from_dict(train_columns),

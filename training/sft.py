@@ -3,6 +3,7 @@ their configs and the ``SFTConfig`` a run gets from it."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -46,7 +47,8 @@ class SftTrainSettings:
                 "grad_accum": ["gradient_accumulation_steps"], "max_length": ["max_length"],
                 "warmup_ratio": ["warmup_steps"], "weight_decay": ["weight_decay"], "logging_steps": ["logging_steps"],
                 "save_steps": ["save_strategy", "save_steps", "eval_strategy", "eval_steps"],
-                "seed": ["seed", "data_seed"], "bf16": ["bf16"], "gradient_checkpointing": ["activation_checkpointing"],
+                "seed": ["seed", "data_seed"], "bf16": ["bf16"],
+                "gradient_checkpointing": ["activation_checkpointing", "gradient_checkpointing"],
                 "deepspeed": ["deepspeed"]}
         return {trl_field: f"{prefix}{name}" for name, fields in sets.items() for trl_field in fields}
 
@@ -62,7 +64,18 @@ class SftTrainSettings:
             save_steps=self.save_steps or 500,
             eval_strategy=("epoch" if every_epoch else "steps") if evaluate else "no",
             eval_steps=None if every_epoch else self.save_steps, seed=self.seed, data_seed=self.seed, bf16=self.bf16,
-            activation_checkpointing=self.gradient_checkpointing, deepspeed=self.deepspeed or None)
+            deepspeed=self.deepspeed or None, **{checkpointing_field(): self.gradient_checkpointing})
+
+
+def checkpointing_field() -> str:
+    """TrainingArguments' name for activation checkpointing in the installed transformers: ``activation_checkpointing``
+    from 5.23 (where ``gradient_checkpointing`` became its deprecated alias), ``gradient_checkpointing`` before. The
+    project allows transformers from 5.0: GPU images ship older ones (5.17 refused ``activation_checkpointing``), and
+    the verl environment caps it near 5.10."""
+    from transformers import TrainingArguments  # transformers takes seconds to import: only when arguments are built
+
+    names = {field.name for field in dataclasses.fields(TrainingArguments)}
+    return "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
 
 
 # SFTConfig fields the SFT recipes derive themselves: a ``trl`` section may not set them

@@ -13,7 +13,7 @@ from overstory.training.distill_scorer import DistillScorerConfig
 from overstory.training.planner_common import grpo_args
 from overstory.training.planner_grpo import PlannerGrpoConfig
 from overstory.training.planner_sft import PlannerSftConfig
-from overstory.training.sft import sft_args
+from overstory.training.sft import checkpointing_field, sft_args
 from overstory.training.stitch import StitchConfig, stitch_grpo_args, stitch_sft_args
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,6 +27,15 @@ def test_trl_fields_reach_the_sft_config(tmp_path: Path) -> None:
     args = sft_args(config, evaluate=False)
     assert args.lr_scheduler_type == "cosine" and args.packing and args.report_to == ["tensorboard"]
     assert args.learning_rate == config.train.lr and args.output_dir == str(tmp_path / "checkpoints")  # recipe's own
+
+
+def test_gradient_checkpointing_reaches_the_field_the_installed_transformers_reads(tmp_path: Path) -> None:
+    """transformers 5.23 renamed TrainingArguments' ``gradient_checkpointing`` to ``activation_checkpointing`` (the
+    old name a deprecated alias); older releases refuse the new name, so the recipe gives whichever exists."""
+    for enabled in (True, False):
+        config = load_config(PlannerSftConfig, SFT_YAML, [f"out={tmp_path}", f"train.gradient_checkpointing={enabled}"])
+        args = sft_args(config, evaluate=False)
+        assert getattr(args, checkpointing_field()) is enabled and args.gradient_checkpointing is enabled
 
 
 def test_trl_fields_reach_the_grpo_config_and_vllm_colocation_is_reachable(tmp_path: Path) -> None:
@@ -65,6 +74,8 @@ def test_a_misspelt_trl_field_is_refused_with_the_closest_name(tmp_path: Path) -
 @pytest.mark.parametrize(("cls", "path", "override", "message"), [
     (PlannerSftConfig, SFT_YAML, "trl.learning_rate=0.1", "trl.learning_rate is what train.lr sets"),
     (PlannerSftConfig, SFT_YAML, "trl.eval_strategy=steps", "trl.eval_strategy is what train.save_steps sets"),
+    # either name of activation checkpointing, whichever the installed transformers calls it
+    (PlannerSftConfig, SFT_YAML, "trl.gradient_checkpointing=true", "is what train.gradient_checkpointing sets"),
     (PlannerGrpoConfig, GRPO_YAML, "trl.per_device_train_batch_size=4", "is what train.batch_size sets"),
     (StitchConfig, STITCH_YAML, "trl_sft.learning_rate=0.1", "trl_sft.learning_rate is what stitch.sft_lr sets"),
     (StitchConfig, STITCH_YAML, "trl_grpo.max_steps=3", "trl_grpo.max_steps is what stitch.grpo_steps sets"),
@@ -119,6 +130,8 @@ def test_every_argument_a_recipe_builds_is_an_alias_an_owned_field_or_a_replacea
     ways without being refused."""
     config = load_config(PlannerSftConfig, SFT_YAML, [f"out={tmp_path}"])
     recipe = config.train.trl_kwargs(evaluate=True)
-    assert set(recipe) == set(config.train.trl_aliases())
+    # the aliases also refuse the checkpointing name this transformers does not read (sft.checkpointing_field)
+    assert set(recipe) == set(config.train.trl_aliases()) - {"activation_checkpointing", "gradient_checkpointing"} | {
+        checkpointing_field()}
     grpo = load_config(PlannerGrpoConfig, GRPO_YAML, [f"out={tmp_path}", "train.vllm_server_url=http://h:1"])
     assert set(grpo.train.update_kwargs()) | set(grpo.train.run_kwargs()) == set(grpo.train.trl_aliases())
