@@ -21,13 +21,15 @@ pytestmark = pytest.mark.slow
 
 
 def test_pseudo_labels_on_a_real_slice_and_resume(tmp_path: Path) -> None:
+    """The first 3 questions, round-robin over the three articles, are the smallest slice with both outcomes
+    (measured: the first answered at attempt 1, the third at attempt 2 from 10 chunks, the second never)."""
     out = tmp_path / "labels.jsonl"
     args = ["data", "pseudo-labels", "--config", str(CONFIG), "--out", str(out),
-            f"corpus.path={ROOT / 'data/squad/dev-v2.0-articles.json'}", "limit=6", "max_attempts=2",
+            f"corpus.path={ROOT / 'data/squad/dev-v2.0-articles.json'}", "limit=3", "max_attempts=2",
             "tracking.backend=none"]
     assert main(args) == 0
     labels = list(read_jsonl(out, PseudoLabel))
-    assert len(labels) == 6 and len({label.id for label in labels}) == 6
+    assert len(labels) == 3 and len({label.id for label in labels}) == 3
     backbone = load_config(PseudoLabelsConfig, CONFIG).serve.roles["generator"].model
     for label in labels:
         assert label.attempts in (1, 2) and label.backbone == backbone
@@ -44,7 +46,7 @@ def test_pseudo_labels_on_a_real_slice_and_resume(tmp_path: Path) -> None:
             assert label.level_min is None and label.attempts == 2
             # the second attempt reads from paragraphs upwards and more chunks
             assert "sentence" not in label.retrieved_levels and len(label.retrieved_ids) == 10
-    assert any(label.correct for label in labels)  # measured: 2 of 6 with the contains rule
+    assert any(label.correct for label in labels)  # measured: 2 of 3 with the contains rule
     # the hierarchy it labelled on is stored beside the labels, holding every chunk the labels name
     stored = {c.id for c in load_hierarchies(stored_hierarchy_path(out))}
     assert {i for label in labels for i in label.retrieved_ids} <= stored
@@ -62,7 +64,7 @@ def test_qasper_labels_carry_gold_levels_and_narrativeqa_labels_their_document(t
     questions (no evidence spans) are labelled on the summary they were asked about."""
     qasper = tmp_path / "qasper.jsonl"
     assert main(["data", "pseudo-labels", "--config", str(ROOT / "configs/data/pseudo_labels-qasper.yaml"),
-                 "--out", str(qasper), f"corpus.path={ROOT / 'data/qasper'}", "limit=4", "max_attempts=1",
+                 "--out", str(qasper), f"corpus.path={ROOT / 'data/qasper'}", "limit=2", "max_attempts=1",
                  "tracking.backend=none"]) == 0
     labels = list(read_jsonl(qasper, PseudoLabel))
     documents, questions = load_corpus(CorpusConfig(kind="qasper", path=str(ROOT / "data/qasper")))
@@ -71,7 +73,7 @@ def test_qasper_labels_carry_gold_levels_and_narrativeqa_labels_their_document(t
     assert "2 questions excluded, their evidence only a figure or table" in capsys.readouterr().out
     gold, _ = label_corpus(documents, [q for q in questions if q.id in {x.id for x in labels}],
                            load_hierarchies(stored_hierarchy_path(qasper)))
-    assert len(labels) == 4 and gold  # the first questions round-robin over papers include gold-labelled ones
+    assert len(labels) == 2 and gold  # the first questions round-robin over papers include gold-labelled ones (both)
     by_id = {x.id: x for x in labels}
     assert [(by_id[g.id].gold_level_min, by_id[g.id].gold_level_max) for g in gold] == \
         [(g.level_min, g.level_max) for g in gold]
@@ -81,10 +83,10 @@ def test_qasper_labels_carry_gold_levels_and_narrativeqa_labels_their_document(t
 
     narrative = tmp_path / "narrativeqa.jsonl"
     assert main(["data", "pseudo-labels", "--config", str(ROOT / "configs/data/pseudo_labels-narrativeqa.yaml"),
-                 "--out", str(narrative), f"corpus.path={ROOT / 'data/narrativeqa'}", "limit=3", "max_attempts=1",
+                 "--out", str(narrative), f"corpus.path={ROOT / 'data/narrativeqa'}", "limit=2", "max_attempts=1",
                  "tracking.backend=none"]) == 0
     labels = list(read_jsonl(narrative, PseudoLabel))
-    assert len(labels) == 3 and len({x.doc_id for x in labels}) == 3  # round-robin: three summaries
+    assert len(labels) == 2 and len({x.doc_id for x in labels}) == 2  # round-robin: two summaries
     assert all(x.doc_id.startswith("narrativeqa/") and x.gold_level_min is None for x in labels)
     assert all(i.startswith(f"{x.doc_id}#") for x in labels for i in x.retrieved_ids)
     assert not narrative.with_suffix(".agreement.json").exists()
