@@ -21,13 +21,15 @@ export TOKENIZERS_PARALLELISM := false
 
 # Installs resolve from the lock files in requirements/ (exact versions with hashes, --no-deps: the lock is the
 # whole environment), so a release tomorrow changes nothing until `make lock` is run and its diff committed.
+# --no-compile: pip would byte-compile every installed module (torch, vLLM: 33 s of .venv's 89 s here); Python
+# compiles the ones a run imports, once, when it first imports them.
 PIP_VERSION := 26.3
 LOCK_TOOLS := .cache/lock-tools
 
 $(VENV)/.installed: pyproject.toml requirements/venv.lock requirements/models.lock
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q pip==$(PIP_VERSION)
-	$(PY) -m pip install -q --require-hashes --no-deps -r requirements/venv.lock
+	$(PY) -m pip install -q --no-compile --require-hashes --no-deps -r requirements/venv.lock
 	$(PY) -m pip install -q --require-hashes --no-deps -r requirements/models.lock
 	# the project itself, against the locked setuptools
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
@@ -38,7 +40,7 @@ env: $(VENV)/.installed
 $(VLLM_VENV)/.installed: requirements/vllm.lock
 	python3 -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install -q pip==$(PIP_VERSION)
-	$(VLLM_VENV)/bin/python -m pip install -q --require-hashes --no-deps -r requirements/vllm.lock
+	$(VLLM_VENV)/bin/python -m pip install -q --no-compile --require-hashes --no-deps -r requirements/vllm.lock
 	# the text models need none of these, and their builds do not match the CPU torch
 	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $@
