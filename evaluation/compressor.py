@@ -1,7 +1,12 @@
 """`overstory eval compressor`: four ways to embed the upper levels of a hierarchy, on held-out documents.
 
     overstory eval compressor --config configs/eval/compressor.yaml --checkpoint DIR --data FILE --out DIR
+    overstory eval compressor --config configs/eval/compressor-qasper-all.yaml   # no summaries
 
+The upper-level chunks come from summary records (``data``: ``overstory data summaries`` output, with e_gt) or,
+without summaries (``groups``), from the ``corpus``'s own hierarchy, their children embedded by the served embedder
+(``data_pipeline/compressor_groups.py``); then ``summarize`` and the cosine to e_gt are left out (named in
+``metrics.json``), and the other methods run on every upper-level chunk.
 Methods, for every upper-level chunk of the held-out documents: the training split's validation documents, by
 the same hash (``held_out: validation``, for a ``data`` file the compressor was trained on), or every document of
 ``data`` (``held_out: all``, for summaries of documents kept out of training, e.g. the QASPER dev papers):
@@ -14,11 +19,12 @@ the same hash (``held_out: validation``, for a ``data`` file the compressor was 
 compressor, and design (b), the fine-tuned text encoder, are compared on the same chunks in one run;
 a set compressor reads the children's embeddings, a text compressor their texts.
 
-For each method: cosine to e_gt, recall@k on the real questions whose evidence lies in the held-out
-documents (retrieving among the upper-level chunks embedded that way: under ``scope: auto`` those of the
-question's own document on a document-scoped dataset, QASPER, SQuAD or NarrativeQA, as ``eval pipeline`` searches
-them, and all of them on HotpotQA; ``scope: corpus`` ranks every held-out document's chunks for every question, the
-harder open-corpus variant; ``evaluation/scope.py``), wall-clock seconds, LLM
+For each method: cosine to e_gt, recall@k on the real questions whose text evidence lies in the held-out
+documents (those whose evidence is only a figure or table, or who have no text evidence, are left out and counted,
+and so are the kept ones that no held-out chunk covers), retrieving among the upper-level chunks embedded that way
+(under ``scope: auto`` those of the question's own document on a document-scoped dataset, QASPER, SQuAD or
+NarrativeQA, as ``eval pipeline`` searches them, and all of them on HotpotQA; ``scope: corpus`` ranks every held-out
+document's chunks for every question, the harder open-corpus variant; ``evaluation/scope.py``), wall-clock seconds, LLM
 tokens spent, and its repairs by kind: a summary that fails is replaced by the encoder on the chunk's
 text inside the ``summarize`` row (``summary_failed_direct_encode``), so that row measures partly
 direct_encode, and says how much. The children's embeddings are not counted as cost: they are the lower levels of the
@@ -46,8 +52,16 @@ from rich.table import Table
 from overstory.core.config import ConfigError, to_dict
 from overstory.core.records import Chunk, QAExample, SummaryRecord, read_jsonl
 from overstory.core.tracking import TrackingConfig, start_run
+from overstory.data_pipeline.compressor_groups import (
+    ChildGroup,
+    GroupsConfig,
+    child_groups,
+    question_counts,
+    uncovered_questions,
+    upper_chunks,
+)
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
-from overstory.data_pipeline.hierarchy import load_hierarchies, stored_hierarchy_path
+from overstory.data_pipeline.hierarchy import build_hierarchies, load_hierarchies, stored_hierarchy_path
 from overstory.data_pipeline.splits import split_by_document
 from overstory.data_pipeline.summaries import SummariesConfig
 from overstory.data_pipeline.summarize import SummaryFailed, summarise
@@ -59,17 +73,21 @@ from overstory.retrieval.index import DenseIndex, Hit, chunk_text_for_index
 from overstory.retrieval.metrics import bootstrap_interval, mean, recall_at_k
 from overstory.serving.client import Client
 from overstory.serving.config import RoleConfig, ServeConfig
-from overstory.serving.launch import client_for, serve_in_background
+from overstory.serving.launch import client_for, serve_in_background, served_models
 
 BASELINES = ("compressor", "mean_pool", "direct_encode", "summarize")
+EMBED_BATCH = 256  # children embedded per request when groups are built here
 
 
 @dataclass(frozen=True)
 class EvalCompressorConfig:
     checkpoint: str
-    data: str
     corpus: CorpusConfig
     out: str
+    # summary records (`overstory data summaries` output); empty: no summaries, `groups` takes the corpus's own upper
+    # levels (no summarize row, no cosine to e_gt)
+    data: str = ""
+    groups: GroupsConfig | None = None
     # further compressors to compare, each a method row of its own: {name: checkpoint folder}
     extra_checkpoints: dict[str, str] = field(default_factory=dict)
     # validation: the hash split's validation documents of `data` (val_fraction must match the training run's
@@ -89,6 +107,10 @@ class EvalCompressorConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
+        if bool(self.data) == (self.groups is not None):
+            raise ConfigError("give data (a summaries file from `overstory data summaries`) or groups (the corpus's "
+                              "own upper levels, no summaries, e.g. groups: {levels: [subsection, section]}), exactly "
+                              f"one; got data={self.data!r}, groups={self.groups}")
         taken = set(self.extra_checkpoints) & set(BASELINES)
         if taken:
             raise ConfigError(f"extra_checkpoints: {', '.join(sorted(taken))} is a method name already; pick another")
@@ -103,30 +125,36 @@ class EvalCompressorConfig:
 @dataclass
 class HeldOut:
     """What every method embeds and is scored on: the held-out upper-level chunks with their children's embeddings
-    and texts, their e_gt targets, and the questions whose evidence lies in their documents."""
+    and texts, their e_gt targets (None without summaries), the questions whose text evidence lies in their
+    documents, and how many questions were left out or are covered by no held-out chunk (``question_counts``)."""
 
-    records: list[SummaryRecord]
+    records: list[SummaryRecord] | list[ChildGroup]
     chunks: dict[str, Chunk]
     upper: list[Chunk]
     children: list[np.ndarray]
     child_texts: list[list[str]]
-    targets: np.ndarray
+    targets: np.ndarray | None
     questions: list[QAExample]
     n_documents: int
+    question_counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def has_summaries(self) -> bool:
+        return self.targets is not None
 
 
-def held_out_records(records: list[SummaryRecord], config: EvalCompressorConfig) -> list[SummaryRecord]:
-    """The summary records evaluated: the validation documents of the training split, or all of them."""
+def held_out_records(records: list, config: EvalCompressorConfig) -> list:
+    """The records (or chunks) evaluated: those of the training split's validation documents, or all of them."""
     held_out = split_by_document(records, config.val_fraction)[1] if config.held_out == "validation" else records
     if not held_out:
-        raise ValueError(f"no held-out upper-level chunks in {config.data} (held_out: {config.held_out})")
+        raise ValueError(f"no held-out upper-level chunks in {config.data or config.corpus.path} "
+                         f"(held_out: {config.held_out})")
     return held_out
 
 
-def load_held_out(config: EvalCompressorConfig) -> HeldOut:
-    """The held-out chunks of ``data`` in the hierarchy the summaries job stored beside it, and their questions."""
+def summary_held_out(config: EvalCompressorConfig) -> tuple[list[SummaryRecord], dict[str, Chunk]]:
+    """The held-out summary records of ``data`` and the hierarchy the summaries job stored beside it, by id."""
     held_out = held_out_records(list(read_jsonl(config.data, SummaryRecord)), config)
-    questions = load_corpus(config.corpus)[1]  # the questions and their evidence; the chunks come from the data job
     kept = stored_hierarchy_path(config.data)
     if not kept.exists():
         raise ValueError(f"{kept} not found: `overstory data summaries` stores the hierarchy it summarised there; "
@@ -135,14 +163,43 @@ def load_held_out(config: EvalCompressorConfig) -> HeldOut:
     missing = [r.id for r in held_out if r.id not in chunks]
     if missing:
         raise ValueError(f"{len(missing)} summarised chunks (e.g. {missing[0]}) are not in {kept}")
-    held_docs = {r.doc_id for r in held_out}
+    return held_out, chunks
+
+
+def group_held_out(config: EvalCompressorConfig, groups: GroupsConfig, documents: list, client: Client
+                   ) -> tuple[list[ChildGroup], dict[str, Chunk]]:
+    """Without summaries: the held-out documents' upper-level chunks of the corpus's own hierarchy (``groups``),
+    their children embedded by the served embedder (the encoder that embeds the questions and direct_encode's
+    chunks)."""
+    chunks = build_hierarchies(documents, groups.hierarchy)
+    held_docs = {c.doc_id for c in held_out_records(upper_chunks(chunks, groups.levels), config)}
+    kept = [c for c in chunks if c.doc_id in held_docs]
+
+    def embed(texts: list[str]) -> np.ndarray:
+        return np.concatenate([client.embed("embedder", texts[i:i + EMBED_BATCH])
+                               for i in range(0, len(texts), EMBED_BATCH)])
+
+    encoder = served_models(client, ["embedder"]).get("embedder", "")
+    print(f"groups without summaries: embedding the children of {len(upper_chunks(kept, groups.levels))} "
+          f"upper-level chunks of {len(held_docs)} documents with {encoder}", flush=True)
+    return child_groups(kept, groups.levels, embed, encoder), {c.id: c for c in kept}
+
+
+def load_held_out(config: EvalCompressorConfig, client: Client) -> HeldOut:
+    """The held-out upper-level chunks (of the summary records' stored hierarchy, or of the corpus's own without
+    summaries), and the questions about their documents: those with text evidence kept, the rest counted."""
+    documents, questions = load_corpus(config.corpus)
+    records, chunks = summary_held_out(config) if config.groups is None else \
+        group_held_out(config, config.groups, documents, client)
+    upper = [chunks[r.id] for r in records]
+    kept, counts = question_counts(questions, {r.doc_id for r in records}, within=True)
+    counts["uncovered"] = uncovered_questions(kept, upper)
     return HeldOut(
-        records=held_out, chunks=chunks, upper=[chunks[r.id] for r in held_out],
-        children=[np.array(r.child_embeddings, dtype=np.float32) for r in held_out],
-        child_texts=[[chunks[cid].text for cid in r.child_ids] for r in held_out],
-        targets=np.array([r.target_embedding for r in held_out], dtype=np.float32),
-        questions=[q for q in questions if q.evidence and {s.doc_id for s in q.evidence} <= held_docs],
-        n_documents=len(held_docs))
+        records=records, chunks=chunks, upper=upper,
+        children=[np.array(r.child_embeddings, dtype=np.float32) for r in records],
+        child_texts=[[chunks[cid].text for cid in r.child_ids] for r in records],
+        targets=np.array([r.target_embedding for r in records], dtype=np.float32) if config.groups is None else None,
+        questions=kept, n_documents=len({r.doc_id for r in records}), question_counts=counts)
 
 
 def compress_with(checkpoint: str, kind: str, data: HeldOut, serve: ServeConfig, stack: ExitStack
@@ -207,9 +264,9 @@ def candidates_per_question(data: HeldOut, mode: str) -> float | None:
 
 
 def measure(build: Callable[[], np.ndarray], data: HeldOut, client: Client, k: int, mode: str) -> dict:
-    """One method's row: its embeddings' cosine to e_gt, recall@k of the questions among the chunks embedded that
-    way (in each question's scope, ``mode``; with a 95% bootstrap interval), the seconds it took and the generator
-    tokens it spent."""
+    """One method's row: its embeddings' cosine to e_gt (None without summaries), recall@k of the questions among
+    the chunks embedded that way (in each question's scope, ``mode``; with a 95% bootstrap interval), the seconds it
+    took and the generator tokens it spent."""
     before = client.stats.summary().get("generator", {})
     started = time.perf_counter()
     vectors = build()
@@ -219,7 +276,8 @@ def measure(build: Callable[[], np.ndarray], data: HeldOut, client: Client, k: i
     normed = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
     recalls = [recall_at_k([h.chunk for h in row], q.evidence, k) for q, row in zip(data.questions, hits)]
     interval = bootstrap_interval(recalls)
-    return {"cosine_to_target": float(np.mean(np.sum(normed * data.targets, axis=1))),
+    cosine = float(np.mean(np.sum(normed * data.targets, axis=1))) if data.has_summaries else None
+    return {"cosine_to_target": cosine,
             f"recall@{k}": mean(recalls), f"recall@{k}_ci95": list(interval) if interval else None,
             "seconds": round(seconds, 3),
             "llm_completion_tokens": after.get("completion_tokens", 0) - before.get("completion_tokens", 0),
@@ -229,18 +287,20 @@ def measure(build: Callable[[], np.ndarray], data: HeldOut, client: Client, k: i
 def run(config: EvalCompressorConfig) -> dict:
     checkpoints = {"compressor": config.checkpoint, **config.extra_checkpoints}
     kinds = {name: checkpoint_kind(folder) for name, folder in checkpoints.items()}  # fails before models load
-    data = load_held_out(config)
     results: dict[str, dict] = {}
     with ExitStack() as stack:
         tracker = stack.enter_context(start_run(config.tracking, "eval compressor", config))
         client = stack.enter_context(client_for(config.serve, config.server_url))
+        data = load_held_out(config, client)
+        print_questions(data)
         summary_repairs: Counter[str] = Counter()
         builders = {
             **{name: compress_with(checkpoints[name], kinds[name], data, config.serve, stack) for name in checkpoints},
             "mean_pool": lambda: np.stack([c.mean(0) for c in data.children]),
             "direct_encode": lambda: client.embed("embedder", [chunk_text_for_index(c) for c in data.upper]),
-            "summarize": summarize_with(config, data, client, summary_repairs),
         }
+        if data.has_summaries:  # without summaries there is nothing to regenerate against: the row is left out
+            builders["summarize"] = summarize_with(config, data, client, summary_repairs)
         for i, method in enumerate(builders, 1):
             print(f"[{i}/{len(builders)}] {method}: embedding {len(data.upper)} upper-level chunks", flush=True)
             results[method] = measure(builders[method], data, client, config.k, config.scope_mode)
@@ -250,7 +310,8 @@ def run(config: EvalCompressorConfig) -> dict:
                          if isinstance(v, (int, float)) and not isinstance(v, bool)})
         for method in builders:  # times under a millisecond count as one: below what the clock resolves here
             results[method]["speedup_vs_summarize"] = round(
-                results["summarize"]["seconds"] / max(results[method]["seconds"], 1e-3), 1)
+                results["summarize"]["seconds"] / max(results[method]["seconds"], 1e-3), 1) \
+                if "summarize" in results else None
         report = build_report(config, data, checkpoints, kinds, results)
         tracker.summary({f"{m}/{k}": v for m, row in results.items() for k, v in row.items()
                          if isinstance(v, (int, float)) and not isinstance(v, bool)})
@@ -265,11 +326,27 @@ def run(config: EvalCompressorConfig) -> dict:
 def build_report(config: EvalCompressorConfig, data: HeldOut, checkpoints: dict[str, str], kinds: dict[str, str],
                  results: dict[str, dict]) -> dict:
     """metrics.json's content: what was evaluated (the dataset and the scope its questions were searched in, with
-    how many chunks each was ranked among), each method's row, and the config."""
+    how many chunks each was ranked among; the questions left out and uncovered; the records' source and any method
+    left out), each method's row, and the config."""
+    left_out = {} if data.has_summaries else {
+        "summarize": "no summaries (groups: the corpus's own upper levels): nothing to regenerate or compare to"}
     return {"checkpoints": checkpoints, "kinds": kinds, "dataset": config.corpus.kind, "scope": config.scope_mode,
+            "records": "summaries" if data.has_summaries else "groups",
             "candidates_per_question": candidates_per_question(data, config.scope_mode),
             "n_upper_chunks": len(data.upper), "n_documents": data.n_documents, "n_questions": len(data.questions),
+            "questions_left_out": {k: data.question_counts.get(k, 0) for k in ("figure_table_only",
+                                                                                "no_text_evidence")},
+            "questions_uncovered": data.question_counts.get("uncovered", 0), "methods_left_out": left_out,
             "levels": sorted({c.level for c in data.upper}), "methods": results, "config": to_dict(config)}
+
+
+def print_questions(data: HeldOut) -> None:
+    """Which questions are scored, and how many were left out or can reach no held-out chunk."""
+    counts = data.question_counts
+    print(f"questions: {len(data.questions)} with text evidence in the {data.n_documents} held-out documents scored "
+          f"({counts.get('uncovered', 0)} of them covered by no upper-level chunk: recall 0); left out "
+          f"{counts.get('figure_table_only', 0)} whose evidence is only a figure or table and "
+          f"{counts.get('no_text_evidence', 0)} with no text evidence", flush=True)
 
 
 def print_table(report: dict, k: int) -> None:
@@ -286,9 +363,15 @@ def print_table(report: dict, k: int) -> None:
         shown = "-" if recall is None else f"{recall:.3f}"
         if recall is not None and interval:
             shown += f" [{interval[0]:.2f}, {interval[1]:.2f}]"
-        table.add_row(method, f"{row['cosine_to_target']:.3f}", shown,
+        cosine, speedup = row["cosine_to_target"], row["speedup_vs_summarize"]
+        table.add_row(method, "-" if cosine is None else f"{cosine:.3f}", shown,
                       f"{row['seconds']:.2f}", str(row["llm_prompt_tokens"] + row["llm_completion_tokens"]),
-                      f"{row['speedup_vs_summarize']:g}x", repairs_cell(row.get("repairs")))
+                      "-" if speedup is None else f"{speedup:g}x", repairs_cell(row.get("repairs")))
     console = Console(width=110)
     console.print(scope_title(report))
     console.print(table)
+    left_out = report.get("questions_left_out", {})
+    console.print(f"questions left out: {left_out.get('figure_table_only', 0)} evidence only a figure or table, "
+                  f"{left_out.get('no_text_evidence', 0)} no text evidence; scored but covered by no upper-level "
+                  f"chunk: {report.get('questions_uncovered', 0)}"
+                  + "".join(f"; {m} left out: {why}" for m, why in report.get("methods_left_out", {}).items()))

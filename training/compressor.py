@@ -1,18 +1,23 @@
-"""Train the set compressor: child-chunk embeddings -> the embedding of the group's LLM summary.
+"""Train the set compressor: child-chunk embeddings -> the embedding of the group's LLM summary, or of its questions.
 
     overstory train compressor --config configs/train/compressor.yaml
+    overstory train compressor --config configs/train/compressor-qasper-contrastive.yaml   # no summaries
     accelerate launch --config_file configs/accelerate/<file>.yaml -m overstory.cli train compressor \
         --config configs/train/compressor.yaml
 
-Reads ``SummaryRecord``s (``overstory data summaries``), splits them by document (never by chunk,
-so validation groups come from documents the model never saw), trains with the paper's MSE to e_gt (cosine as
-an option), or with a retrieval objective the paper does not have (``train.objective: contrastive``: InfoNCE
-pulling a chunk's compressed embedding towards the ``questions`` corpus's questions whose evidence it covers, see
-``compressor_contrastive.py``), or both added (``mse+contrastive``). Every epoch it evaluates next to the untrained
-``mean_pool`` baseline, keeps the best checkpoint by the validation objective in ``out/best`` and the full
-training state in ``out/last`` (staged and swapped in whole, ``training/checkpoint_state.py``). Rerunning the same
-command resumes from ``out/last``; other settings are refused (only ``train.epochs`` may grow). A non-finite loss
-stops the run with a clear error; ``best`` and ``last`` stay as they were after the last good epoch.
+Reads ``SummaryRecord``s (``data``: ``overstory data summaries`` output) or, without summaries (``groups``), the
+``questions`` corpus's own upper-level chunks with their children embedded by ``encoder`` (``compressor_records.py``),
+splits them by document (never by chunk, so validation groups come from documents the model never saw), trains with
+the paper's MSE to e_gt (cosine as an option; needs summaries), or with a retrieval objective the paper does not
+have (``train.objective: contrastive``: InfoNCE pulling a chunk's compressed embedding towards the ``questions``
+corpus's questions whose evidence it covers, see ``compressor_contrastive.py``), or both added (``mse+contrastive``,
+needs summaries). Questions left out (evidence only a figure or table, no text evidence) and questions no
+upper-level chunk covers are counted per split in ``metrics.json`` and the printed summary. Every epoch it evaluates
+next to the untrained ``mean_pool`` baseline, keeps the best checkpoint by the validation objective in ``out/best``
+and the full training state in ``out/last`` (staged and swapped in whole, ``training/checkpoint_state.py``).
+Rerunning the same command resumes from ``out/last``; other settings are refused (only ``train.epochs`` may grow).
+A non-finite loss stops the run with a clear error; ``best`` and ``last`` stay as they were after the last good
+epoch.
 """
 
 from __future__ import annotations
@@ -34,13 +39,13 @@ from torch.utils.data import DataLoader
 from transformers import get_cosine_schedule_with_warmup
 
 from overstory.core.config import ConfigError, to_dict
-from overstory.core.records import Chunk, QAExample, SummaryRecord, read_jsonl
+from overstory.core.records import Chunk, QAExample
 from overstory.core.tracking import TrackingConfig, start_run
+from overstory.data_pipeline.compressor_groups import GroupsConfig, question_counts
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
-from overstory.data_pipeline.hierarchy import load_hierarchies, stored_hierarchy_path
 from overstory.data_pipeline.splits import split_by_document
 from overstory.models.compressor import SetCompressor, SetCompressorConfig, pad_children, save_checkpoint
-from overstory.models.registry import load_sentence_encoder
+from overstory.models.registry import MINILM, load_sentence_encoder
 from overstory.training import checkpoint_state
 from overstory.training.callbacks import TrainingDiverged
 from overstory.training.compressor_contrastive import (
@@ -49,6 +54,7 @@ from overstory.training.compressor_contrastive import (
     contrastive_loss,
     question_positives,
 )
+from overstory.training.compressor_records import Record, groups_path, stored_groups, summary_records
 from overstory.training.distributed import accelerator_handlers, cpu_ddp
 from overstory.training.model_card import finish_checkpoint
 
@@ -90,24 +96,49 @@ class CompressorTrainConfig:
 
 @dataclass(frozen=True)
 class CompressorJobConfig:
-    data: str
     out: str
+    # the summary records (`overstory data summaries` output); empty: no summaries, `groups` builds the inputs
+    data: str = ""
     model: CompressorModelConfig = field(default_factory=CompressorModelConfig)
     train: CompressorTrainConfig = field(default_factory=CompressorTrainConfig)
     # the corpus whose questions (with evidence spans) the contrastive objective pulls chunks towards: the one the
-    # summaries were made from; only questions whose evidence lies in a split's documents serve that split
+    # summaries were made from (or, with groups, whose hierarchy is built); only questions whose evidence lies in a
+    # split's documents serve that split
     questions: CorpusConfig | None = None
+    # without summaries (data empty): the upper levels of the questions corpus's hierarchy, children embedded by
+    # `encoder`; the contrastive objective only (the MSE term regresses on a summary's embedding)
+    groups: GroupsConfig | None = None
+    encoder: str = MINILM  # embeds the groups' children and the questions (summary records name their own)
     push_to_hub: str = ""  # a hub repo id: out/best and its model card are uploaded there at the end
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
+        if bool(self.data) == (self.groups is not None):
+            raise ConfigError("give data (a summaries file from `overstory data summaries`) or groups (the questions "
+                              "corpus's own upper levels, no summaries, e.g. groups: {levels: [subsection, section]}), "
+                              f"exactly one; got data={self.data!r}, groups={self.groups}")
+        if self.groups is not None and self.train.objective != "contrastive":
+            raise ConfigError(f"train.objective {self.train.objective!r} needs summaries (its MSE term regresses on "
+                              f"the summary embedding): set data to `overstory data summaries` output, or use "
+                              f"train.objective: contrastive with groups")
+        if self.data and self.encoder != MINILM:
+            raise ConfigError(f"encoder ({self.encoder!r}) applies to groups only: summary records in data name the "
+                              f"encoder that embedded them")
         if self.train.objective != "mse" and self.questions is None:
             raise ConfigError(f"train.objective {self.train.objective!r} needs questions: the corpus the summaries "
                               f"were made from, e.g. questions: {{kind: qasper, path: ...}}")
 
+    @property
+    def records_file(self) -> str:
+        """The file the training records are read from: the summaries, or the groups this run built."""
+        return self.data or str(groups_path(self.out))
 
-def collate(records: list[SummaryRecord]) -> dict[str, torch.Tensor]:
+
+def collate(records: list[Record]) -> dict[str, torch.Tensor]:
+    """The padded children and their mask, and e_gt (``target``) where the records have one (summary records)."""
     children, mask = pad_children([torch.tensor(r.child_embeddings, dtype=torch.float32) for r in records])
+    if records[0].target_embedding is None:
+        return {"children": children, "mask": mask}
     return {"children": children, "mask": mask,
             "target": torch.tensor([r.target_embedding for r in records], dtype=torch.float32)}
 
@@ -116,7 +147,7 @@ class RecordBatches:
     """Collates a batch of record indices: ``collate``'s tensors plus, with a ``PositiveSampler``, each record's
     sampled question (the contrastive objective's inputs)."""
 
-    def __init__(self, records: list[SummaryRecord], sampler: PositiveSampler | None):
+    def __init__(self, records: list[Record], sampler: PositiveSampler | None):
         self.records, self.sampler = records, sampler
 
     def __call__(self, indices: list[int]) -> dict[str, torch.Tensor]:
@@ -142,22 +173,13 @@ def objective(prediction: torch.Tensor, batch: dict[str, torch.Tensor], train: C
     return sum(terms.values()), {k: float(v.detach()) for k, v in terms.items()}
 
 
-def summary_chunks(data: str) -> dict[str, Chunk]:
-    """The chunks the summaries job summarised, by id (stored beside its output)."""
-    path = stored_hierarchy_path(data)
-    if not path.exists():
-        raise ValueError(f"{path} not found: `overstory data summaries` stores the hierarchy it summarised there; "
-                         f"rerun it (it resumes) to write it beside {data}")
-    return {c.id: c for c in load_hierarchies(path)}
-
-
-def positives_for(split: list[SummaryRecord], chunks: dict[str, Chunk], questions: list[QAExample],
+def positives_for(split: list[Record], chunks: dict[str, Chunk], questions: list[QAExample],
                   encoder) -> QuestionPositives:
-    """The ``questions`` whose evidence lies in ``split``'s documents, embedded with the summaries' encoder, as
+    """The ``questions`` whose evidence lies in ``split``'s documents, embedded with the records' encoder, as
     positives of the records whose chunks cover their evidence."""
     missing = [r.id for r in split if r.id not in chunks]
     if missing:
-        raise ValueError(f"{len(missing)} summarised chunks (e.g. {missing[0]}) are not in the stored hierarchy")
+        raise ValueError(f"{len(missing)} chunks of the records (e.g. {missing[0]}) are not in the stored hierarchy")
     return question_positives(split, chunks, questions, lambda texts: encoder.encode(
         texts, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False))
 
@@ -165,37 +187,40 @@ def positives_for(split: list[SummaryRecord], chunks: dict[str, Chunk], question
 @torch.no_grad()
 def evaluate(model: SetCompressor, loader: DataLoader, accelerator: Accelerator,
              train: CompressorTrainConfig) -> dict[str, float]:
-    """Validation MSE and cosine to e_gt, for the model and for the mean of the children; with the contrastive
-    objective also its loss (``val_contrastive``, batch by batch) for both. Every process scores the whole
-    validation split (a few hundred records), so all hold the same figures and pick the same best epoch.
-    ``val_objective`` is the objective the run minimises, on the validation split: the best checkpoint is chosen
-    by it."""
+    """Validation MSE and cosine to e_gt (where the records have summaries), for the model and for the mean of the
+    children; with the contrastive objective also its loss (``val_contrastive``, batch by batch) for both. Every
+    process scores the whole validation split (a few hundred records), so all hold the same figures and pick the
+    same best epoch. ``val_objective`` is the objective the run minimises, on the validation split: the best
+    checkpoint is chosen by it."""
     model.eval()
     sums = torch.zeros(6, device=accelerator.device)
     count = torch.zeros(2, device=accelerator.device)
-    contrastive = train.objective != "mse"
+    contrastive, targets = train.objective != "mse", False
     for batch in loader:
         batch = {k: v.to(accelerator.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
         prediction = model(batch["children"], batch["mask"])
         mask = batch["mask"].unsqueeze(-1).float()
         mean_pool = (batch["children"] * mask).sum(1) / mask.sum(1)
+        targets = "target" in batch
         for i, estimate in enumerate((prediction, mean_pool)):
-            sums[2 * i] += ((estimate - batch["target"]) ** 2).sum(-1).sum()
-            sums[2 * i + 1] += F.cosine_similarity(estimate, batch["target"], dim=-1).sum()
+            if targets:
+                sums[2 * i] += ((estimate - batch["target"]) ** 2).sum(-1).sum()
+                sums[2 * i + 1] += F.cosine_similarity(estimate, batch["target"], dim=-1).sum()
             if contrastive and bool(batch["has_question"].any()):
                 sums[4 + i] += contrastive_loss(estimate, batch["question"], batch["has_question"],
                                                 batch["also_covers"], train.temperature) * batch["has_question"].sum()
-        count[0] += len(batch["target"])
+        count[0] += len(batch["children"])
         count[1] += batch["has_question"].sum() if contrastive else 0
-    values = (sums[:4] / count[0]).tolist()
-    metrics = {"val_mse": values[0], "val_cosine": values[1], "mean_pool_mse": values[2],
-               "mean_pool_cosine": values[3]}
+    metrics: dict[str, float] = {}
+    if targets:
+        values = (sums[:4] / count[0]).tolist()
+        metrics.update(val_mse=values[0], val_cosine=values[1], mean_pool_mse=values[2], mean_pool_cosine=values[3])
     if contrastive:
         per_question = (sums[4:] / count[1].clamp(min=1)).tolist()
         metrics.update(val_contrastive=per_question[0], mean_pool_contrastive=per_question[1])
-    summary_term = metrics["val_mse"] if train.loss == "mse" else 1 - metrics["val_cosine"]
+    summary_term = (metrics["val_mse"] if train.loss == "mse" else 1 - metrics["val_cosine"]) if targets else None
     metrics["val_objective"] = {"mse": summary_term, "contrastive": metrics.get("val_contrastive"),
-                                "mse+contrastive": summary_term + train.contrastive_weight
+                                "mse+contrastive": (summary_term or 0.0) + train.contrastive_weight
                                 * metrics.get("val_contrastive", 0.0)}[train.objective]
     model.train()
     return metrics
@@ -212,28 +237,44 @@ class Setup:
     val_loader: DataLoader
     n_train: int
     n_val: int
-    coverage: dict[str, int]  # the contrastive objective's chunks and questions per split ({} for mse)
+    # the contrastive objective's chunks and questions per split, used, left out and uncovered ({} for mse)
+    coverage: dict[str, int]
 
 
-def loaders(config: CompressorJobConfig, train_records: list[SummaryRecord], val_records: list[SummaryRecord],
-            accelerator: Accelerator) -> tuple[DataLoader, DataLoader, dict[str, int]]:
+def split_positives(split: list[Record], name: str, chunks: dict[str, Chunk], questions: list[QAExample],
+                    encoder) -> tuple[QuestionPositives, dict[str, int]]:
+    """One split's positives and its counts: the questions about its documents used (text evidence), left out
+    (evidence only a figure or table, no text evidence) and used but covered by no chunk of the split."""
+    used, counts = question_counts(questions, {r.doc_id for r in split})
+    positives = positives_for(split, chunks, used, encoder)
+    return positives, positives.coverage(name) | {f"{name}_questions_{kind}": counts[kind]
+                                                  for kind in ("figure_table_only", "no_text_evidence")}
+
+
+def loaders(config: CompressorJobConfig, train_records: list[Record], val_records: list[Record],
+            chunks: dict[str, Chunk], questions: list[QAExample], accelerator: Accelerator
+            ) -> tuple[DataLoader, DataLoader, dict[str, int]]:
     """Training and validation batches; with a contrastive objective each record also draws a covered question,
-    and the coverage counts (chunks covering a question, questions no chunk covers) come back beside them."""
+    and the coverage counts (chunks covering a question, questions used, left out, and uncovered) come back beside
+    them."""
     samplers: list[PositiveSampler | None] = [None, None]
     coverage: dict[str, int] = {}
     if config.train.objective != "mse":
-        chunks, questions = summary_chunks(config.data), load_corpus(config.questions)[1]
         encoder = load_sentence_encoder(train_records[0].encoder)
-        positives = [positives_for(split, chunks, questions, encoder) for split in (train_records, val_records)]
-        coverage = positives[0].coverage("train") | positives[1].coverage("val")
-        accelerator.print(f"contrastive objective: {positives[0].covered_records} of {len(train_records)} training "
-                          f"and {positives[1].covered_records} of {len(val_records)} validation "
-                          f"chunks cover a question; {coverage['train_questions_uncovered']} of "
-                          f"{coverage['train_questions']} training and {coverage['val_questions_uncovered']} of "
-                          f"{coverage['val_questions']} validation questions have no chunk covering their evidence "
-                          f"(never a positive)")
-        samplers = [PositiveSampler(positives[0], seed=config.train.seed),
-                    PositiveSampler(positives[1], deterministic=True)]
+        (train_positives, train_counts), (val_positives, val_counts) = (
+            split_positives(split, name, chunks, questions, encoder)
+            for split, name in ((train_records, "train"), (val_records, "val")))
+        coverage = train_counts | val_counts
+        accelerator.print(
+            f"contrastive objective: {train_positives.covered_records} of {len(train_records)} training and "
+            f"{val_positives.covered_records} of {len(val_records)} validation chunks cover a question; questions "
+            + "; ".join(f"{name}: {coverage[f'{name}_questions']} used, {coverage[f'{name}_questions_uncovered']} of "
+                        f"them with no chunk covering their evidence (never a positive), left out "
+                        f"{coverage[f'{name}_questions_figure_table_only']} whose evidence is only a figure or table "
+                        f"and {coverage[f'{name}_questions_no_text_evidence']} with no text evidence"
+                        for name in ("train", "val")))
+        samplers = [PositiveSampler(train_positives, seed=config.train.seed),
+                    PositiveSampler(val_positives, deterministic=True)]
     train_loader = DataLoader(list(range(len(train_records))), batch_size=config.train.batch_size, shuffle=True,
                               collate_fn=RecordBatches(train_records, samplers[0]),
                               generator=torch.Generator().manual_seed(config.train.seed))
@@ -242,15 +283,30 @@ def loaders(config: CompressorJobConfig, train_records: list[SummaryRecord], val
     return train_loader, val_loader, coverage
 
 
+def training_records(config: CompressorJobConfig, accelerator: Accelerator
+                     ) -> tuple[list[Record], dict[str, Chunk], list[QAExample]]:
+    """The records (summary records, or child groups built from the questions corpus), the chunks they name, by id,
+    and the questions corpus's questions (none when the objective needs none)."""
+    if config.groups is None:
+        records, chunks = summary_records(config.data)
+        questions = load_corpus(config.questions)[1] if config.questions is not None else []
+        return records, chunks, questions
+    documents, questions = load_corpus(config.questions)
+    records, chunks = stored_groups(config.out, config.questions, documents, config.groups, config.encoder,
+                                    accelerator)
+    if not records:
+        raise ValueError(f"the {'/'.join(config.groups.levels)} chunks of {config.questions.path} have no children: "
+                         f"nothing to compress")
+    return records, chunks, questions
+
+
 def setup(config: CompressorJobConfig, accelerator: Accelerator) -> Setup:
     """The records split by document, the compressor, its optimizer and schedule, and the loaders."""
-    records = list(read_jsonl(config.data, SummaryRecord))
-    if not records:
-        raise ValueError(f"{config.data} holds no summary records; run `overstory data summaries` first")
+    records, chunks, questions = training_records(config, accelerator)
     train_records, val_records = split_by_document(records, config.train.val_fraction)
-    model = SetCompressor(SetCompressorConfig(embedding_dim=len(records[0].target_embedding),
+    model = SetCompressor(SetCompressorConfig(embedding_dim=len(records[0].child_embeddings[0]),
                                               encoder=records[0].encoder, **to_dict(config.model)))
-    train_loader, val_loader, coverage = loaders(config, train_records, val_records, accelerator)
+    train_loader, val_loader, coverage = loaders(config, train_records, val_records, chunks, questions, accelerator)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.train.lr, weight_decay=config.train.weight_decay)
     total_steps = config.train.epochs * math.ceil(len(train_records) / config.train.batch_size)
     scheduler = get_cosine_schedule_with_warmup(optimizer, int(config.train.warmup_ratio * total_steps), total_steps)
@@ -306,7 +362,7 @@ def train_epoch(prepared: Setup, config: CompressorJobConfig, accelerator: Accel
         epoch_loss, batches, state["step"] = epoch_loss + loss.item(), batches + 1, state["step"] + 1
         for name, value in terms.items():
             term_sums[name] = term_sums.get(name, 0.0) + value
-        samples += len(batch["target"]) * accelerator.num_processes
+        samples += len(batch["children"]) * accelerator.num_processes
         advance()
     return {"epoch": epoch + 1, "train_loss": epoch_loss / max(batches, 1),
             **{f"train_{k}": v / max(batches, 1) for k, v in term_sums.items()},
@@ -318,11 +374,11 @@ def train_epoch(prepared: Setup, config: CompressorJobConfig, accelerator: Accel
 def save_best(prepared: Setup, config: CompressorJobConfig, accelerator: Accelerator, state: dict, metrics: dict,
               tracker) -> None:
     """``out/best``: the compressor of the epoch with the lowest validation objective so far."""
-    state["best_val_mse"], state["best_val_objective"] = metrics["val_mse"], metrics["val_objective"]
+    state["best_val_mse"], state["best_val_objective"] = metrics.get("val_mse"), metrics["val_objective"]
     if accelerator.is_main_process:
         save_checkpoint(accelerator.unwrap_model(prepared.model), Path(config.out) / "best", {
-            "config": to_dict(config), "data": config.data,
-            "data_sha256": hashlib.sha256(Path(config.data).read_bytes()).hexdigest()[:16],
+            "config": to_dict(config), "data": config.records_file,
+            "data_sha256": hashlib.sha256(Path(config.records_file).read_bytes()).hexdigest()[:16],
             "n_train": prepared.n_train, "n_val": prepared.n_val, "metrics": metrics,
             "tracking_run": tracker.id if tracker else None})
 
@@ -347,7 +403,7 @@ def summarise(config: CompressorJobConfig, prepared: Setup, state: dict, started
     history = state["history"]
     summary = {"objective": config.train.objective, "best_val_objective": state["best_val_objective"],
                "initial_val_objective": history[0]["val_objective"],
-               "best_val_mse": state["best_val_mse"], "initial_val_mse": history[0]["val_mse"],
+               "best_val_mse": state["best_val_mse"], "initial_val_mse": history[0].get("val_mse"),
                "epochs": state["epoch"], "n_train": prepared.n_train, "n_val": prepared.n_val, **prepared.coverage,
                "seconds": round(time.perf_counter() - started, 1),
                # how the run was spread: the processes that shared each step's batches, and accelerate's name for it
@@ -361,7 +417,7 @@ def summarise(config: CompressorJobConfig, prepared: Setup, state: dict, started
         manifest = json.loads((best / "overstory.json").read_text())
         # the set compressor works on its encoder's vectors: that encoder is the base its card names
         finish_checkpoint(best, {**manifest, "base_model": manifest["encoder"], "recipe": "compressor"},
-                          {"data": config.data}, summary, "overstory", config.push_to_hub)
+                          {"data": config.records_file}, summary, "overstory", config.push_to_hub)
         accelerator.print(json.dumps(summary, indent=2))
     return summary
 

@@ -7,7 +7,8 @@ uses, ``retrieval.metrics.covers``), the chunk's compressed embedding should sco
 chunks of the batch (InfoNCE with in-batch negatives, cosine similarity over a temperature). A chunk of the batch
 that also covers the question (a section and its own subsection) is not a negative: it is masked out.
 
-``question_positives`` joins summary records, their chunks and a corpus's questions once; ``PositiveSampler``
+``question_positives`` joins the compressor's records (summary records, or child groups made without summaries),
+their chunks and a corpus's questions once; ``PositiveSampler``
 draws one covered question per chunk for each batch (a chunk covers several); ``contrastive_loss`` is the loss.
 Questions are embedded with the compressor's own sentence encoder, normalised, as the index embeds queries.
 """
@@ -20,14 +21,15 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from overstory.core.records import Chunk, QAExample, SummaryRecord
+from overstory.core.records import Chunk, QAExample
 from overstory.retrieval.metrics import covers
+from overstory.training.compressor_records import Record
 
 
 @dataclass(frozen=True)
 class QuestionPositives:
-    """Question embeddings (normalised, one row per question) and, per summary record, the indices of the
-    questions whose evidence its chunk covers."""
+    """Question embeddings (normalised, one row per question) and, per record, the indices of the questions whose
+    evidence its chunk covers."""
 
     embeddings: torch.Tensor
     by_record: list[list[int]]
@@ -39,8 +41,8 @@ class QuestionPositives:
     @property
     def uncovered_questions(self) -> int:
         """Questions with evidence in these records' documents that no record's chunk covers: never a positive (an
-        upper-level chunk was not summarised, or the evidence spans two of them), counted rather than dropped
-        silently."""
+        upper-level chunk was not summarised, or the evidence lies outside every upper-level chunk), counted rather than
+        dropped silently."""
         return len(self.embeddings) - len({i for ids in self.by_record for i in ids})
 
     def coverage(self, split: str) -> dict[str, int]:
@@ -49,7 +51,7 @@ class QuestionPositives:
                 f"{split}_questions_uncovered": self.uncovered_questions}
 
 
-def question_positives(records: Sequence[SummaryRecord], chunks: dict[str, Chunk], questions: Sequence[QAExample],
+def question_positives(records: Sequence[Record], chunks: dict[str, Chunk], questions: Sequence[QAExample],
                        encode) -> QuestionPositives:
     """Positives of every record among ``questions`` (only those with evidence in the records' documents are
     embedded); ``encode(texts)`` returns their normalised embeddings as an array."""
@@ -58,7 +60,7 @@ def question_positives(records: Sequence[SummaryRecord], chunks: dict[str, Chunk
     by_record = [[i for i, q in enumerate(kept) if any(covers(chunks[r.id], s) for s in q.evidence)]
                  for r in records]
     embeddings = torch.as_tensor(encode([q.question for q in kept]), dtype=torch.float32) if kept else \
-        torch.zeros(0, len(records[0].target_embedding) if records else 0)
+        torch.zeros(0, len(records[0].child_embeddings[0]) if records else 0)
     return QuestionPositives(embeddings, by_record)
 
 

@@ -26,9 +26,9 @@ from overstory.training.compressor import (
     evaluate,
     positives_for,
     run,
-    summary_chunks,
 )
 from overstory.training.compressor_contrastive import PositiveSampler
+from overstory.training.compressor_records import summary_chunks
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
