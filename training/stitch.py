@@ -3,6 +3,8 @@
     overstory train stitch --config configs/train/stitch.yaml
     accelerate launch --config_file configs/accelerate/cpu-2proc-zero2.yaml -m overstory.cli train stitch \
         --config configs/train/stitch.yaml
+    accelerate launch --config_file configs/accelerate/cpu-2proc-zero3.yaml -m overstory.cli train stitch \
+        --config configs/train/stitch.yaml
 
 The loop of the SmartChunk paper's Algorithm 2, per step:
 1. Draw ``questions_per_step`` planner prompts and sample ``num_generations`` rollouts of each with
@@ -28,15 +30,17 @@ The loop of the SmartChunk paper's Algorithm 2, per step:
 What TRL does not do and is written here: the routing of questions (rollouts, hints, buffers) and
 the schedule. The updates themselves are TRL's trainers, built per update around the one shared
 policy; each makes its own optimizer (DeepSpeed's, under ZeRO), and Adam's moments are carried from one update of a
-kind to the next (``training/stitch_ranks.py``). Under ``accelerate launch`` (DDP or DeepSpeed) the routing rollouts
-are split over the ranks and gathered, every rank routes the same questions the same way (checked each step), and
-the updates are the trainers' distributed ones (``training/stitch_ranks.py`` says how and why). Every
-step is logged (solve-none ratio, hinted-solve ratio, buffer sizes, hint cuts and leaks, questions without a
-trace, the plain rollouts' format rates, tolerant and strict, the GRPO update's optimizer steps, gradient norm and
-weight change, SFT injections, reward) to ``out/stitch_log.jsonl`` and the tracker. After each step the adapter,
-both optimizers' states and the RNG state (one file per rank), the log and the loop state (with the settings and
-the launch) are written to a staging folder and swapped whole into ``out/last`` (``training/checkpoint_state.py``):
-a rerun resumes after the last whole step, and refuses other settings (only ``stitch.steps`` may grow) or another
+kind to the next (``training/stitch_ranks.py``). Under ``accelerate launch`` (DDP, DeepSpeed ZeRO-2, or ZeRO-3, whose
+partitioned policy passes from one update's engine to the next) the routing rollouts are split over the ranks and
+gathered, every rank routes the same questions the same way (checked each step), and the updates are the trainers'
+distributed ones (``training/stitch_ranks.py`` says how and why). Every step is logged (solve-none ratio,
+hinted-solve ratio, buffer sizes, hint cuts and leaks, questions without a trace, the plain rollouts' format rates,
+tolerant and strict, the GRPO update's optimizer steps, gradient norm and weight change, SFT injections, reward, every
+rank's digest of its routing and of its adapter) to ``out/stitch_log.jsonl`` and the tracker. After each step the
+adapter, both optimizers' states and the RNG state (one file per rank), the log and the loop state (with the settings
+and the launch) are written to a staging folder and swapped whole into ``out/last``
+(``training/checkpoint_state.py``): a rerun resumes after the last whole step, and refuses other settings (only
+``stitch.steps`` may grow) or another
 launch (the optimizer states are per rank).
 """
 
@@ -367,9 +371,12 @@ def policy_rollout(policy: Policy, settings: StitchSettings, max_new_tokens: int
             tokenizer.padding_side = "left"
             texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
             batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+            # each rank generates its own share alone: under ZeRO-3 the weights are gathered whole for the rollout,
+            # so no forward needs the other ranks, and transformers' default there (synced_gpus: step with every
+            # rank until all finish) would wait forever on a rank with no prompts of its own
             output = model.generate(**batch, do_sample=True, temperature=settings.rollout_temperature,
                                     max_new_tokens=max_new_tokens, num_return_sequences=n,
-                                    pad_token_id=tokenizer.pad_token_id)
+                                    pad_token_id=tokenizer.pad_token_id, synced_gpus=False)
             model.train()
         decoded = tokenizer.batch_decode(output[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
         return [decoded[i * n: (i + 1) * n] for i in range(len(prompts))]
@@ -431,8 +438,11 @@ def grpo_update(policy: Policy, rl: list[dict], config: StitchConfig, reward_fun
                           train_dataset=Dataset.from_list(rl),
                           callbacks=[CarryOptimizerState(policy.optimizer_states, "grpo")])
     policy.trainer = trainer
-    before = [p.detach().clone() for p in policy.trainable]
+    with stitch_ranks.gathered(policy.trainable):  # whole under ZeRO-3, where the engine partitions them
+        before = [p.detach().clone() for p in policy.trainable]
     trainer.train()
+    with stitch_ranks.gathered(policy.trainable):
+        change = float(sum((p.detach() - b).abs().sum() for p, b in zip(policy.trainable, before, strict=True)))
     logged = next((r for r in reversed(trainer.state.log_history) if "reward" in r), {})
     # proof of an update: optimizer steps taken, their gradient norm (0 when every group's rewards were flat: zero
     # advantages) and how far the trainable (LoRA) weights moved; each reward's mean (TRL's rewards/<name>/mean)
@@ -440,7 +450,7 @@ def grpo_update(policy: Policy, rl: list[dict], config: StitchConfig, reward_fun
             "rewards": {key.split("/")[1]: value for key, value in logged.items()
                         if key.startswith("rewards/") and key.endswith("/mean")},
             "grpo_grad_norm": logged.get("grad_norm"),
-            "grpo_weight_change": float(sum((p.detach() - b).abs().sum() for p, b in zip(policy.trainable, before)))}
+            "grpo_weight_change": change}
 
 
 def sft_update(policy: Policy, imitation: list[PlannerTrace], config: StitchConfig, out: Path) -> dict:
@@ -491,6 +501,7 @@ def train_step(step: int, rows: list[dict], traces: dict[str, PlannerTrace], pol
     if len(state["imitation"]) >= settings.imitation_threshold:
         record.update(sft_update(policy, [traces[i] for i in state["imitation"]], config, out))
         state["imitation"] = []
+    record["adapter_by_rank"] = stitch_ranks.adapter_by_rank(policy.model, policy.trainable)
     record["seconds"] = round(time.perf_counter() - started, 2)
     state["step"] = step
     state["history"].append(record)

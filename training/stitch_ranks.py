@@ -2,6 +2,8 @@
 
     accelerate launch --config_file configs/accelerate/cpu-2proc-zero2.yaml -m overstory.cli train stitch \
         --config configs/train/stitch.yaml
+    accelerate launch --config_file configs/accelerate/cpu-2proc-zero3.yaml -m overstory.cli train stitch \
+        --config configs/train/stitch.yaml
 
 What a STITCH step needs beyond one process, and how it is done here:
 
@@ -10,10 +12,22 @@ What a STITCH step needs beyond one process, and how it is done here:
   by the step), the completions, the traces and the success rate, so every rank sorts the questions the same way.
   Split-and-gather rather than drawn on rank 0 and broadcast: the rollouts are a step's largest cost outside the
   updates, and split they take 1/world of the time, with every rank holding the whole policy anyway.
-- **Not ZeRO-3** (``check_zero_stage``): each update builds its own engine around the policy, and ZeRO-3's
-  partitioned parameters do not pass from one engine to the next.
   Each rank's routing is then reduced to a digest, the digests are gathered and compared: a disagreement stops the
   run (the ranks would otherwise train on different buffers) and the step log shows every rank's digest.
+- **ZeRO-3: one policy, partitioned, across the updates.** The first update's engine partitions the policy's
+  parameters (each rank keeps its shard); each later update's engine takes them as they are, which is DeepSpeed's
+  own path for a model built under ``zero.Init`` (its ``_convert_to_zero_parameters`` converts only parameters not
+  yet partitioned), once the previous engine is destroyed (``retire``: its hooks would otherwise fire twice). What
+  needs the whole weights gathers them for the moment it needs them, with DeepSpeed's ``GatheredParameters``: the
+  routing rollouts (TRL's ``unwrap_model_for_generation``, as its trainers do), the weight change a GRPO update
+  reports and the adapter digest (``gathered``), the save (the Trainer's ``save_model``, which under ZeRO-3 with a
+  PEFT model gathers the trainable weights onto rank 0; every rank calls it). The other design, gathering the weights
+  out of each engine and rebuilding the policy for the next update, would copy the whole model once per update and
+  give up ZeRO-3's partitioned parameters between updates, for nothing the partitioned policy cannot do.
+  Adam's moments are carried as under ZeRO-2, each rank its shard (the same trainable parameters and ranks give
+  every engine the same partitioning); ZeRO-3's loader restores the master weights from the saved state, so they are
+  replaced by the new engine's own (made from the current weights) before loading.
+  ``check_zero_stage`` refuses what still cannot run (parameters offloaded to CPU or NVMe).
 - **The updates are the trainers' own.** Each GRPO update and SFT injection is a TRL trainer built around the one
   policy, which makes its own optimizer (under DeepSpeed the engine wraps it: DeepSpeed ignores an optimizer handed
   to the Trainer). ``CarryOptimizerState`` keeps Adam's moments across the updates of one kind: the optimizer's state
@@ -21,9 +35,10 @@ What a STITCH step needs beyond one process, and how it is done here:
   start, the master weights refreshed from the current ones (``load_from_fp32_weights=False``: an SFT injection
   between two GRPO updates moved them) and the learning rate left to the new update's scheduler.
 - **Saves.** The weights are saved by every rank through the last update's Trainer (``save_model``, as the other
-  recipes save under DeepSpeed); before any update the main process saves them. Each rank writes its own optimizer
-  shards and RNG state; the main process writes the
-  rest and swaps the step in (``training/checkpoint_state.py``), between barriers.
+  recipes save under DeepSpeed); before any update the main process saves them. Each step logs every rank's digest
+  of the adapter it holds (``adapter_by_rank``; gathered under ZeRO-3), which the saved adapter's digest equals.
+  Each rank writes its own optimizer shards and RNG state; the main process writes the rest and swaps the step in
+  (``training/checkpoint_state.py``), between barriers.
 """
 
 from __future__ import annotations
@@ -49,6 +64,10 @@ from overstory.training.distributed import cpu_ddp, launched_distributed, proces
 
 # (prompts, number of rollouts each) -> completions, prompt by prompt
 RolloutFn = Callable[[list[list[dict[str, str]]], int], list[list[str]]]
+# the key of ZeRO-3's master weights in its optimizer state (deepspeed.checkpoint.constants; deepspeed is optional)
+FP32_FLAT_GROUPS = "fp32_flat_groups"
+# what a ZeRO-3 engine sets on each module and keeps after its destroy (deepspeed/runtime/zero/parameter_offload.py)
+ZERO3_MODULE_FUNCTIONS = ("pre_bwd_fn", "post_bwd_fn")
 
 
 def process_state() -> PartialState:
@@ -61,30 +80,38 @@ def process_state() -> PartialState:
 
 
 def launch_record() -> dict[str, Any]:
-    """What the saved optimizer shards depend on: how many processes, and whether DeepSpeed shards the optimizer."""
+    """What the saved optimizer shards depend on: how many processes, and whether DeepSpeed shards the optimizer and
+    at which ZeRO stage (ZeRO-3's shards hold another layout than ZeRO-1/2's)."""
     state = process_state()
-    return {"world_size": state.num_processes, "deepspeed": state.distributed_type == DistributedType.DEEPSPEED}
+    deepspeed = state.distributed_type == DistributedType.DEEPSPEED
+    stage = os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "") if deepspeed else ""
+    return {"world_size": state.num_processes, "deepspeed": deepspeed, "zero_stage": stage}
 
 
 def check_launch(saved: dict | None, folder: Path) -> None:
     """Refuse to resume a run saved under another launch (its optimizer shards are per rank and per backend)."""
     now = launch_record()
     if saved is not None and saved != now:
-        raise ConfigError(f"{folder} was saved by a run of {saved['world_size']} process(es) (DeepSpeed: "
-                          f"{saved['deepspeed']}); this launch has {now['world_size']} "
-                          f"(DeepSpeed: {now['deepspeed']}). "
-                          f"Resume it with the launch it was made with, or choose another out= to start afresh")
+        raise ConfigError(f"{folder} was saved by a run of {_launch_words(saved)}; this launch has "
+                          f"{_launch_words(now)}. Resume it with the launch it was made with, or choose another out= "
+                          f"to start afresh")
+
+
+def _launch_words(record: dict) -> str:
+    return (f"{record['world_size']} process(es) (DeepSpeed: {record['deepspeed']}, "
+            f"ZeRO stage: {record.get('zero_stage') or '-'})")
 
 
 def check_zero_stage() -> None:
-    """Refuse ZeRO-3: each update builds a DeepSpeed engine around the policy, and a second engine cannot take a
-    model whose parameters the first one partitioned (tried on CPU: the GRPO update runs, the SFT injection after it
-    fails in its backward). ZeRO-1/2 leave every rank whole parameters, and DDP has no engine."""
+    """Refuse ZeRO-3 with its parameters offloaded (``offload_param_device`` cpu or nvme): each update builds its own
+    engine around the partitioned policy, which is run and tested with the parameters on the device only. ZeRO-1/2
+    leave every rank whole parameters, DDP has no engine, and ZeRO-3 without offload passes the partitioned policy
+    from one engine to the next (module docstring)."""
     stage = os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "")
-    if launched_distributed() and stage == "3":
-        raise ConfigError("STITCH runs under DDP or DeepSpeed ZeRO-1/2, not ZeRO-3 (its updates build one engine "
-                          "each, and ZeRO-3's partitioned parameters cannot pass from one engine to the next): launch "
-                          "it with configs/accelerate/1node-8gpu-zero2.yaml or 2node-8gpu-zero2.yaml")
+    offload = os.environ.get("ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE", "none")
+    if launched_distributed() and stage == "3" and offload != "none":
+        raise ConfigError(f"STITCH under ZeRO-3 keeps the parameters on the device: offload_param_device is "
+                          f"{offload!r}; set it to none (as configs/accelerate/1node-8gpu-zero3.yaml does)")
 
 
 def check_generations(num_generations: int) -> None:
@@ -165,10 +192,14 @@ def _inner(optimizer) -> Any:
 def load_optimizer_state(optimizer, saved: dict) -> None:
     """Load Adam's moments from ``saved`` into a new update's optimizer, keeping its learning rate (the new update's
     scheduler set it; the saved one is where the last update's schedule ended). Under ZeRO the master weights are
-    refreshed from the current weights, which another update may have moved since the state was taken."""
+    refreshed from the current weights, which another update may have moved since the state was taken: ZeRO-1/2 by
+    ``load_from_fp32_weights=False``; ZeRO-3's loader always restores them from the state it is given, so it is given
+    the new engine's own (made from the current weights)."""
     inner = _inner(optimizer)
     rates = [{key: group[key] for key in ("lr", "initial_lr") if key in group} for group in inner.param_groups]
     if type(inner).__module__.startswith("deepspeed."):
+        if hasattr(inner, "fp32_partitioned_groups_flat"):  # ZeRO-3
+            saved = {**saved, FP32_FLAT_GROUPS: [t.detach().clone() for t in inner.fp32_partitioned_groups_flat]}
         inner.load_state_dict([saved] * process_state().num_processes, load_optimizer_states=True,
                               load_from_fp32_weights=False)
     else:
@@ -193,13 +224,19 @@ class CarryOptimizerState(TrainerCallback):
 
 def retire(trainer) -> None:
     """Let go of an update's Trainer before the next is built around the same model: a DeepSpeed engine's gradient
-    hooks are removed (a second engine would otherwise reduce every gradient twice), and the old DDP wrapper or engine
-    is collected now rather than whenever the cycle collector runs."""
+    hooks are removed (a second engine would otherwise reduce every gradient twice), and under ZeRO-3 the backward
+    functions it left on every module (``pre_bwd_fn``, ``post_bwd_fn``: its ``destroy`` keeps them, and the next
+    engine reuses rather than replaces them, so its backward would fetch parameters through the destroyed engine's
+    coordinator; seen as empty parameters in the SFT injection's recomputed activations); the old DDP wrapper or
+    engine is collected now rather than whenever the cycle collector runs."""
     if trainer is None:
         return
     engine = trainer.model_wrapped
     if hasattr(engine, "destroy") and engine is not trainer.model:
         engine.destroy()
+        for module in trainer.model.modules():
+            for name in ZERO3_MODULE_FUNCTIONS:
+                module.__dict__.pop(name, None)
     gc.collect()
 
 
@@ -215,6 +252,49 @@ def generation_model(model, trainer) -> Iterator[Any]:
     with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator,
                                      gather_deepspeed3_params=True) as unwrapped:
         yield unwrapped
+
+
+@contextmanager
+def gathered(params: list[torch.nn.Parameter]) -> Iterator[None]:
+    """``params`` whole on every rank for the block, to be read: ZeRO-3's partitioned parameters gathered by
+    DeepSpeed's ``GatheredParameters`` (and partitioned again after it), any other parameter as it is."""
+    if not any(hasattr(p, "ds_id") for p in params):
+        yield
+        return
+    import deepspeed  # only a ZeRO-3 launch reaches here: deepspeed is an optional dependency
+
+    with deepspeed.zero.GatheredParameters(params):
+        yield
+
+
+def adapter_digest(adapter: dict[str, torch.Tensor]) -> str:
+    """A short digest of an adapter's weights by name (as PEFT saves them), the same for a saved adapter and for the
+    weights a rank holds.
+
+    >>> one, two = {"b": torch.ones(2), "a": torch.zeros(1)}, {"a": torch.zeros(1), "b": torch.ones(2)}
+    >>> adapter_digest(one) == adapter_digest(two) != adapter_digest({**one, "a": torch.ones(1)})
+    True
+    """
+    digest = hashlib.sha1()
+    for name in sorted(adapter):
+        digest.update(name.encode())
+        digest.update(adapter[name].detach().to(torch.float32).contiguous().numpy().tobytes())
+    return digest.hexdigest()[:12]
+
+
+def adapter_by_rank(model, trainable: list[torch.nn.Parameter]) -> list[str]:
+    """Every rank's digest of the adapter it holds (gathered under ZeRO-3), gathered, for the step log: all equal, and
+    equal to the saved adapter's digest."""
+    from peft import get_peft_model_state_dict
+
+    with gathered(trainable):
+        digest = adapter_digest(get_peft_model_state_dict(model))
+    state = process_state()
+    if state.num_processes == 1:
+        return [digest]
+    digests: list[Any] = [None] * state.num_processes
+    dist.all_gather_object(digests, digest)
+    return digests
 
 
 def state_file(kind: str, rank: int) -> str:

@@ -1,6 +1,8 @@
-"""STITCH under `accelerate launch` with two CPU processes, DeepSpeed ZeRO-2 over gloo (configs/accelerate/
-cpu-2proc-zero2.yaml), run as users run it, in a subprocess: every rank routes a step the same way, the GRPO update
-and the SFT injection are the distributed trainers' own, and a rerun resumes after the last step."""
+"""STITCH under `accelerate launch` with two CPU processes over gloo, run as users run it, in a subprocess: DeepSpeed
+ZeRO-2 (configs/accelerate/cpu-2proc-zero2.yaml) and ZeRO-3 (cpu-2proc-zero3.yaml). Every rank routes a step the
+same way, the GRPO update and the SFT injection are the distributed trainers' own, every rank holds the adapter that
+is saved, a rerun resumes after the last step (ZeRO-2), and under ZeRO-3 the partitioned policy passes from one
+update's engine to the next, carrying each rank's optimizer shard."""
 
 from __future__ import annotations
 
@@ -12,7 +14,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from peft import get_peft_model_state_dict
 from safetensors.torch import load_file
+
+from overstory.models.registry import load_lm_checkpoint
+from overstory.training.stitch_ranks import adapter_digest
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -24,49 +30,101 @@ stitch_tests = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(stitch_tests)
 
 
-def launch(job: list[str]) -> str:
-    """``overstory.cli`` under ``accelerate launch`` with ZeRO-2 on two CPU processes; returns its output."""
+def launch(config: str, job: list[str]) -> str:
+    """``overstory.cli`` under ``accelerate launch`` with ``config`` (two CPU processes); returns its output."""
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-               str(ROOT / "configs/accelerate/cpu-2proc-zero2.yaml"), "-m", "overstory.cli", *job]
+               str(ROOT / "configs/accelerate" / config), "-m", "overstory.cli", *job]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     return done.stdout + done.stderr
 
 
-def test_stitch_under_zero2_routes_alike_on_every_rank_updates_injects_sft_and_resumes(
-        planner_labels: Path, planner_traces: Path, sft_planner: Path, tmp_path: Path) -> None:
+def _both_ranks_agree(record: dict) -> None:
+    """Two ranks' digests of the step's routing and of the adapter each holds afterwards, gathered: equal."""
+    assert len(record["routing_by_rank"]) == 2 and len(set(record["routing_by_rank"])) == 1, record
+    assert len(record["adapter_by_rank"]) == 2 and len(set(record["adapter_by_rank"])) == 1, record
+
+
+def _updated_and_injected(record: dict) -> None:
+    """The step ran a GRPO update that moved the weights (a real gradient) and an SFT injection."""
+    assert record["rl_buffer"] == 1 and record["grpo_updates"] == 1 and isinstance(record["reward"], float)
+    assert record["grpo_grad_norm"] > 0 and record["grpo_weight_change"] > 0, record
+    assert record["sft_injection"] and record["sft_examples"] == 1 and record["sft_optimizer_steps"] >= 1
+
+
+def _sft_optimizer_steps(shard: dict) -> list[int]:
+    """The Adam step counts in one rank's saved SFT optimizer shard (ZeRO-2 and ZeRO-3 name its parts apart)."""
+    inner = shard.get("base_optimizer_state") or shard["optimizer_state_dict"]
+    return [int(s["step"]) for s in inner["state"].values()]
+
+
+@pytest.fixture(scope="module")
+def two_questions(planner_labels: Path, sft_planner: Path, tmp_path_factory) -> Path:
     """Two questions, one the SFT planner solves (GRPO update) and one it does not (SFT injection,
-    imitation_threshold=1), as in the one-process test (tests/training/test_stitch.py); one step, then a rerun
-    with one more step."""
+    imitation_threshold=1), as in the one-process test (tests/training/test_stitch.py); made once for both launches."""
+    return stitch_tests._one_solvable_one_not(planner_labels, sft_planner / "final",
+                                              tmp_path_factory.mktemp("stitch") / "labels", 96, 72)
+
+
+def test_stitch_under_zero2_routes_alike_on_every_rank_updates_injects_sft_and_resumes(
+        two_questions: Path, planner_traces: Path, sft_planner: Path, tmp_path: Path) -> None:
+    """One step, then a rerun with one more step."""
     out = tmp_path / "stitch"
-    labels = stitch_tests._one_solvable_one_not(planner_labels, sft_planner / "final", tmp_path / "labels", 96, 72)
-    args = stitch_tests._stitch_args(labels, sft_planner, planner_traces, out)
-    launch([*args, "stitch.steps=1"])
+    args = stitch_tests._stitch_args(two_questions, sft_planner, planner_traces, out)
+    launch("cpu-2proc-zero2.yaml", [*args, "stitch.steps=1"])
     [step_1] = stitch_tests._log(out)
-    # every rank's routing of the step, gathered: two digests, equal (the run stops when they differ)
-    assert len(step_1["routing_by_rank"]) == 2 and len(set(step_1["routing_by_rank"])) == 1, step_1
-    assert step_1["rl_buffer"] == 1 and step_1["grpo_updates"] == 1 and isinstance(step_1["reward"], float)
-    assert step_1["grpo_grad_norm"] > 0 and step_1["grpo_weight_change"] > 0, step_1
-    assert step_1["sft_injection"] and step_1["sft_examples"] == 1 and step_1["sft_optimizer_steps"] >= 1
+    _both_ranks_agree(step_1)
+    _updated_and_injected(step_1)
     # each rank kept its own ZeRO shard of both optimizers' states (carried to the next update) and its RNG state
     assert {f"{kind}_rank{rank}.pt" for kind in ("grpo_optimizer", "sft_optimizer", "rng") for rank in (0, 1)} <= {
         p.name for p in (out / "last").iterdir()}
     before = load_file(sft_planner / "final" / "adapter_model.safetensors")
     after = load_file(out / "final" / "adapter_model.safetensors")
     assert set(before) == set(after) and any((before[k] != after[k]).any() for k in before)
+    assert adapter_digest(after) == step_1["adapter_by_rank"][0]
 
-    output = launch([*args, "stitch.steps=2"])
+    output = launch("cpu-2proc-zero2.yaml", [*args, "stitch.steps=2"])
     assert "resuming STITCH after step 1" in output
     log = stitch_tests._log(out)
     assert [r["step"] for r in log] == [1, 2] and log[0] == step_1
-    assert len(set(log[1]["routing_by_rank"])) == 1 and len(log[1]["routing_by_rank"]) == 2
+    _both_ranks_agree(log[1])
     # step 2's SFT injection (the far-labelled question stays unsolved) continued the resumed Adam state on each
     # rank: its shard counts the optimizer steps of both injections, and the weights moved (at the new update's
     # learning rate, not the one where the last update's schedule ended: 0)
     assert log[1]["sft_injection"] and log[1]["sft_optimizer_steps"] == 1
     for rank in (0, 1):
-        shard = torch.load(out / "last" / f"sft_optimizer_rank{rank}.pt", weights_only=False)
-        assert [int(s["step"]) for s in shard["base_optimizer_state"]["state"].values()] == [2]
+        assert _sft_optimizer_steps(torch.load(out / "last" / f"sft_optimizer_rank{rank}.pt", weights_only=False)) \
+            == [2]
     step_2 = load_file(out / "last" / "adapter_model.safetensors")
     assert any((after[k] != step_2[k]).any() for k in after)
+    assert adapter_digest(step_2) == log[1]["adapter_by_rank"][0]
+    assert json.loads((out / "metrics.json").read_text())["steps"] == 2
+
+
+def test_stitch_under_zero3_passes_the_partitioned_policy_between_updates_and_saves_what_the_ranks_hold(
+        two_questions: Path, planner_traces: Path, sft_planner: Path, tmp_path: Path) -> None:
+    """Two steps in one launch: step 1's GRPO update partitions the policy and its SFT injection trains it
+    partitioned; step 2's routing rollouts gather it, and its SFT injection continues each rank's Adam shard."""
+    out = tmp_path / "stitch"
+    args = stitch_tests._stitch_args(two_questions, sft_planner, planner_traces, out)
+    launch("cpu-2proc-zero3.yaml", [*args, "stitch.steps=2"])
+    log = stitch_tests._log(out)
+    assert [r["step"] for r in log] == [1, 2]
+    for record in log:
+        _both_ranks_agree(record)
+    _updated_and_injected(log[0])
+    assert log[1]["sft_injection"] and log[1]["sft_optimizer_steps"] == 1
+    assert log[0]["adapter_by_rank"] != log[1]["adapter_by_rank"]  # step 2 moved the weights
+    for rank in (0, 1):  # ZeRO-3's own shard format, carried from step 1's injection to step 2's
+        assert _sft_optimizer_steps(torch.load(out / "last" / f"sft_optimizer_rank{rank}.pt", weights_only=False)) \
+            == [2]
+    # every rank called the save: the adapter written (gathered from the partitions) is the one the ranks hold, and
+    # it loads on its base as a trainable planner
+    final = load_file(out / "final" / "adapter_model.safetensors")
+    before = load_file(sft_planner / "final" / "adapter_model.safetensors")
+    assert set(final) == set(before) and all(t.numel() == before[k].numel() for k, t in final.items())
+    assert adapter_digest(final) == adapter_digest(load_file(out / "last" / "adapter_model.safetensors")) \
+        == log[1]["adapter_by_rank"][0]
+    model, _, _ = load_lm_checkpoint(str(out / "final"))
+    assert adapter_digest(get_peft_model_state_dict(model)) == adapter_digest(final)
     assert json.loads((out / "metrics.json").read_text())["steps"] == 2
