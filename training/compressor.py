@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +48,7 @@ from overstory.models.registry import MINILM, load_sentence_encoder
 from overstory.training import checkpoint_state
 from overstory.training.callbacks import TrainingDiverged
 from overstory.training.compressor_contrastive import (
+    DocumentBatches,
     PositiveSampler,
     QuestionPositives,
     contrastive_loss,
@@ -82,6 +82,9 @@ class CompressorTrainConfig:
     objective: Literal["mse", "contrastive", "mse+contrastive"] = "mse"
     contrastive_weight: float = 1.0
     temperature: float = 0.05
+    # shuffled: batches of records from any document; document: each batch one document's records, so the
+    # contrastive objective's negatives are the question's own document's other chunks (validation batched alike)
+    batching: Literal["shuffled", "document"] = "shuffled"
     val_fraction: float = 0.2
     seed: int = 0
 
@@ -275,11 +278,17 @@ def loaders(config: CompressorJobConfig, train_records: list[Record], val_record
                         for name in ("train", "val")))
         samplers = [PositiveSampler(train_positives, seed=config.train.seed),
                     PositiveSampler(val_positives, deterministic=True)]
-    train_loader = DataLoader(list(range(len(train_records))), batch_size=config.train.batch_size, shuffle=True,
-                              collate_fn=RecordBatches(train_records, samplers[0]),
+    train, val = list(range(len(train_records))), list(range(len(val_records)))
+    train_collate, val_collate = RecordBatches(train_records, samplers[0]), RecordBatches(val_records, samplers[1])
+    if config.train.batching == "document":
+        train_loader = DataLoader(train, collate_fn=train_collate, batch_sampler=DocumentBatches(
+            [r.doc_id for r in train_records], config.train.batch_size, seed=config.train.seed))
+        val_loader = DataLoader(val, collate_fn=val_collate, batch_sampler=DocumentBatches(
+            [r.doc_id for r in val_records], config.train.batch_size, shuffle=False))
+        return train_loader, val_loader, coverage
+    train_loader = DataLoader(train, batch_size=config.train.batch_size, shuffle=True, collate_fn=train_collate,
                               generator=torch.Generator().manual_seed(config.train.seed))
-    val_loader = DataLoader(list(range(len(val_records))), batch_size=config.train.batch_size,
-                            collate_fn=RecordBatches(val_records, samplers[1]))
+    val_loader = DataLoader(val, batch_size=config.train.batch_size, collate_fn=val_collate)
     return train_loader, val_loader, coverage
 
 
@@ -308,7 +317,7 @@ def setup(config: CompressorJobConfig, accelerator: Accelerator) -> Setup:
                                               encoder=records[0].encoder, **to_dict(config.model)))
     train_loader, val_loader, coverage = loaders(config, train_records, val_records, chunks, questions, accelerator)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.train.lr, weight_decay=config.train.weight_decay)
-    total_steps = config.train.epochs * math.ceil(len(train_records) / config.train.batch_size)
+    total_steps = config.train.epochs * len(train_loader)
     scheduler = get_cosine_schedule_with_warmup(optimizer, int(config.train.warmup_ratio * total_steps), total_steps)
     # the validation loader stays whole on every process: sharded, accelerate pads the last batches with repeated
     # records (even_batches) and every process would score a different, padded half

@@ -10,6 +10,9 @@ that also covers the question (a section and its own subsection) is not a negati
 ``question_positives`` joins the compressor's records (summary records, or child groups made without summaries),
 their chunks and a corpus's questions once; ``PositiveSampler``
 draws one covered question per chunk for each batch (a chunk covers several); ``contrastive_loss`` is the loss.
+``DocumentBatches`` makes each batch one document's chunks (``train.batching: document``), so the negatives are the
+other chunks of the question's own document, the ones a document-scoped search (QASPER, SQuAD) ranks it against;
+shuffled batches mostly hold chunks of other documents, which a question tells apart by topic alone.
 Questions are embedded with the compressor's own sentence encoder, normalised, as the index embeds queries.
 """
 
@@ -62,6 +65,36 @@ def question_positives(records: Sequence[Record], chunks: dict[str, Chunk], ques
     embeddings = torch.as_tensor(encode([q.question for q in kept]), dtype=torch.float32) if kept else \
         torch.zeros(0, len(records[0].child_embeddings[0]) if records else 0)
     return QuestionPositives(embeddings, by_record)
+
+
+class DocumentBatches(torch.utils.data.Sampler):
+    """Batches of record indices, each from one document: its records in a random order, cut into pieces of at most
+    ``batch_size``; the documents in a random order every epoch (``shuffle``, seeded), or as given. The number of
+    batches is fixed (the sum over documents of ceil(records / batch_size)), so schedules can count on it.
+
+    >>> [sorted(b) for b in DocumentBatches(["a", "b", "a", "a"], batch_size=2, shuffle=False)]
+    [[0, 2], [3], [1]]
+    """
+
+    def __init__(self, doc_ids: Sequence[str], batch_size: int, shuffle: bool = True, seed: int = 0):
+        by_doc: dict[str, list[int]] = {}
+        for index, doc_id in enumerate(doc_ids):
+            by_doc.setdefault(doc_id, []).append(index)
+        self.documents, self.batch_size, self.shuffle = list(by_doc.values()), batch_size, shuffle
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __iter__(self):
+        order = torch.randperm(len(self.documents), generator=self.generator).tolist() if self.shuffle else \
+            range(len(self.documents))
+        for d in order:
+            indices = self.documents[d]
+            if self.shuffle:
+                indices = [indices[i] for i in torch.randperm(len(indices), generator=self.generator).tolist()]
+            for start in range(0, len(indices), self.batch_size):
+                yield indices[start:start + self.batch_size]
+
+    def __len__(self) -> int:
+        return sum(-(-len(indices) // self.batch_size) for indices in self.documents)
 
 
 class PositiveSampler:

@@ -19,7 +19,7 @@ from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies
 from overstory.data_pipeline.splits import split_by_document
 from overstory.models.compressor import load_compressor
 from overstory.training.compressor import CompressorJobConfig
-from overstory.training.compressor_contrastive import QuestionPositives
+from overstory.training.compressor_contrastive import DocumentBatches, QuestionPositives
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs/train/compressor-qasper-contrastive.yaml"
@@ -33,6 +33,19 @@ def test_questions_no_chunk_covers_are_counted() -> None:
     assert positives.coverage("train") == {"train_chunks_covering": 2, "train_questions": 3,
                                            "train_questions_uncovered": 1}
     assert QuestionPositives(torch.zeros(0, 4), by_record=[[], []]).uncovered_questions == 0
+
+
+def test_document_batches_hold_one_document_each_and_every_record_once_an_epoch() -> None:
+    doc_ids = [f"doc{i % 3}" for i in range(20)] + ["doc3"] * 9  # 7, 7, 6 and 9 records
+    batches = DocumentBatches(doc_ids, batch_size=4, seed=1)
+    first, second = list(batches), list(batches)
+    for epoch in (first, second):
+        assert len(epoch) == len(batches) == 2 + 2 + 2 + 3 and all(len(b) <= 4 for b in epoch)
+        assert sorted(i for b in epoch for i in b) == list(range(len(doc_ids)))
+        assert all(len({doc_ids[i] for i in b}) == 1 for b in epoch)
+    assert first != second  # another order every epoch
+    assert list(DocumentBatches(doc_ids, batch_size=4, shuffle=False)) == \
+        list(DocumentBatches(doc_ids, batch_size=4, shuffle=False))
 
 
 def test_without_summaries_only_the_contrastive_objective_runs() -> None:
@@ -113,3 +126,12 @@ def test_contrastive_without_summaries_lowers_validation_loss_and_counts_questio
     assert json.loads((out / "last" / "trainer_state.json").read_text())["epoch"] == 5
     with pytest.raises(ValueError, match="groups.jsonl was built under other settings"):
         _train(out, "train.epochs=5", "train.lr=1e-4", "groups.levels=[section]")
+
+    by_document = tmp_path / "by_document"  # each batch one paper's chunks; the groups are read, not built again
+    by_document.mkdir()
+    for name in ("groups.jsonl", "groups.hierarchy.jsonl", "groups.settings.json"):
+        (by_document / name).write_bytes((out / name).read_bytes())
+    assert _train(by_document, "train.epochs=2", "train.batching=document") == 0
+    assert "groups without summaries" not in capsys.readouterr().out
+    rows = json.loads((by_document / "metrics.json").read_text())["history"]
+    assert len(rows) == 3 and rows[-1]["val_contrastive"] != rows[0]["val_contrastive"]
