@@ -20,11 +20,19 @@ from overstory.retrieval.lattice.tree import Node, Tree
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# The smallest real slice that keeps every check able to fail: 5 leaves in 2 keyword batches (4 + 1), so there are
+# two keyword calls; M = 3, so a level of the 5 leaves' summaries has more than M distinct ones and the clustering
+# asks the model (with M = 4 none had: k-means only, no clustering call). One clustering attempt of 256 tokens: the
+# check is that the call is made and counted and every leaf placed (by the reply or, counted, by k-means); measured,
+# SmolLM2's reply under the schema runs past 512 tokens as well, so a longer or second attempt only cost time.
+LEAVES, M_MAX = 5, 3
+
+
 def _run(out: Path, *extra: str) -> int:
     return main(["data", "lattice-tree", "--config", str(ROOT / "configs/data/lattice_tree.yaml"), f"out={out}",
-                 f"corpus.path={ROOT / 'data/hotpotqa'}", "limit_leaves=8", "keywords.batch_size=4",
-                 "keywords.max_tokens=512", "keywords.max_attempts=1", "clustering.m_max=4",
-                 "clustering.max_tokens=512", "tracking.backend=none", *extra])
+                 f"corpus.path={ROOT / 'data/hotpotqa'}", f"limit_leaves={LEAVES}", "keywords.batch_size=4",
+                 "keywords.max_tokens=512", "keywords.max_attempts=1", f"clustering.m_max={M_MAX}",
+                 "clustering.max_tokens=256", "clustering.max_attempts=1", "tracking.backend=none", *extra])
 
 
 @pytest.mark.slow
@@ -33,25 +41,25 @@ def test_real_tree_build_and_resume(tmp_path: Path, capsys) -> None:
     assert _run(out) == 0
     tree = Tree.load(out / "tree.json")
     leaves = {r["id"] for r in read_jsonl(out / "keywords.jsonl")}
-    assert len(leaves) == 8
-    tree.validate(max_branching=4, expected_leaves=leaves)  # every leaf exactly once, at most M children
+    assert len(leaves) == LEAVES
+    tree.validate(max_branching=M_MAX, expected_leaves=leaves)  # every leaf exactly once, at most M children
     assert all(n.name for n in tree.nodes.values() if not n.leaf)
     for record in read_jsonl(out / "keywords.jsonl"):
         assert len(record["keywords"]) == len(LEVEL_WORDS) and all(record["keywords"])
         assert record["source"] in {"llm", "fallback"}
     report = json.loads((out / "build.json").read_text())
     assert report["keywords"]["llm_calls"] >= 2 and report["keywords"]["prompt_tokens"] > 0
-    assert report["keywords"]["leaves_llm"] + report["keywords"]["leaves_fallback"] == 8
-    assert report["clustering"]["llm_calls"] >= 1 and report["stats"]["leaves"] == 8
+    assert report["keywords"]["leaves_llm"] + report["keywords"]["leaves_fallback"] == LEAVES
+    assert report["clustering"]["llm_calls"] >= 1 and report["stats"]["leaves"] == LEAVES
     placed = report["clustering"]["placements"]
-    assert sum(v for k, v in placed.items() if k != "invented_ignored") >= 8  # each split places every leaf
+    assert sum(v for k, v in placed.items() if k != "invented_ignored") >= LEAVES  # each split places every leaf
     # resume: the summaries are on disk, so a rerun asks for none (k-means only here: no level fits budget 0)
     assert _run(out, "clustering.token_budget=0") == 0
     again = json.loads((out / "build.json").read_text())
-    assert again["keywords"]["llm_calls"] == 0 and again["keywords"]["leaves_skipped_done"] == 8
-    assert again["clustering"]["llm_calls"] == 0 and again["clustering"]["placements"]["no_level_kmeans"] >= 8
+    assert again["keywords"]["llm_calls"] == 0 and again["keywords"]["leaves_skipped_done"] == LEAVES
+    assert again["clustering"]["llm_calls"] == 0 and again["clustering"]["placements"]["no_level_kmeans"] >= LEAVES
     assert main(["data", "lattice-tree-stats", f"tree={out / 'tree.json'}"]) == 0
-    assert '"leaves": 8' in capsys.readouterr().out
+    assert f'"leaves": {LEAVES}' in capsys.readouterr().out
 
 
 class ScriptedClusterModel:
