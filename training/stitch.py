@@ -554,7 +554,6 @@ def finish(policy: Policy, state: dict, config: StitchConfig, extra: dict, track
 def run(config: StitchConfig) -> dict:
     # --- setup -------------------------------------------------------------------------------------
     settings, out, ranks = config.stitch, Path(config.out), process_state()
-    stitch_ranks.check_zero_stage()
     stitch_ranks.check_generations(settings.num_generations)
     random.seed(settings.seed)
     torch.manual_seed(settings.seed)

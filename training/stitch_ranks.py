@@ -26,8 +26,9 @@ What a STITCH step needs beyond one process, and how it is done here:
   give up ZeRO-3's partitioned parameters between updates, for nothing the partitioned policy cannot do.
   Adam's moments are carried as under ZeRO-2, each rank its shard (the same trainable parameters and ranks give
   every engine the same partitioning); ZeRO-3's loader restores the master weights from the saved state, so they are
-  replaced by the new engine's own (made from the current weights) before loading.
-  ``check_zero_stage`` refuses what still cannot run (parameters offloaded to CPU or NVMe).
+  replaced by the new engine's own (made from the current weights) before loading. Run on two CPU processes with
+  the parameters on the device (tests/training/test_stitch_distributed.py) and offloaded to CPU
+  (``offload_param_device: cpu``, two steps, tried by hand); NVMe offload has not been run.
 - **The updates are the trainers' own.** Each GRPO update and SFT injection is a TRL trainer built around the one
   policy, which makes its own optimizer (under DeepSpeed the engine wraps it: DeepSpeed ignores an optimizer handed
   to the Trainer). ``CarryOptimizerState`` keeps Adam's moments across the updates of one kind: the optimizer's state
@@ -60,7 +61,7 @@ from accelerate.utils import DistributedType
 from transformers import TrainerCallback
 
 from overstory.core.config import ConfigError
-from overstory.training.distributed import cpu_ddp, launched_distributed, process_group_backend
+from overstory.training.distributed import cpu_ddp, process_group_backend
 
 # (prompts, number of rollouts each) -> completions, prompt by prompt
 RolloutFn = Callable[[list[list[dict[str, str]]], int], list[list[str]]]
@@ -100,18 +101,6 @@ def check_launch(saved: dict | None, folder: Path) -> None:
 def _launch_words(record: dict) -> str:
     return (f"{record['world_size']} process(es) (DeepSpeed: {record['deepspeed']}, "
             f"ZeRO stage: {record.get('zero_stage') or '-'})")
-
-
-def check_zero_stage() -> None:
-    """Refuse ZeRO-3 with its parameters offloaded (``offload_param_device`` cpu or nvme): each update builds its own
-    engine around the partitioned policy, which is run and tested with the parameters on the device only. ZeRO-1/2
-    leave every rank whole parameters, DDP has no engine, and ZeRO-3 without offload passes the partitioned policy
-    from one engine to the next (module docstring)."""
-    stage = os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "")
-    offload = os.environ.get("ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE", "none")
-    if launched_distributed() and stage == "3" and offload != "none":
-        raise ConfigError(f"STITCH under ZeRO-3 keeps the parameters on the device: offload_param_device is "
-                          f"{offload!r}; set it to none (as configs/accelerate/1node-8gpu-zero3.yaml does)")
 
 
 def check_generations(num_generations: int) -> None:

@@ -191,7 +191,7 @@ def _one_solvable_one_not(labels: Path, adapter: Path, folder: Path, metadata_to
 def _stitch_args(labels: Path, sft_planner: Path, traces: Path, out: Path) -> list[str]:
     return ["train", "stitch", "--config", str(ROOT / "configs/train/stitch.yaml"), f"data.labels={labels}",
             "data.metadata_tokens=96", "data.val_fraction=0", f"model={sft_planner / 'final'}", f"traces={traces}",
-            "traces_teacher=template", f"out={out}", "stitch.questions_per_step=2", "stitch.num_generations=4",
+            "traces_teacher=template", f"out={out}", "stitch.questions_per_step=2", "stitch.num_generations=2",
             "stitch.rollout_temperature=0.3", "rewards.max_completion_tokens=72", "stitch.imitation_threshold=1",
             "tracking.backend=jsonl", f"tracking.dir={out / 'tracking'}"]
 
@@ -225,8 +225,9 @@ def test_stitch_steps_on_the_real_model_update_inject_sft_and_refuse_other_setti
     for record in updated:
         assert record["grpo_updates"] == 1 and isinstance(record["reward"], float)
         assert {"format_reward", "qa_reward"} <= set(record["rewards"]) and 0 <= record["rewards"]["qa_reward"] <= 1
-    # a real gradient step on the LoRA: 4 rollouts per prompt, some with a plan and some without, give a group whose
-    # rewards differ (an update whose groups were all flat has a zero gradient and, without weight decay, moves nothing)
+    # a real gradient step on the LoRA: the 2 rollouts of the prompt differ (sampled at grpo.temperature 1.0), and so do
+    # their length, cost and QA rewards (an update whose groups were all flat has a zero gradient and, without weight
+    # decay, moves nothing)
     assert any(r["grpo_grad_norm"] > 0 and r["grpo_weight_change"] > 0 for r in updated), updated
     injected = [r for r in log if r["sft_injection"]]
     assert injected and all(r["sft_examples"] >= 1 and r["sft_optimizer_steps"] >= 1 for r in injected)
@@ -249,7 +250,7 @@ def test_a_kill_between_the_adapter_and_the_state_applies_no_step_twice(
     no plan fits in (4 tokens) leaves every question unsolved, so each step injects SFT and moves the adapter."""
     out = tmp_path / "stitch"
     args = [*_stitch_args(planner_labels, sft_planner, planner_traces, out), "stitch.questions_per_step=1",
-            "stitch.num_generations=2", "rewards.max_completion_tokens=4"]
+            "rewards.max_completion_tokens=4"]
     assert main([*args, "stitch.steps=1"]) == 0
     step_1 = load_file(out / "last" / "adapter_model.safetensors")
 
