@@ -30,7 +30,9 @@ from overstory.serving.in_process import in_process_client
 from tests.serving.cross_encoder_fixture import build_tiny_cross_encoder
 
 ROOT = Path(__file__).resolve().parents[2]
-ANSWER = AnswerConfig(max_tokens=16)
+# each answer reads the first 300 characters of its 3 passages (the default 1,500 made its prompt about 1,100 tokens):
+# these tests check the chunks each strategy retrieved, which the answer settings do not change
+ANSWER = AnswerConfig(max_tokens=16, max_chunk_chars=300)
 # generic questions any of the six papers could answer: over the open corpus some of their evidence comes from
 # other papers, which is the point of the scope
 GENERIC = ("Which dataset do they evaluate on?", "What supervised machine learning models do they use?")
