@@ -222,10 +222,12 @@ def test_eval_planner_compares_base_and_sft(planner_labels: Path, sft_planner: P
     labels, unanswered = _with_unanswered(planner_labels, tmp_path / "labels", 2)
     out = tmp_path / "eval"
 
+    # k=2: each QA answer reads the top 2 chunks of its range, not 5 (up to 1,500 characters each: with 5 sections
+    # a prompt of about 2,000 tokens, for each of the ~20 answers); every figure is still computed and checked
     def evaluate(sft: Path) -> int:
         return main(["eval", "planner", "--config", str(CONFIG), "--data", str(labels), "--out", str(out),
                      "metadata_tokens=96", f"variants={{base: builtin:smollm2-135m-instruct, sft: {sft}}}",
-                     "--compare", "base,sft", "limit=3", "max_new_tokens=72", "unlabelled=true",
+                     "--compare", "base,sft", "limit=3", "max_new_tokens=72", "unlabelled=true", "k=2",
                      "fixed_ranges=[sentence..sentence, paragraph..section]", "fixed_range_selection=2",
                      "tracking.backend=none"])
 
@@ -240,7 +242,7 @@ def test_eval_planner_compares_base_and_sft(planner_labels: Path, sft_planner: P
     for metrics in report["variants"].values():
         assert metrics["accuracy_gold"] is None  # the fixture's labels carry no gold levels
         for key in ("accuracy", "within_one_level", "format_valid", "format_valid_strict", "median_completion_tokens",
-                    "p90_completion_tokens", "seconds_per_plan", "qa_accuracy", "recall@5"):
+                    "p90_completion_tokens", "seconds_per_plan", "qa_accuracy", "recall@2"):
             assert metrics[key] is not None, key
         assert 0 <= metrics["accuracy"] <= metrics["within_one_level"] <= 1
         assert metrics["format_valid_strict"] <= metrics["format_valid"]  # both over all 5 planned questions
