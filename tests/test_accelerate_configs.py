@@ -23,6 +23,18 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs" / "accelerate").glob("*.yaml"))
 LAUNCH = re.compile(r"# (?:\w+=\S+ )*accelerate launch --config_file (\S+)(?: --\w+ \S+)* "
                     r"-m overstory\.cli (\w+) ([\w-]+) --config (\S+)((?: [\w.]+=\S+)*)")
+# every recipe a config's header names: the first line's and those of its "(also: `... -m overstory.cli ...`)" lines
+RECIPE = re.compile(r"-m overstory\.cli (\w+) ([\w-]+) --config ([^\s`;]+)((?: [\w.]+=[^\s`;]+)*)")
+
+
+def header_recipes(path: Path) -> list[tuple[str, str, str, str]]:
+    """(group, job, job config, overrides) of every launch a config's leading comment names, in order."""
+    lines = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line.lstrip("# "))
+    return [match.groups() for match in RECIPE.finditer(" ".join(lines))]
 
 
 def _bf16(job_config) -> bool:
@@ -62,9 +74,12 @@ def test_accelerate_config_and_its_recipe(path: Path) -> None:
         DeepSpeedPlugin(zero_stage=settings["zero_stage"], gradient_clipping=settings["gradient_clipping"],
                         gradient_accumulation_steps=settings["gradient_accumulation_steps"],
                         zero3_init_flag=settings["zero3_init_flag"])
-        if (group, job) in TRAINER_ARGS:  # what the Trainer does with this plugin at start-up, short of a GPU
-            mismatches = _trainer_deepspeed_mismatches(settings, TRAINER_ARGS[group, job](job_config))
-            assert not mismatches, f"{path} + {job_config_path}: the Trainer would refuse {mismatches}"
+        for named_group, named_job, named_path, named_overrides in header_recipes(path):
+            if (named_group, named_job) in TRAINER_ARGS:  # what the Trainer does with this plugin at start-up
+                named = load_config(job_config_class(named_group, named_job), ROOT / named_path,
+                                    named_overrides.split())
+                mismatches = _trainer_deepspeed_mismatches(settings, TRAINER_ARGS[named_group, named_job](named))
+                assert not mismatches, f"{path} + {named_path}: the Trainer would refuse {mismatches}"
     if config.mixed_precision == "bf16" and group == "train" and job != "compressor":
         # the Trainer-based recipes take bf16 from their own config; the set compressor's loop from accelerate
         assert _bf16(job_config), f"{path} launches {job} in bf16 but the recipe's config trains in fp32"
@@ -94,12 +109,11 @@ def _trainer_deepspeed_mismatches(settings: dict, args) -> list[str]:
 def test_trainer_recipes_at_paper_scale_are_checked_against_deepspeed() -> None:
     """The check above covers both Trainer recipes, and it catches a fixed gradient_accumulation_steps that
     differs from the recipe's (the paper-scale GRPO config accumulates 4 micro-batches per optimizer step)."""
-    launched = set()
-    for path in CONFIGS:
-        match = LAUNCH.fullmatch(path.read_text().splitlines()[0])
-        if ClusterConfig.from_yaml_file(str(path)).distributed_type == "DEEPSPEED":
-            launched.add((match.group(2), match.group(3)))
+    deepspeed = [path for path in CONFIGS if ClusterConfig.from_yaml_file(str(path)).distributed_type == "DEEPSPEED"]
+    launched = {(group, job) for path in deepspeed for group, job, _, _ in header_recipes(path)}
     assert set(TRAINER_ARGS) <= launched
+    assert {job for _, job, _, _ in header_recipes(ROOT / "configs/accelerate/1node-8gpu-zero3.yaml")} == {
+        "stitch", "planner_sft"}  # the first line's and the "(also: ...)" line's
     paper_config = ROOT / "configs/train/planner_grpo-qwen2.5-1.5b.yaml"
     paper = load_config(job_config_class("train", "planner_grpo"), paper_config)
     assert paper.train.grad_accum == 4 and paper.train.lr == 1e-6 and paper.train.num_generations == 8

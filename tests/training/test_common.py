@@ -1,4 +1,4 @@
-"""What the recipes share: the final save across ranks (training/common.py) and STITCH's one-process guard."""
+"""What the recipes share: the final save across ranks (training/common.py)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from overstory.core.config import ConfigError
 from overstory.training.common import save_final
-from overstory.training.stitch_ranks import check_zero_stage
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,15 +52,3 @@ def test_save_final_saves_the_model_on_every_rank_and_the_rest_on_the_main_one(t
         assert json.loads((tmp_path / "metrics.json").read_text())["history"] == [{"step": 1}]
     else:
         assert written == (False, False, False)
-
-
-@pytest.mark.parametrize(("stage", "refused"), [("3", True), ("2", False), ("", False)])
-def test_stitch_refuses_zero3_under_a_launcher(stage: str, refused: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """STITCH runs on several processes under DDP and ZeRO-1/2; ZeRO-3 is refused by name before any work."""
-    monkeypatch.setenv("LOCAL_RANK", "0")
-    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", stage)
-    if refused:
-        with pytest.raises(ConfigError, match="not ZeRO-3 .* configs/accelerate/1node-8gpu-zero2.yaml"):
-            check_zero_stage()
-    else:
-        assert check_zero_stage() is None
