@@ -27,6 +27,10 @@ from tests.conftest import HOTPOTQA_150, ROOT
 
 CONFIG = str(ROOT / "configs/eval/pipeline.yaml")
 QUALITY = ("exact_match", "token_f1", "contains_match", "rouge_l", "recall@5")
+# the generator reads the first 300 characters of each of its 3 passages, not 1,500 (measured: a third fewer generator
+# prompt tokens on the HotpotQA slice, more on QASPER's long paragraphs): the tests below check what each strategy
+# retrieved and counted, which this does not change
+SHORT_PASSAGES = "answer.max_chunk_chars=300"
 
 
 def _run(out: Path, *overrides: str) -> dict:
@@ -40,7 +44,8 @@ def test_every_strategy_on_the_same_questions_and_costs_add_up(lattice_tree: Pat
     report = _run(tmp_path, "--strategies", "naive,smartchunk,lattice", "data=", *HOTPOTQA_150,
                   "limit_questions=2", f"lattice.tree={lattice_tree}", "lattice.scorer=cross_encoder",
                   "lattice.search.iterations=4", "serve.roles.scorer.kind=cross-encoder",
-                  f"serve.roles.scorer.model={ce_student / 'final'}", "judge.enabled=true", "judge.role=generator")
+                  f"serve.roles.scorer.model={ce_student / 'final'}", "judge.enabled=true", "judge.role=generator",
+                  SHORT_PASSAGES)
     assert report["n_questions"] == 2 and list(report["strategies"]) == ["naive", "smartchunk", "lattice"]
     assert report["checkpoints"]["scorer"]["model"] == str(ce_student / "final")
     assert report["judge_sanity"]["asked"] == 2  # the judge was first shown each reference as the answer
@@ -104,7 +109,7 @@ def test_the_strategies_that_build_llm_indexes_run_in_the_harness(tmp_path: Path
     """A-RAG's agent, FABLE (its forest built here) and Orion-RAG (its tags written here) on a real question."""
     corpus = _hotpotqa_slice(tmp_path / "corpus", n_questions=1, distractors=1)
     report = _run(tmp_path / "out", "--strategies", "arag,fable,orion", "data=", f"corpus.path={corpus}",
-                  "arag.max_turns=2", "orion_chunking.chunk_chars=2000")
+                  "arag.max_turns=2", "orion_chunking.chunk_chars=2000", SHORT_PASSAGES)
     assert report["n_questions"] == 1
     for name, row in report["strategies"].items():
         (record,) = [json.loads(line) for line in (tmp_path / "out" / "predictions" / f"{name}.jsonl").open()]
@@ -124,7 +129,7 @@ def test_qasper_prediction_format_and_a_rerun_answers_only_new_questions(tmp_pat
     """Over the six shipped QASPER papers, each question searched in its own paper (the dataset's scope): the first
     run answers one question; the second, asked for two, keeps it and answers one more (a killed run resumes the
     same way); a third with another answer setting, or over the open corpus, is refused, naming the key."""
-    qasper = ("--strategies", "naive", "--data", "qasper")
+    qasper = ("--strategies", "naive", "--data", "qasper", SHORT_PASSAGES)
     _run(tmp_path, *qasper, "limit_questions=1")
     first = (tmp_path / "predictions" / "naive.jsonl").read_text()
     report = _run(tmp_path, *qasper, "limit_questions=2")
@@ -158,7 +163,8 @@ def test_qasper_prediction_format_and_a_rerun_answers_only_new_questions(tmp_pat
 def test_open_corpus_qasper_searches_every_paper_and_says_so(tmp_path: Path) -> None:
     """scope=corpus: the first paper's two questions searched over all six papers read other papers' paragraphs too
     (the generic "Which dataset do they evaluate on?" does), and the table and metrics.json name the variant."""
-    report = _run(tmp_path, "--strategies", "naive", "--data", "qasper", "scope=corpus", "limit_questions=2")
+    report = _run(tmp_path, "--strategies", "naive", "--data", "qasper", "scope=corpus", "limit_questions=2",
+                  SHORT_PASSAGES)
     assert report["scope"] == "corpus" and report["config"]["scope"] == "corpus"
     assert (tmp_path / "table.md").read_text().startswith(
         "qasper, open corpus: every question searched over all 6 documents\n")
