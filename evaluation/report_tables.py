@@ -113,6 +113,11 @@ def planner_by_dataset_table(report: dict) -> str:
                    "chunk tokens", _fallback_header(report)], rows)
 
 
+def _speedup(ratio: float | None) -> str:
+    """A method's speed-up against summarize, ``-`` where the run had no summarize row (no summaries to redo)."""
+    return "-" if ratio is None else f"{ratio}x"
+
+
 def compressor_table(report: dict) -> str:
     """``eval compressor`` metrics.json: one row per way of embedding the upper levels, with its repairs (a failed
     summary replaced by the encoder on the chunk's text in the summarize row; ``-`` in an older report)."""
@@ -123,7 +128,7 @@ def compressor_table(report: dict) -> str:
         return _fmt(m.get(f"recall@{k}")) + (f" [{_fmt(interval[0])}, {_fmt(interval[1])}]" if interval else "")
 
     rows = [[name, _fmt(m["cosine_to_target"]), recall(m), _fmt(m["seconds"], 2),
-             str(m["llm_completion_tokens"] + m["llm_prompt_tokens"]), f"{m['speedup_vs_summarize']}x",
+             str(m["llm_completion_tokens"] + m["llm_prompt_tokens"]), _speedup(m["speedup_vs_summarize"]),
              repairs_cell(m.get("repairs"))]
             for name, m in report["methods"].items()]
     return _table(["method", "cosine to e_gt", f"recall@{k} [95% CI]", "seconds", "LLM tokens",

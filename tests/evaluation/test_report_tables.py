@@ -43,6 +43,10 @@ def test_compressor_table_shows_recall_with_its_interval_and_the_repairs_where_t
     assert "| mean_pool | 0.900 | 0.500 [0.250, 0.750] |" in table and "| older_report | 0.900 | 0.400 |" in table
     assert table.splitlines()[3].endswith("| 10.0x | summary_failed_direct_encode 2 |")
     assert table.splitlines()[2].endswith("| 0 |") and table.splitlines()[4].endswith("| - |")
+    # a run without summaries (groups): no cosine to e_gt and no summarize row to compare speed with
+    no_summaries = {**row, "cosine_to_target": None, "speedup_vs_summarize": None, "recall@5": 0.6, "repairs": {}}
+    assert compressor_table({"config": {"k": 5}, "methods": {"mean_pool": no_summaries}}).splitlines()[2] == (
+        "| mean_pool | - | 0.600 | 0.50 | 0 | - | 0 |")
 
 
 def test_planner_tables_show_the_plans_answered_from_the_fallback_range() -> None:
