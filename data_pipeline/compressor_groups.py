@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from overstory.core.config import ConfigError
-from overstory.core.records import Chunk, QAExample, check_level
+from overstory.core.records import Chunk, QAExample, check_upper_levels
 from overstory.data_pipeline.hierarchy import HierarchyConfig
 from overstory.retrieval.metrics import covers
 
@@ -38,13 +38,10 @@ class GroupsConfig:
     def __post_init__(self) -> None:
         if not self.levels:
             raise ConfigError("groups.levels must name at least one level, e.g. [subsection, section]")
-        for level in self.levels:
-            try:
-                check_level(level)
-            except ValueError as exc:
-                raise ConfigError(f"groups.levels: {exc}") from exc
-        if "sentence" in self.levels:
-            raise ConfigError("groups.levels: sentences have no children to compress; start at paragraph")
+        try:
+            check_upper_levels(self.levels)
+        except ValueError as exc:
+            raise ConfigError(f"groups.levels: {exc}") from exc
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from overstory.core.config import ConfigError
-from overstory.core.records import Chunk, SummaryRecord, check_level
+from overstory.core.records import Chunk, SummaryRecord, check_upper_levels
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
 from overstory.data_pipeline.fanout import Fanout, ServedWork, failures_path, job_server, job_settings
@@ -65,13 +65,10 @@ class SummariesConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
-        for level in self.levels:
-            try:
-                check_level(level)
-            except ValueError as exc:
-                raise ConfigError(f"levels: {exc}") from exc
-        if "sentence" in self.levels:
-            raise ConfigError("levels: sentences have no children to compress; start at paragraph")
+        try:
+            check_upper_levels(self.levels)
+        except ValueError as exc:
+            raise ConfigError(f"levels: {exc}") from exc
         if self.max_attempts < 1 or self.concurrency < 1 or self.max_summary_tokens < 1:
             raise ConfigError("max_attempts, concurrency and max_summary_tokens must be positive")
 

@@ -25,6 +25,19 @@ def check_level(name: str) -> str:
     return name
 
 
+def check_upper_levels(names: Iterable[str]) -> list[str]:
+    """``names`` as a list if each is a level whose chunks have children to compress or summarise (paragraph and
+    above), else a ValueError naming the first that is not.
+
+    >>> check_upper_levels(["subsection", "section"])
+    ['subsection', 'section']
+    """
+    checked = [check_level(name) for name in names]
+    if "sentence" in checked:
+        raise ValueError("sentences have no children to compress; start at paragraph")
+    return checked
+
+
 def level_range(level_min: str, level_max: str) -> list[str]:
     """Levels from ``level_min`` to ``level_max`` inclusive (the planner's output format).
 
