@@ -66,15 +66,23 @@ def two_questions(planner_labels: Path, sft_planner: Path, tmp_path_factory) -> 
                                               tmp_path_factory.mktemp("stitch") / "labels", 96, 72)
 
 
-def test_stitch_under_zero2_routes_alike_on_every_rank_updates_injects_sft_and_resumes(
-        two_questions: Path, planner_traces: Path, sft_planner: Path, tmp_path: Path) -> None:
-    """One step, then a rerun with one more step."""
+def _first_step(config: str, labels: Path, traces: Path, sft_planner: Path, tmp_path: Path
+                ) -> tuple[Path, list[str], dict]:
+    """STITCH's first step under ``config``, launched on two processes: its folder, the job's arguments and its log
+    record, checked to route alike on both ranks, update by GRPO and inject SFT."""
     out = tmp_path / "stitch"
-    args = stitch_tests._stitch_args(two_questions, sft_planner, planner_traces, out)
-    launch("cpu-2proc-zero2.yaml", [*args, "stitch.steps=1"])
+    args = stitch_tests._stitch_args(labels, sft_planner, traces, out)
+    launch(config, [*args, "stitch.steps=1"])
     [step_1] = stitch_tests._log(out)
     _both_ranks_agree(step_1)
     _updated_and_injected(step_1)
+    return out, args, step_1
+
+
+def test_stitch_under_zero2_routes_alike_on_every_rank_updates_injects_sft_and_resumes(
+        two_questions: Path, planner_traces: Path, sft_planner: Path, tmp_path: Path) -> None:
+    """One step, then a rerun with one more step."""
+    out, args, step_1 = _first_step("cpu-2proc-zero2.yaml", two_questions, planner_traces, sft_planner, tmp_path)
     # each rank kept its own ZeRO shard of both optimizers' states (carried to the next update) and its RNG state
     assert {f"{kind}_rank{rank}.pt" for kind in ("grpo_optimizer", "sft_optimizer", "rng") for rank in (0, 1)} <= {
         p.name for p in (out / "last").iterdir()}
@@ -106,12 +114,7 @@ def test_stitch_under_zero3_passes_the_partitioned_policy_between_updates_and_sa
     """One step: its GRPO update's engine partitions the policy, and its SFT injection's engine trains it as it is
     (the second engine around one partitioned model); then every rank calls the save. (Carrying a ZeRO-3 Adam shard
     into the next update of its kind needs a second step: run by hand, training/stitch_ranks.py.)"""
-    out = tmp_path / "stitch"
-    args = stitch_tests._stitch_args(two_questions, sft_planner, planner_traces, out)
-    launch("cpu-2proc-zero3.yaml", [*args, "stitch.steps=1"])
-    [step_1] = stitch_tests._log(out)
-    _both_ranks_agree(step_1)
-    _updated_and_injected(step_1)
+    out, _, step_1 = _first_step("cpu-2proc-zero3.yaml", two_questions, planner_traces, sft_planner, tmp_path)
     for rank in (0, 1):  # each rank kept its own shard, in ZeRO-3's layout
         assert _sft_optimizer_steps(torch.load(out / "last" / f"sft_optimizer_rank{rank}.pt", weights_only=False)) \
             == [1]
