@@ -58,6 +58,7 @@ import torch
 import torch.distributed as dist
 from accelerate import PartialState
 from accelerate.utils import DistributedType
+from peft import get_peft_model_state_dict
 from transformers import TrainerCallback
 
 from overstory.core.config import ConfigError
@@ -274,8 +275,6 @@ def adapter_digest(adapter: dict[str, torch.Tensor]) -> str:
 def adapter_by_rank(model, trainable: list[torch.nn.Parameter]) -> list[str]:
     """Every rank's digest of the adapter it holds (gathered under ZeRO-3), gathered, for the step log: all equal, and
     equal to the saved adapter's digest."""
-    from peft import get_peft_model_state_dict
-
     with gathered(trainable):
         digest = adapter_digest(get_peft_model_state_dict(model))
     state = process_state()
