@@ -19,16 +19,25 @@ System kinds (``systems`` in the config; ``--compare`` picks names):
   turns the slate-bias fit off (a pointwise scorer has no slate bias: measure both).
 * ``bm25``, ``dense`` (the built-in MiniLM), ``hybrid`` (their reciprocal rank fusion): flat retrieval over the
   same leaves.
-* ``fusion``: LATTICE++, the ranking of the search system ``of`` fused with BM25 and dense by min-max normalised
-  weights (``retrieval/lattice/fusion.py``); its cost is that search's.
+* ``recorded``: a search that ``overstory data lattice-traces`` already ran, read from the job's record
+  (``traces``: its traces file; ``evaluation/lattice_recorded.py``) instead of run again: each question's ranking and
+  cost as the job recorded them, and the model that served it (``served_by``). Refused, naming the key, when the job
+  ran under other settings than this eval's where they change the ranking (tree, corpus, hierarchy, leaf level,
+  ``search``, the slate prompt's sizes), and when a question searched has no record. A CPU teacher's search over
+  the students' held-out questions is then read, not re-run (hours here).
+* ``fusion``: LATTICE++, the ranking of the search (or recorded) system ``of`` fused with BM25 and dense by min-max
+  normalised weights (``retrieval/lattice/fusion.py``); its cost is that search's.
 
 Each scorer system gets a stack of its own (``serve`` with the ``scorer`` role replaced) unless it names a
-``server_url``. With ``agreement_traces`` (teacher slates from ``overstory data lattice-traces``), each system
-whose ``model`` is a distilled student also scores the teacher's slates of the student's held-out questions
-(``heldout_queries.json`` beside ``model``): Kendall tau with the teacher's scores and top-1 agreement. Several
+``server_url``. With ``agreement_traces`` (teacher slates from ``overstory data lattice-traces``: one file or a list,
+as the students were trained on), each system whose ``model`` is a distilled student also scores the teacher's slates
+of the student's held-out questions in every file (``heldout_queries.json`` beside ``model``): Kendall tau with the
+teacher's scores and top-1 agreement. Several
 students can be rows of one table (the cross-encoder's losses and activations side by side): every student whose
 folder has a ``heldout_queries.json`` must have held out each question searched, or the run is refused naming it.
-Writes ``metrics.json``, ``table.md``, ``rankings/<system>.jsonl`` and ``quality_vs_cost.png``.
+The ratio columns (nDCG@10 as a share of the teacher's, times faster) compare each row with the row named
+``teacher``, searched or recorded. Writes ``metrics.json``, ``table.md``, ``rankings/<system>.jsonl`` and
+``quality_vs_cost.png``.
 """
 
 from __future__ import annotations
@@ -44,11 +53,12 @@ from typing import Literal
 import numpy as np
 from rich.progress import Progress
 
-from overstory.core.config import ConfigError
+from overstory.core.config import ConfigError, to_dict
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
 from overstory.data_pipeline.hierarchy import HierarchyConfig
 from overstory.data_pipeline.lattice_leaves import gold_leaves, tree_leaf_chunks
+from overstory.evaluation.lattice_recorded import RecordedSearch, load_recorded, recorded_row
 from overstory.evaluation.plots import plot_quality_vs_cost
 from overstory.evaluation.repairs import repair_counts, repairs_cell
 from overstory.models.registry import MINILM, base_model_of, load_sentence_encoder
@@ -73,16 +83,17 @@ MEASURES = ("nDCG@10", "R@10", "R@100")
 
 @dataclass(frozen=True)
 class SystemConfig:
-    kind: Literal["search", "bm25", "dense", "hybrid", "fusion"]
+    kind: Literal["search", "recorded", "bm25", "dense", "hybrid", "fusion"]
     scorer: Literal["oracle", "llm", "cross_encoder"] = "llm"  # search only
     # search: llm -> a LoRA adapter folder (a distilled student) on its base model, empty = the served scorer
     # role as configured (the teacher); cross_encoder -> a CrossEncoder folder
     model: str = ""
     calibration: bool = True
-    of: str = ""  # fusion: the search system whose ranking is fused
+    of: str = ""  # fusion: the search (or recorded) system whose ranking is fused
     weights: dict[str, float] = field(default_factory=lambda: dict(LATTICE_PP_WEIGHTS))
     note: str = ""  # shown in the table, e.g. "trained on gold labels (not distillation)"
     server_url: str = ""  # a running server whose scorer role this system uses (no stack is started)
+    traces: str = ""  # recorded: the traces file of the `overstory data lattice-traces` job that searched
 
 
 @dataclass(frozen=True)
@@ -96,7 +107,8 @@ class LatticeEvalConfig:
     leaf_level: str = "paragraph"
     limit: int = 0  # at most this many questions (0: all with gold leaves in the tree)
     heldout_from: str = ""  # a distill-scorer output folder: only its held-out questions
-    agreement_traces: str = ""  # teacher slates for the students' agreement (empty: not measured)
+    # teacher slates for the students' agreement: a traces file or a list of them (empty: not measured)
+    agreement_traces: str | list[str] = ""
     search: SearchConfig = field(default_factory=SearchConfig)
     max_tokens: int = 384
     max_reasoning_chars: int = 400
@@ -116,8 +128,12 @@ class LatticeEvalConfig:
             raise ConfigError(f"compare: {', '.join(unknown)} not in systems ({', '.join(self.systems) or 'none'})")
         for name in names:
             system = self.systems[name]
-            if system.kind == "fusion" and self.systems.get(system.of, SystemConfig("bm25")).kind != "search":
-                raise ConfigError(f"systems.{name}.of must name a search system, got {system.of!r}")
+            if system.kind == "fusion" and self.systems.get(system.of, SystemConfig("bm25")).kind not in (
+                    "search", "recorded"):
+                raise ConfigError(f"systems.{name}.of must name a search or recorded system, got {system.of!r}")
+            if system.kind == "recorded" and not system.traces:
+                raise ConfigError(f"systems.{name}.traces: a recorded system needs the traces file of the "
+                                  "`overstory data lattice-traces` job that searched")
             if system.kind == "search" and system.scorer == "cross_encoder" and not system.model:
                 raise ConfigError(f"systems.{name}.model: a cross_encoder scorer needs a CrossEncoder folder")
         if self.limit < 0:
@@ -126,6 +142,20 @@ class LatticeEvalConfig:
     @property
     def names(self) -> list[str]:
         return [n for n in self.compare.split(",") if n] or list(self.systems)
+
+    @property
+    def agreement_files(self) -> list[str]:
+        """``agreement_traces`` as a list: a YAML list, or one string with the paths comma-separated (as a command
+        line override gives them)."""
+        paths = self.agreement_traces
+        return [p.strip() for p in (paths.split(",") if isinstance(paths, str) else paths) if p.strip()]
+
+    def ranking_settings(self, system: SystemConfig) -> dict:
+        """This eval's settings in the keys a traces job records, for a recorded system's check."""
+        return {"tree": self.tree, "corpus": to_dict(self.corpus), "hierarchy": to_dict(self.hierarchy),
+                "leaf_level": self.leaf_level, "search": to_dict(replace(self.search, calibration=system.calibration)),
+                "max_candidate_chars": self.max_candidate_chars, "max_reasoning_chars": self.max_reasoning_chars,
+                "max_tokens": self.max_tokens}
 
 
 # --- metrics -----------------------------------------------------------------------------------------------
@@ -238,15 +268,25 @@ def check_students(config: LatticeEvalConfig, question_ids: list[str]) -> None:
                               "folder, or train every student on the same traces with the same val_fraction")
 
 
-def _heldout_slates(path: str, model: str) -> list[dict]:
+def _heldout_slates(paths: list[str], model: str) -> list[dict]:
+    """The parsed slates of the student's held-out questions, from every traces file in order."""
     heldout_file = Path(model).parent / "heldout_queries.json"
     if not heldout_file.exists():
         raise ConfigError(f"{heldout_file} not found: agreement needs the student's held-out queries "
                           f"(written by `overstory train distill-scorer`)")
     held = set(json.loads(heldout_file.read_text()))
-    with open(path) as handle:
-        records = [json.loads(line) for line in handle if line.strip()]
+    records = []
+    for path in paths:
+        with open(path) as handle:
+            records += [json.loads(line) for line in handle if line.strip()]
     return [r for r in records if r["query_id"] in held and r.get("parsed", True)]
+
+
+def check_recorded(config: LatticeEvalConfig, tree: Tree, gold: dict[str, set[str]]) -> dict[str, RecordedSearch]:
+    """Before any stack starts: every recorded system's record of the questions searched, or its refusal."""
+    return {name: load_recorded(name, config.systems[name].traces, config.ranking_settings(config.systems[name]),
+                                gold, tree)
+            for name in config.names if config.systems[name].kind == "recorded"}
 
 
 def _questions(config: LatticeEvalConfig):
@@ -271,6 +311,7 @@ def run(config: LatticeEvalConfig) -> dict:
     tree, leaves, questions, gold = _questions(config)
     queries = [(q.id, q.question) for q in questions]
     check_students(config, [q.id for q in questions])
+    recorded = check_recorded(config, tree, gold)
     out = Path(config.out)
     (out / "rankings").mkdir(parents=True, exist_ok=True)
     flat: dict[str, object] = {}
@@ -300,6 +341,8 @@ def run(config: LatticeEvalConfig) -> dict:
             print(f"[{name}] {system.kind}" + (f" / {system.scorer}" if system.kind == "search" else ""))
             if system.kind == "search":
                 row, rankings[name] = _run_search(config, system, tree, queries, gold)
+            elif system.kind == "recorded":
+                row, rankings[name] = recorded_row(recorded[name])
             elif system.kind == "fusion":
                 row, rankings[name] = _run_fusion(system, rankings, results, queries, flat_index)
             else:
@@ -311,10 +354,13 @@ def run(config: LatticeEvalConfig) -> dict:
                                   for (qid, _), row_hits in zip(queries, hits, strict=True)}
                 row = {"llm_calls": 0.0, "input_tokens": 0.0, "output_tokens": 0.0, "seconds": round(seconds, 4),
                        "repairs": {}}
-            row = {**retrieval_metrics(rankings[name], gold), **row, "kind": system.kind, "note": system.note}
+            note = "; ".join(n for n in (system.note, row.pop("note", "")) if n)
+            row = {**retrieval_metrics(rankings[name], gold), **row, "kind": system.kind, "note": note}
             if system.kind == "search":
-                row.update(scorer=system.scorer, calibration=system.calibration)
-            if config.agreement_traces and system.kind == "search" and system.model:
+                row.update(scorer=system.scorer)
+            if system.kind in ("search", "recorded"):
+                row.update(calibration=system.calibration)
+            if config.agreement_files and system.kind == "search" and system.model:
                 row["agreement"] = _run_agreement(config, system, tree, gold)
             results[name] = row
             with open(out / "rankings" / f"{name}.jsonl", "w") as handle:
@@ -372,7 +418,7 @@ def _run_fusion(system: SystemConfig, rankings, results, queries, flat_index):
 
 
 def _run_agreement(config: LatticeEvalConfig, system: SystemConfig, tree: Tree, gold) -> dict:
-    slates = _heldout_slates(config.agreement_traces, system.model)
+    slates = _heldout_slates(config.agreement_files, system.model)
     if not slates:
         return {"kendall_tau": None, "top1_agreement": None, "n_slates": 0, "n_tau": 0, "tau_undefined": 0}
     with ExitStack() as stack:

@@ -1,0 +1,150 @@
+"""A LATTICE search read from a traces job instead of run again: the ``recorded`` system of `overstory eval lattice`.
+
+``overstory data lattice-traces`` searches each question with the teacher and writes, besides its slates
+(``<out>``), one summary line per question (``<out stem>.queries.jsonl``: the ranking of the top leaves with their
+path relevance, the gold leaves, scorer calls, tokens, seconds, failed slates and slate problems) and the settings it
+ran under with the model that served it (``<out stem>.settings.json``, ``served``). When an evaluation asks for the
+same search over the same tree, those lines are its result: re-running a CPU teacher for it costs hours and gives
+what is on disk.
+
+It is the same result only under the same settings, so ``load_recorded`` refuses, naming the key, a record whose
+settings differ from the eval's where they change the ranking (``RANKING_KEYS``: the tree, the corpus, the hierarchy,
+the leaf level, every ``search`` setting, and the slate prompt's ``max_candidate_chars``, ``max_reasoning_chars`` and
+``max_tokens``), and a question searched that the job never traced (how many, and one id). The traces job records
+the tree's path, not a digest of it, so the tree's content is checked by what it decides: each question's recorded
+gold leaves must be the eval's, and every leaf ranked must be a leaf of this tree.
+
+The row has a search row's cost columns, per question as the traces job recorded them: scorer calls, prompt and
+completion tokens, seconds (each question's search wall time in that job, which searched several questions at
+once: a latency under that load, not a share of the job's wall time), slates, failed slates and their problems (as
+repairs); and ``served_by``, the model that served the teacher (``oracle`` for the gold-label scorer).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from overstory.core.config import ConfigError, differing_keys
+from overstory.core.records import read_jsonl
+from overstory.data_pipeline.fanout import CORPUS_OPERATIONAL_KEYS, settings_path
+from overstory.evaluation.repairs import repair_counts
+from overstory.retrieval.lattice.tree import Tree
+
+# the traces job's settings that change a question's ranking (the rest, e.g. concurrency or the stack, only its speed)
+RANKING_KEYS = ("tree", "corpus", "hierarchy", "leaf_level", "search", "max_candidate_chars", "max_reasoning_chars",
+                "max_tokens")
+
+
+@dataclass(frozen=True)
+class RecordedSearch:
+    """What a traces job recorded of the questions an eval searches."""
+
+    traces: str
+    served_by: str
+    records: dict[str, dict]  # question id -> its summary line of <stem>.queries.jsonl
+    slates: Counter[str]  # question id -> how many slates it logged
+
+
+def queries_file(traces: str | Path) -> Path:
+    """The per-question summaries beside a traces file, named as ``data_pipeline/lattice_traces.py`` names them."""
+    traces = Path(traces)
+    return traces.with_name(traces.stem + ".queries.jsonl")
+
+
+def ranking_settings(settings: dict) -> dict:
+    """The part of a traces job's settings (or an eval's, in the same keys) that decides a ranking, the tree as a
+    resolved path and the corpus without its operational keys (path, limit_docs), as the traces job records them.
+
+    >>> ranking_settings({"tree": "t.json", "corpus": {"kind": "hotpotqa", "path": "x"}, "concurrency": 8})["corpus"]
+    {'kind': 'hotpotqa'}
+    """
+    view = {key: settings.get(key) for key in RANKING_KEYS if key in settings}
+    if view.get("tree"):
+        view["tree"] = str(Path(view["tree"]).resolve())
+    if isinstance(view.get("corpus"), dict):
+        view["corpus"] = {k: v for k, v in view["corpus"].items() if k not in CORPUS_OPERATIONAL_KEYS}
+    return view
+
+
+def _at(settings: dict, dotted: str) -> object:
+    for part in dotted.split("."):
+        settings = settings.get(part) if isinstance(settings, dict) else None
+    return settings
+
+
+def check_settings(name: str, recorded: dict, wanted: dict, record_file: Path) -> None:
+    """Refuse a record made under other ranking settings than ``wanted`` (the eval's), naming each key."""
+    old, new = ranking_settings(recorded), ranking_settings(wanted)
+    changed = differing_keys(old, new)
+    if changed:
+        detail = ", ".join(f"{key} (recorded {_at(old, key)!r}, this eval {_at(new, key)!r})" for key in changed)
+        raise ConfigError(f"systems.{name}.traces: the recorded search ran under other settings than this eval's: "
+                          f"{detail} ({record_file}); set them as recorded, or search again (kind: search)")
+
+
+def check_content(name: str, records: dict[str, dict], gold: dict[str, set[str]], tree: Tree) -> None:
+    """Refuse records whose gold leaves differ from the eval's, or that rank a leaf this tree lacks: the tree or the
+    corpus changed since the traces were made."""
+    leaves = {leaf.id for leaf in tree.leaves()}
+    for qid, leaves_gold in gold.items():
+        recorded = set(records[qid].get("gold", []))
+        if recorded != leaves_gold:
+            raise ConfigError(f"systems.{name}.traces: question {qid}'s recorded gold leaves ({len(recorded)}) are not "
+                              f"this eval's ({len(leaves_gold)}): the tree or the corpus changed since it was traced")
+        stray = [doc for doc, _ in records[qid]["ranking"] if doc not in leaves]
+        if stray:
+            raise ConfigError(f"systems.{name}.traces: question {qid}'s recorded ranking holds {len(stray)} leaves "
+                              f"this tree lacks (e.g. {stray[0]}): it was searched over another tree")
+
+
+def served_by(recorded: dict) -> str:
+    """The model that served the recorded search: the traces job's ``served`` entry for its role, ``oracle`` for
+    the gold-label scorer."""
+    if recorded.get("scorer") == "oracle":
+        return "oracle"
+    return recorded.get("served", {}).get(recorded.get("role", "scorer"), "not recorded")
+
+
+def load_recorded(name: str, traces: str, wanted: dict, gold: dict[str, set[str]], tree: Tree) -> RecordedSearch:
+    """The traces job's record of every question in ``gold``, after the checks of the module docstring."""
+    record_file = settings_path(traces)
+    if not record_file.exists():
+        raise ConfigError(f"systems.{name}.traces: {record_file} not found: a recorded system reads the settings "
+                          f"`overstory data lattice-traces` writes beside its traces")
+    recorded = json.loads(record_file.read_text())
+    check_settings(name, recorded, wanted, record_file)
+    summaries = queries_file(traces)
+    records = {r["id"]: r for r in read_jsonl(summaries)} if summaries.exists() else {}
+    missing = [qid for qid in gold if qid not in records]
+    if missing:
+        raise ConfigError(f"systems.{name}.traces: {len(missing)} of the {len(gold)} questions searched have no "
+                          f"record in {summaries} (e.g. {missing[0]}); trace them (the traces job resumes) or "
+                          f"search them (kind: search)")
+    check_content(name, records, gold, tree)
+    slates = Counter(slate["query_id"] for slate in read_jsonl(traces))
+    return RecordedSearch(str(traces), served_by(recorded), {qid: records[qid] for qid in gold}, slates)
+
+
+def recorded_row(recorded: RecordedSearch) -> tuple[dict, dict[str, list[tuple[str, float]]]]:
+    """A search row's cost columns, per question as recorded, ``served_by`` and a note; and the rankings."""
+    records = list(recorded.records.values())
+    n = len(records)
+    problems: Counter[str] = Counter()
+    for record in records:
+        problems.update(record.get("problems", {}))
+    slates = [recorded.slates[qid] for qid in recorded.records]
+    row = {"llm_calls": round(sum(r["llm_calls"] for r in records) / n, 2),
+           "input_tokens": round(sum(r["input_tokens"] for r in records) / n, 1),
+           "output_tokens": round(sum(r["output_tokens"] for r in records) / n, 1),
+           "seconds": round(sum(r["seconds"] for r in records) / n, 3),
+           "slates": round(sum(slates) / n, 2), "slates_total": sum(slates),
+           "failed_slates": sum(r["failed_slates"] for r in records), "problems": dict(problems),
+           "repairs": repair_counts([problems]), "served_by": recorded.served_by, "traces": recorded.traces,
+           "note": f"served by {recorded.served_by}; read from the traces job ({recorded.traces}), not re-run; "
+                   f"seconds: each question's search there, several searched at once"}
+    rankings = {qid: [(doc, float(score)) for doc, score in record["ranking"]]
+                for qid, record in recorded.records.items()}
+    return row, rankings
