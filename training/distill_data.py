@@ -4,6 +4,8 @@ A slate (one line of ``overstory data lattice-traces``) is a query, its candidat
 scores 0-100 by position (None where the reply left a candidate out) and reasoning, and whether each candidate
 leads to gold. The split is by query: every slate of a held-out query is held out, so the agreement measured
 there (``overstory eval lattice``) is on questions the student never saw, as a document split is for the planner.
+Several traces files (say, one per dataset) are read as one set of slates (``read_trace_files``): the split is over
+the union of their queries, and a query traced in two files is refused, since its slates would be two searches'.
 
 Targets, per candidate: ``teacher`` = the teacher's raw score / 100 (distillation); ``gold`` = 1 if the
 candidate leads to a gold leaf, else 0 (training on relevance labels, never reported as distillation); ``mix`` =
@@ -68,6 +70,21 @@ def read_slates(path: str | Path) -> list[TracedSlate]:
             slates.append(TracedSlate(id=record["id"], query_id=record["query_id"], query=record["query"],
                                       texts=record["texts"], leaf=bool(record["leaf"]), teacher_scores=scores,
                                       reasoning=record.get("reasoning", ""), leads_to_gold=record["leads_to_gold"]))
+    return slates
+
+
+def read_trace_files(paths: list[str]) -> list[TracedSlate]:
+    """The slates of every traces file in order (``read_slates``), refusing a query that appears in two of them."""
+    slates: list[TracedSlate] = []
+    seen: dict[str, str] = {}  # query id -> the file that traced it
+    for path in paths:
+        found = read_slates(path)
+        for query_id in sorted({s.query_id for s in found}):
+            if query_id in seen:
+                raise ValueError(f"question {query_id} is traced in both {seen[query_id]} and {path}: a question's "
+                                 f"slates must come from one search; drop it from one file")
+            seen[query_id] = path
+        slates += found
     return slates
 
 

@@ -4,7 +4,11 @@
     overstory train distill-scorer --config configs/train/distill_scorer_cross_encoder.yaml
 
 Reads the teacher-scored slates of ``overstory data lattice-traces`` (``training/distill_data.py``), holds out a
-share of the queries, and trains one of two students:
+share of the queries, and trains one of two students. ``traces`` is one traces file or several (a YAML list, or on
+the command line ``traces=[a.jsonl,b.jsonl]`` or ``traces=a.jsonl,b.jsonl``): their slates are read as one set, the
+split by query is over the union of their queries, and a query traced in two files is refused by name. The manifest
+records each file with its digest, the teachers its slates name and the model that served them (from the traces job's
+``<stem>.settings.json``).
 
 * ``student: llm``: LoRA on a causal LM (the built-in SmolLM2 by default, any hub model by ``model``) with TRL's
   SFTTrainer, to write the teacher's JSON for a slate given the scorer's own slate prompt. ``out/final`` is a
@@ -31,8 +35,8 @@ Both write ``out/heldout_queries.json`` (the held-out query ids, which ``eval la
 ``out/metrics.json`` and the ``overstory.json`` manifest. Checkpoints go to ``out/checkpoints``; a rerun resumes
 from the newest, only under the settings they were trained with (``out/resume_settings.json``, written when the run
 starts afresh): a rerun that changes what is trained (the student, its loss or activation, the targets, the traces'
-content, a training setting other than its length) is refused naming the keys that differ, before anything in
-``out`` is touched, as the other recipes refuse theirs (``training/checkpoint_state.py``).
+content, all files in order, a training setting other than its length) is refused naming the keys that differ,
+before anything in ``out`` is touched, as the other recipes refuse theirs (``training/checkpoint_state.py``).
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ import torch
 
 from overstory.core.config import ConfigError, to_dict
 from overstory.core.tracking import TrackingConfig, start_run
+from overstory.data_pipeline.fanout import settings_path
 from overstory.models.registry import MINILM, SMOLLM2, init_cross_encoder, load_causal_lm
 from overstory.training import checkpoint_state
 from overstory.training.callbacks import StopOnNonFiniteLoss, TrackingCallback
@@ -66,7 +71,7 @@ from overstory.training.distill_data import (
     listwise_rows,
     llm_rows,
     pointwise_rows,
-    read_slates,
+    read_trace_files,
     split_slates,
 )
 from overstory.training.model_card import finish_checkpoint
@@ -79,7 +84,8 @@ ACTIVATIONS: dict[str, type[torch.nn.Module]] = {"sigmoid": torch.nn.Sigmoid, "i
 
 @dataclass(frozen=True)
 class DistillScorerConfig:
-    traces: str  # slates from `overstory data lattice-traces`
+    # slates from `overstory data lattice-traces`: one file, a list, or one string of comma-separated paths
+    traces: str | list[str]
     out: str
     student: Literal["llm", "cross_encoder"] = "llm"
     model: str = ""  # empty: the built-in SmolLM2 (llm) or MiniLM (cross_encoder)
@@ -97,6 +103,8 @@ class DistillScorerConfig:
     push_to_hub: str = ""  # a hub repo id: out/final and its model card are uploaded there at the end
 
     def __post_init__(self) -> None:
+        if not self.trace_files:
+            raise ConfigError("traces: name at least one traces file of `overstory data lattice-traces`")
         if self.student == "cross_encoder" and self.trl:
             raise ConfigError("trl applies to student=llm (TRL's SFTTrainer); the cross-encoder student trains with "
                               "sentence-transformers' CrossEncoderTrainer: leave trl empty")
@@ -113,16 +121,24 @@ class DistillScorerConfig:
             raise ConfigError(f"listwise_label_scale must be positive, got {self.listwise_label_scale}")
 
     @property
+    def trace_files(self) -> list[str]:
+        """``traces`` as a list of paths (a single path is a list of one; a string may list several, comma-separated,
+        as a command-line override ``traces=a.jsonl,b.jsonl`` gives them)."""
+        paths = self.traces.split(",") if isinstance(self.traces, str) else self.traces
+        return [p.strip() for p in paths if p.strip()]
+
+    @property
     def model_name(self) -> str:
         return self.model or (SMOLLM2 if self.student == "llm" else MINILM)
 
 
 def run(config: DistillScorerConfig) -> dict:
-    slates = read_slates(config.traces)
+    files = config.trace_files
+    slates = read_trace_files(files)
     if not slates:
-        raise ValueError(f"{config.traces} holds no scored slates (every teacher reply failed, or the file is "
+        raise ValueError(f"{', '.join(files)} hold no scored slates (every teacher reply failed, or the files are "
                          f"empty); run `overstory data lattice-traces` and check its failed_slates")
-    traces_sha256 = hashlib.sha256(Path(config.traces).read_bytes()).hexdigest()[:16]
+    traces_sha256 = traces_digest(files)
     check_resume(config, traces_sha256)
     train, heldout = split_slates(slates, config.train.val_fraction)
     out = Path(config.out)
@@ -130,8 +146,9 @@ def run(config: DistillScorerConfig) -> dict:
     (out / "heldout_queries.json").write_text(json.dumps(sorted({s.query_id for s in heldout}), indent=1))
     manifest = {"kind": "scorer", "student": config.student, "base_model": config.model_name,
                 "targets": config.targets, "distilled": config.targets == "teacher",
-                "recipe": "distill_scorer", "config": to_dict(config), "traces": config.traces,
-                "traces_sha256": traces_sha256, "teachers": _teachers(config.traces)}
+                "recipe": "distill_scorer", "config": to_dict(config), "traces": files,
+                "traces_sha256": traces_sha256, "teachers": sorted({t for path in files for t in _teachers(path)}),
+                "trace_files": [trace_file_record(path) for path in files]}
     train_fn = _train_llm if config.student == "llm" else _train_cross_encoder
     metrics = train_fn(config, train, heldout, manifest)
     print(json.dumps(metrics, indent=2))
@@ -162,6 +179,28 @@ def check_resume(config: DistillScorerConfig, traces_sha256: str) -> None:
         checkpoint_state.atomic_write_text(record, json.dumps({"settings": settings}, indent=2))
 
 
+def traces_digest(paths: list[str]) -> str:
+    """The traces' content, every file in order (one file: the digest of its bytes, as runs before lists had it;
+    the files are whole JSONL lines, so their concatenation decides the slates)."""
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(Path(path).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def trace_file_record(path: str) -> dict:
+    """What the manifest keeps of one traces file: its path, digest, the teachers its slates name and the models
+    that served its traces job (``served`` in its settings record; empty when the job ran without a server)."""
+    record = settings_path(path)
+    served = json.loads(record.read_text()).get("served", {}) if record.exists() else {}
+    return {"path": path, "sha256": traces_digest([path]), "teachers": _teachers(path), "served": served}
+
+
+def trace_data(paths: list[str]) -> dict[str, str]:
+    """The traces files as the model card lists its data (name -> path)."""
+    return {f"traces[{i}]": path for i, path in enumerate(paths)}
+
+
 def _teachers(path: str) -> list[str]:
     with open(path) as handle:
         return sorted({json.loads(line).get("teacher", "") for line in handle if line.strip()})
@@ -175,8 +214,8 @@ def _train_llm(config: DistillScorerConfig, train: list[TracedSlate], heldout: l
     train_rows = llm_rows(train, config.max_candidate_chars, config.max_reasoning_chars)
     val_rows = llm_rows(heldout, config.max_candidate_chars, config.max_reasoning_chars)
     if not train_rows:
-        raise ValueError(f"no fully scored training slate in {config.traces} ({len(train)} slates after the split); "
-                         f"the llm student learns whole replies")
+        raise ValueError(f"no fully scored training slate in {', '.join(config.trace_files)} ({len(train)} slates "
+                         f"after the split); the llm student learns whole replies")
     model, tokenizer = load_causal_lm(config.model_name)
     args = sft_args(config, evaluate=bool(val_rows))
     tracker = start_run(config.tracking, "train distill-scorer", config) if args.process_index == 0 else None
@@ -200,7 +239,7 @@ def _train_llm(config: DistillScorerConfig, train: list[TracedSlate], heldout: l
                {**manifest, "adapter": config.lora.enabled and not config.lora.merge,
                 "tracking_run": tracker.id if tracker else None},
                metrics, history=trainer.state.log_history, merge_lora=config.lora.enabled and config.lora.merge,
-               data={"traces": config.traces}, push_to_hub=config.push_to_hub)
+               data=trace_data(config.trace_files), push_to_hub=config.push_to_hub)
     if tracker:
         tracker.summary(metrics)
         tracker.finish()
@@ -220,8 +259,8 @@ def _train_cross_encoder(config: DistillScorerConfig, train: list[TracedSlate], 
 
     train_columns, val_columns = _cross_encoder_columns(config, train), _cross_encoder_columns(config, heldout)
     if not train_columns["query"]:
-        raise ValueError(f"no training rows for loss={config.loss} in {config.traces} ({len(train)} slates after "
-                         f"the split; a listwise row needs two scored candidates)")
+        raise ValueError(f"no training rows for loss={config.loss} in {', '.join(config.trace_files)} ({len(train)} "
+                         f"slates after the split; a listwise row needs two scored candidates)")
     model = init_cross_encoder(config.model_name, max_length=config.train.max_length, seed=config.train.seed)
     # what predict() and the server put on the logit; the losses below train the logit itself either way
     model.activation_fn = ACTIVATIONS[config.activation]()
@@ -261,7 +300,7 @@ def _train_cross_encoder(config: DistillScorerConfig, train: list[TracedSlate], 
     if trainer.is_world_process_zero():
         model.save(str(final))
         write_manifest(final, {**manifest, "tracking_run": tracker.id if tracker else None, "metrics": metrics})
-        finish_checkpoint(final, manifest, {"traces": config.traces}, metrics, "sentence-transformers",
+        finish_checkpoint(final, manifest, trace_data(config.trace_files), metrics, "sentence-transformers",
                           config.push_to_hub)
         (Path(config.out) / "metrics.json").write_text(
             json.dumps({**metrics, "history": trainer.state.log_history}, indent=2))
