@@ -268,7 +268,7 @@ def check_students(config: LatticeEvalConfig, question_ids: list[str]) -> None:
                               "folder, or train every student on the same traces with the same val_fraction")
 
 
-def _heldout_slates(paths: list[str], model: str) -> list[dict]:
+def heldout_slates(paths: list[str], model: str) -> list[dict]:
     """The parsed slates of the student's held-out questions, from every traces file in order."""
     heldout_file = Path(model).parent / "heldout_queries.json"
     if not heldout_file.exists():
@@ -418,7 +418,7 @@ def _run_fusion(system: SystemConfig, rankings, results, queries, flat_index):
 
 
 def _run_agreement(config: LatticeEvalConfig, system: SystemConfig, tree: Tree, gold) -> dict:
-    slates = _heldout_slates(config.agreement_files, system.model)
+    slates = heldout_slates(config.agreement_files, system.model)
     if not slates:
         return {"kendall_tau": None, "top1_agreement": None, "n_slates": 0, "n_tau": 0, "tau_undefined": 0}
     with ExitStack() as stack:

@@ -136,7 +136,7 @@ def run(config: DistillScorerConfig) -> dict:
     files = config.trace_files
     slates = read_trace_files(files)
     if not slates:
-        raise ValueError(f"{', '.join(files)} hold no scored slates (every teacher reply failed, or the files are "
+        raise ValueError(f"{', '.join(files)} holds no scored slates (every teacher reply failed, or the file is "
                          f"empty); run `overstory data lattice-traces` and check its failed_slates")
     traces_sha256 = traces_digest(files)
     check_resume(config, traces_sha256)
