@@ -32,9 +32,9 @@ Each scorer system gets a stack of its own (``serve`` with the ``scorer`` role r
 ``server_url``. With ``agreement_traces`` (teacher slates from ``overstory data lattice-traces``: one file or a list,
 as the students were trained on), each system whose ``model`` is a distilled student also scores the teacher's slates
 of the student's held-out questions in every file (``heldout_queries.json`` beside ``model``): Kendall tau with the
-teacher's scores and top-1 agreement. Several
-students can be rows of one table (the cross-encoder's losses and activations side by side): every student whose
-folder has a ``heldout_queries.json`` must have held out each question searched, or the run is refused naming it.
+teacher's scores and top-1 agreement. Several students can be rows of one table (the cross-encoder's losses and
+activations side by side): every student whose folder has a ``heldout_queries.json`` must have held out each question
+searched, or the run is refused naming it.
 The ratio columns (nDCG@10 as a share of the teacher's, times faster) compare each row with the row named
 ``teacher``, searched or recorded. Writes ``metrics.json``, ``table.md``, ``rankings/<system>.jsonl`` and
 ``quality_vs_cost.png``.
@@ -58,7 +58,7 @@ from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
 from overstory.data_pipeline.hierarchy import HierarchyConfig
 from overstory.data_pipeline.lattice_leaves import gold_leaves, tree_leaf_chunks
-from overstory.evaluation.lattice_recorded import RecordedSearch, load_recorded, recorded_row
+from overstory.evaluation.lattice_recorded import RecordedSearch, job_wall_seconds, load_recorded, recorded_row
 from overstory.evaluation.plots import plot_quality_vs_cost
 from overstory.evaluation.repairs import repair_counts, repairs_cell
 from overstory.models.registry import MINILM, base_model_of, load_sentence_encoder
@@ -94,6 +94,9 @@ class SystemConfig:
     note: str = ""  # shown in the table, e.g. "trained on gold labels (not distillation)"
     server_url: str = ""  # a running server whose scorer role this system uses (no stack is started)
     traces: str = ""  # recorded: the traces file of the `overstory data lattice-traces` job that searched
+    # recorded: the job's wall time record (wall_s; scripts/teacher_runs.sh's runs/teacher/jobs/<job>.json): the row's
+    # seconds become it per question traced, comparable with a searched row's; empty: each question's recorded seconds
+    job_record: str = ""
 
 
 @dataclass(frozen=True)
@@ -282,11 +285,17 @@ def heldout_slates(paths: list[str], model: str) -> list[dict]:
     return [r for r in records if r["query_id"] in held and r.get("parsed", True)]
 
 
-def check_recorded(config: LatticeEvalConfig, tree: Tree, gold: dict[str, set[str]]) -> dict[str, RecordedSearch]:
-    """Before any stack starts: every recorded system's record of the questions searched, or its refusal."""
-    return {name: load_recorded(name, config.systems[name].traces, config.ranking_settings(config.systems[name]),
-                                gold, tree)
-            for name in config.names if config.systems[name].kind == "recorded"}
+def check_recorded(config: LatticeEvalConfig, tree: Tree,
+                   gold: dict[str, set[str]]) -> dict[str, tuple[RecordedSearch, float | None]]:
+    """Before any stack starts: every recorded system's record of the questions searched with its job's wall time
+    (None without ``job_record``), or its refusal."""
+    found = {}
+    for name in config.names:
+        system = config.systems[name]
+        if system.kind == "recorded":
+            found[name] = (load_recorded(name, system.traces, config.ranking_settings(system), gold, tree),
+                           job_wall_seconds(name, system.job_record) if system.job_record else None)
+    return found
 
 
 def _questions(config: LatticeEvalConfig):
@@ -342,7 +351,7 @@ def run(config: LatticeEvalConfig) -> dict:
             if system.kind == "search":
                 row, rankings[name] = _run_search(config, system, tree, queries, gold)
             elif system.kind == "recorded":
-                row, rankings[name] = recorded_row(recorded[name])
+                row, rankings[name] = recorded_row(*recorded[name])
             elif system.kind == "fusion":
                 row, rankings[name] = _run_fusion(system, rankings, results, queries, flat_index)
             else:

@@ -15,9 +15,13 @@ the tree's path, not a digest of it, so the tree's content is checked by what it
 gold leaves must be the eval's, and every leaf ranked must be a leaf of this tree.
 
 The row has a search row's cost columns, per question as the traces job recorded them: scorer calls, prompt and
-completion tokens, seconds (each question's search wall time in that job, which searched several questions at
-once: a latency under that load, not a share of the job's wall time), slates, failed slates and their problems (as
-repairs); and ``served_by``, the model that served the teacher (``oracle`` for the gold-label scorer).
+completion tokens, seconds, slates, failed slates and their problems (as repairs); and ``served_by``, the model that
+served the teacher (``oracle`` for the gold-label scorer). A question's recorded seconds are its search's wall time in
+that job, which searched several questions at once: a latency under that load, several times the job's wall time per
+question, which is what a searched row's seconds measure (its questions' wall time over their number). Given a
+record of the job's wall time (``job_record``: a JSON with ``wall_s``, as ``scripts/teacher_runs.sh`` writes to
+``runs/teacher/jobs/<job>.json``), the row's seconds are that over the questions the job traced, and the recorded
+mean is kept as ``latency_seconds``; the note says which the row shows.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ class RecordedSearch:
     served_by: str
     records: dict[str, dict]  # question id -> its summary line of <stem>.queries.jsonl
     slates: Counter[str]  # question id -> how many slates it logged
+    n_traced: int  # questions the job traced (searched or not here)
 
 
 def queries_file(traces: str | Path) -> Path:
@@ -125,26 +130,46 @@ def load_recorded(name: str, traces: str, wanted: dict, gold: dict[str, set[str]
                           f"search them (kind: search)")
     check_content(name, records, gold, tree)
     slates = Counter(slate["query_id"] for slate in read_jsonl(traces))
-    return RecordedSearch(str(traces), served_by(recorded), {qid: records[qid] for qid in gold}, slates)
+    return RecordedSearch(str(traces), served_by(recorded), {qid: records[qid] for qid in gold}, slates, len(records))
 
 
-def recorded_row(recorded: RecordedSearch) -> tuple[dict, dict[str, list[tuple[str, float]]]]:
-    """A search row's cost columns, per question as recorded, ``served_by`` and a note; and the rankings."""
+def job_wall_seconds(name: str, job_record: str) -> float:
+    """The traces job's wall time from its record (``wall_s``, over all its invocations), refused when absent or
+    when the record says the job has not finished."""
+    path = Path(job_record)
+    record = json.loads(path.read_text()) if path.exists() else {}
+    if not isinstance(record.get("wall_s"), (int, float)) or record.get("finished") is False:
+        raise ConfigError(f"systems.{name}.job_record: {path} holds no finished job's wall_s (written when the traces "
+                          f"job finishes; leave job_record empty to show each question's recorded seconds)")
+    return float(record["wall_s"])
+
+
+def recorded_row(recorded: RecordedSearch,
+                 wall_s: float | None = None) -> tuple[dict, dict[str, list[tuple[str, float]]]]:
+    """A search row's cost columns, per question as recorded (seconds: ``wall_s`` over the questions traced when
+    given), ``served_by`` and a note; and the rankings."""
     records = list(recorded.records.values())
     n = len(records)
     problems: Counter[str] = Counter()
     for record in records:
         problems.update(record.get("problems", {}))
     slates = [recorded.slates[qid] for qid in recorded.records]
+    latency = round(sum(r["seconds"] for r in records) / n, 3)
+    if wall_s is None:
+        seconds, timing = latency, "seconds: each question's search there, several searched at once (a latency)"
+    else:
+        seconds = round(wall_s / recorded.n_traced, 3)
+        timing = (f"seconds: the job's wall time over its {recorded.n_traced} questions (each question's own "
+                  f"search: {latency} s)")
     row = {"llm_calls": round(sum(r["llm_calls"] for r in records) / n, 2),
            "input_tokens": round(sum(r["input_tokens"] for r in records) / n, 1),
            "output_tokens": round(sum(r["output_tokens"] for r in records) / n, 1),
-           "seconds": round(sum(r["seconds"] for r in records) / n, 3),
+           "seconds": seconds, "latency_seconds": latency,
            "slates": round(sum(slates) / n, 2), "slates_total": sum(slates),
            "failed_slates": sum(r["failed_slates"] for r in records), "problems": dict(problems),
            "repairs": repair_counts([problems]), "served_by": recorded.served_by, "traces": recorded.traces,
            "note": f"served by {recorded.served_by}; read from the traces job ({recorded.traces}), not re-run; "
-                   f"seconds: each question's search there, several searched at once"}
+                   f"{timing}"}
     rankings = {qid: [(doc, float(score)) for doc, score in record["ranking"]]
                 for qid, record in recorded.records.items()}
     return row, rankings
