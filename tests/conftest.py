@@ -162,6 +162,60 @@ def sft_planner(planner_traces: Path, tmp_path_factory) -> Path:
     return out
 
 
+def one_solvable_one_not(labels: Path, adapter: Path, folder: Path, metadata_tokens: int, limit: int) -> Path:
+    """Two of the labels, rewritten so that the policy solves one and not the other: the first question the adapter
+    plans greedily within ``limit`` tokens is labelled with that range (near-greedy rollouts hit it), another with a
+    range that is neither its greedy plan nor its trace's (solved, if at all, only by chance). Stored with their
+    hierarchy, as the pseudo-labels job does. (Labelling every other question of a random draw of three once gave CI
+    a draw that solved none.)
+
+    The plans are generated a batch of 8 at a time, in order, and only until both picked questions have one: the
+    same batches as one call over every question would make (a batch's greedy replies depend on what else is in it),
+    so the same two questions are picked, without planning the rest."""
+    from dataclasses import replace
+
+    from overstory.core.records import PseudoLabel, read_jsonl, write_jsonl
+    from overstory.data_pipeline.hierarchy import stored_hierarchy_path
+    from overstory.data_pipeline.planner_examples import PlannerDataConfig, planner_rows
+    from overstory.evaluation.planner import generate_plans
+    from overstory.models.planner import parse_plan
+    from overstory.models.registry import load_lm_checkpoint
+
+    rows, _, _ = planner_rows(PlannerDataConfig(labels=str(labels), metadata_tokens=metadata_tokens, val_fraction=0),
+                              "builtin:smollm2-135m-instruct")
+    model, tokenizer, _ = load_lm_checkpoint(str(adapter))
+    every = list(read_jsonl(labels, PseudoLabel))
+    greedy: dict[str, tuple] = {}
+    for start in range(0, len(rows), 8):
+        batch = rows[start: start + 8]
+        replies, lengths, _ = generate_plans(model, tokenizer, [r["prompt"] for r in batch], limit, 8)
+        greedy |= {r["example_id"]: (parse_plan(text), n) for r, text, n in zip(batch, replies, lengths)}
+        solvable = next((i for i, (plan, n) in greedy.items() if plan.valid and n < limit), None)
+        hard = solvable and next(label for label in every if label.id != solvable)
+        if hard and hard.id in greedy:
+            break
+    assert solvable, f"the adapter planned none of {len(rows)} questions within {limit} tokens"
+    easy = next(label for label in every if label.id == solvable)
+    taken = {greedy[hard.id][0].levels, (hard.level_min, hard.level_max)}
+    far = next(r for r in [("section", "document"), ("paragraph", "document"), ("sentence", "sentence")]
+               if r not in taken)
+    picked = [replace(easy, level_min=greedy[solvable][0].levels[0], level_max=greedy[solvable][0].levels[1]),
+              replace(hard, level_min=far[0], level_max=far[1])]
+    folder.mkdir()
+    write_jsonl(folder / "labels.jsonl", picked)
+    shutil.copy(stored_hierarchy_path(labels), stored_hierarchy_path(folder / "labels.jsonl"))
+    return folder / "labels.jsonl"
+
+
+@pytest.fixture(scope="session")
+def stitch_labels(planner_labels: Path, sft_planner: Path, tmp_path_factory) -> Path:
+    """Two of ``planner_labels`` that ``sft_planner`` solves one of within 72 tokens (prompts of 96 metadata tokens):
+    the STITCH steps of tests/training/test_stitch.py and test_stitch_distributed.py run on them (a GRPO update on the
+    solved one, an SFT injection for the other); the jobs only read them, so they are made once."""
+    return one_solvable_one_not(planner_labels, sft_planner / "final", tmp_path_factory.mktemp("stitch") / "labels",
+                                96, 72)
+
+
 HOTPOTQA_150 = [f"corpus.path={ROOT / 'data/hotpotqa'}", "corpus.limit_docs=150"]  # 11 questions with gold leaves
 
 

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,12 +11,8 @@ from safetensors.torch import load_file
 
 from overstory.cli import main
 from overstory.core.config import ConfigError, load_config
-from overstory.core.records import PlannerTrace, PseudoLabel, read_jsonl, write_jsonl
-from overstory.data_pipeline.hierarchy import stored_hierarchy_path
-from overstory.data_pipeline.planner_examples import PlannerDataConfig, planner_rows
-from overstory.evaluation.planner import generate_plans
-from overstory.models.planner import parse_plan, plan_json, planner_messages
-from overstory.models.registry import load_lm_checkpoint
+from overstory.core.records import PlannerTrace, write_jsonl
+from overstory.models.planner import plan_json, planner_messages
 from overstory.training import checkpoint_state, stitch
 from overstory.training.stitch import (
     StitchConfig,
@@ -152,42 +146,6 @@ def test_keys_stitch_would_not_use_are_refused(key: str) -> None:
         load_config(StitchConfig, ROOT / "configs/train/stitch.yaml", [f"{key}=4"])
 
 
-def _one_solvable_one_not(labels: Path, adapter: Path, folder: Path, metadata_tokens: int, limit: int) -> Path:
-    """Two of the labels, rewritten so that the policy solves one and not the other: the first question the adapter
-    plans greedily within ``limit`` tokens is labelled with that range (near-greedy rollouts hit it), another with a
-    range that is neither its greedy plan nor its trace's (solved, if at all, only by chance). Stored with their
-    hierarchy, as the pseudo-labels job does. (Labelling every other question of a random draw of three once gave CI
-    a draw that solved none.)
-
-    The plans are generated a batch of 8 at a time, in order, and only until both picked questions have one: the
-    same batches as one call over every question would make (a batch's greedy replies depend on what else is in it),
-    so the same two questions are picked, without planning the rest."""
-    rows, _, _ = planner_rows(PlannerDataConfig(labels=str(labels), metadata_tokens=metadata_tokens, val_fraction=0),
-                              "builtin:smollm2-135m-instruct")
-    model, tokenizer, _ = load_lm_checkpoint(str(adapter))
-    every = list(read_jsonl(labels, PseudoLabel))
-    greedy: dict[str, tuple] = {}
-    for start in range(0, len(rows), 8):
-        batch = rows[start: start + 8]
-        replies, lengths, _ = generate_plans(model, tokenizer, [r["prompt"] for r in batch], limit, 8)
-        greedy |= {r["example_id"]: (parse_plan(text), n) for r, text, n in zip(batch, replies, lengths)}
-        solvable = next((i for i, (plan, n) in greedy.items() if plan.valid and n < limit), None)
-        hard = solvable and next(label for label in every if label.id != solvable)
-        if hard and hard.id in greedy:
-            break
-    assert solvable, f"the adapter planned none of {len(rows)} questions within {limit} tokens"
-    easy = next(label for label in every if label.id == solvable)
-    taken = {greedy[hard.id][0].levels, (hard.level_min, hard.level_max)}
-    far = next(r for r in [("section", "document"), ("paragraph", "document"), ("sentence", "sentence")]
-               if r not in taken)
-    picked = [replace(easy, level_min=greedy[solvable][0].levels[0], level_max=greedy[solvable][0].levels[1]),
-              replace(hard, level_min=far[0], level_max=far[1])]
-    folder.mkdir()
-    write_jsonl(folder / "labels.jsonl", picked)
-    shutil.copy(stored_hierarchy_path(labels), stored_hierarchy_path(folder / "labels.jsonl"))
-    return folder / "labels.jsonl"
-
-
 def _stitch_args(labels: Path, sft_planner: Path, traces: Path, out: Path) -> list[str]:
     return ["train", "stitch", "--config", str(ROOT / "configs/train/stitch.yaml"), f"data.labels={labels}",
             "data.metadata_tokens=96", "data.val_fraction=0", f"model={sft_planner / 'final'}", f"traces={traces}",
@@ -202,12 +160,11 @@ def _log(out: Path) -> list[dict]:
 
 @pytest.mark.slow
 def test_stitch_steps_on_the_real_model_update_inject_sft_and_refuse_other_settings(
-        planner_labels: Path, planner_traces: Path, sft_planner: Path, tmp_path: Path) -> None:
+        stitch_labels: Path, planner_traces: Path, sft_planner: Path, tmp_path: Path) -> None:
     """From a short real SFT adapter that writes the planner's format, on two questions it solves one of (so GRPO runs
     on the solved one, and the other goes to imitation: SFT is injected, imitation_threshold=1)."""
     out = tmp_path / "stitch"
-    labels = _one_solvable_one_not(planner_labels, sft_planner / "final", tmp_path / "labels", 96, limit=72)
-    args = _stitch_args(labels, sft_planner, planner_traces, out)
+    args = _stitch_args(stitch_labels, sft_planner, planner_traces, out)
     before = load_file(sft_planner / "final" / "adapter_model.safetensors")
     # one step over both questions: near-greedy rollouts solve one (GRPO update), the other goes to SFT; with
     # R_QA on, through an embedded stack (built-in SmolLM2 generator, MiniLM embedder) the job starts for itself

@@ -23,8 +23,8 @@ from overstory.training.stitch_ranks import adapter_digest
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
-# the one-process STITCH test's helpers (two questions the SFT planner solves one of, the job's arguments), loaded by
-# path: tests are not a package (--import-mode=importlib)
+# the one-process STITCH test's helpers (the job's arguments, its log), loaded by path: tests are not a package
+# (--import-mode=importlib)
 _spec = importlib.util.spec_from_file_location("stitch_tests", Path(__file__).with_name("test_stitch.py"))
 stitch_tests = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(stitch_tests)
@@ -58,14 +58,6 @@ def _sft_optimizer_steps(shard: dict) -> list[int]:
     return [int(s["step"]) for s in inner["state"].values()]
 
 
-@pytest.fixture(scope="module")
-def two_questions(planner_labels: Path, sft_planner: Path, tmp_path_factory) -> Path:
-    """Two questions, one the SFT planner solves (GRPO update) and one it does not (SFT injection,
-    imitation_threshold=1), as in the one-process test (tests/training/test_stitch.py); made once for both launches."""
-    return stitch_tests._one_solvable_one_not(planner_labels, sft_planner / "final",
-                                              tmp_path_factory.mktemp("stitch") / "labels", 96, 72)
-
-
 def _first_step(config: str, labels: Path, traces: Path, sft_planner: Path, tmp_path: Path
                 ) -> tuple[Path, list[str], dict]:
     """STITCH's first step under ``config``, launched on two processes: its folder, the job's arguments and its log
@@ -80,9 +72,9 @@ def _first_step(config: str, labels: Path, traces: Path, sft_planner: Path, tmp_
 
 
 def test_stitch_under_zero2_routes_alike_on_every_rank_updates_injects_sft_and_resumes(
-        two_questions: Path, planner_traces: Path, sft_planner: Path, tmp_path: Path) -> None:
+        stitch_labels: Path, planner_traces: Path, sft_planner: Path, tmp_path: Path) -> None:
     """One step, then a rerun with one more step."""
-    out, args, step_1 = _first_step("cpu-2proc-zero2.yaml", two_questions, planner_traces, sft_planner, tmp_path)
+    out, args, step_1 = _first_step("cpu-2proc-zero2.yaml", stitch_labels, planner_traces, sft_planner, tmp_path)
     # each rank kept its own ZeRO shard of both optimizers' states (carried to the next update) and its RNG state
     assert {f"{kind}_rank{rank}.pt" for kind in ("grpo_optimizer", "sft_optimizer", "rng") for rank in (0, 1)} <= {
         p.name for p in (out / "last").iterdir()}
@@ -110,11 +102,11 @@ def test_stitch_under_zero2_routes_alike_on_every_rank_updates_injects_sft_and_r
 
 
 def test_stitch_under_zero3_passes_the_partitioned_policy_between_updates_and_saves_what_the_ranks_hold(
-        two_questions: Path, planner_traces: Path, sft_planner: Path, tmp_path: Path) -> None:
+        stitch_labels: Path, planner_traces: Path, sft_planner: Path, tmp_path: Path) -> None:
     """One step: its GRPO update's engine partitions the policy, and its SFT injection's engine trains it as it is
     (the second engine around one partitioned model); then every rank calls the save. (Carrying a ZeRO-3 Adam shard
     into the next update of its kind needs a second step: run by hand, training/stitch_ranks.py.)"""
-    out, _, step_1 = _first_step("cpu-2proc-zero3.yaml", two_questions, planner_traces, sft_planner, tmp_path)
+    out, _, step_1 = _first_step("cpu-2proc-zero3.yaml", stitch_labels, planner_traces, sft_planner, tmp_path)
     for rank in (0, 1):  # each rank kept its own shard, in ZeRO-3's layout
         assert _sft_optimizer_steps(torch.load(out / "last" / f"sft_optimizer_rank{rank}.pt", weights_only=False)) \
             == [1]
