@@ -49,6 +49,16 @@ def shared_fixture_group(item: pytest.Item) -> str | None:
     return next((group for name, group in SHARED_FIXTURE_GROUPS.items() if name in used), None)
 
 
+def module_fixture_group(item: pytest.Item) -> str | None:
+    """The group of ``item``'s module (its path) when the test uses a module-scoped fixture: a worker builds such a
+    fixture for every module it runs a test of, so a module whose tests ``--dist loadgroup`` spread over both workers
+    built it twice (the HotpotQA LATTICE tree of test_lattice_search.py, 30 s; the indexes of test_index.py)."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None or not any(defs and defs[-1].scope == "module" for defs in info.name2fixturedefs.values()):
+        return None
+    return item.nodeid.split("::")[0].removesuffix(".py")
+
+
 def name_groups_in_ids(items: list[pytest.Item]) -> None:
     """Append ``@group`` to the id of each test with an ``xdist_group`` mark, as pytest-xdist's worker hook means to.
 
@@ -66,13 +76,18 @@ def name_groups_in_ids(items: list[pytest.Item]) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]):
     """Mark the ``alone`` tests and the groups of ``SHARED_FIXTURE_GROUPS``; after every other plugin and conftest has
-    marked its own, name the groups in the test ids on an xdist worker (``name_groups_in_ids``)."""
+    marked its own, keep each module with a module-scoped fixture on one worker (``module_fixture_group``: only the
+    tests left without a group, so none leaves the cpu-vllm stack's) and name the groups in the test ids on an xdist
+    worker (``name_groups_in_ids``)."""
     for item in items:
         if item.nodeid.startswith(ALONE):
             item.add_marker(pytest.mark.alone)
         elif item.get_closest_marker("xdist_group") is None and (group := shared_fixture_group(item)):
             item.add_marker(pytest.mark.xdist_group(group))
     result = yield
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None and (group := module_fixture_group(item)):
+            item.add_marker(pytest.mark.xdist_group(group))
     if getattr(config.option, "loadgroup", False):
         name_groups_in_ids(items)
     return result
