@@ -133,7 +133,7 @@ class LatticeEvalConfig:
             system = self.systems[name]
             if system.kind == "fusion" and self.systems.get(system.of, SystemConfig("bm25")).kind not in (
                     "search", "recorded"):
-                raise ConfigError(f"systems.{name}.of must name a search or recorded system, got {system.of!r}")
+                raise ConfigError(f"systems.{name}.of must name a search system or a recorded one, got {system.of!r}")
             if system.kind == "recorded" and not system.traces:
                 raise ConfigError(f"systems.{name}.traces: a recorded system needs the traces file of the "
                                   "`overstory data lattice-traces` job that searched")
