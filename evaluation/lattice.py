@@ -53,7 +53,8 @@ from typing import Literal
 import numpy as np
 from rich.progress import Progress
 
-from overstory.core.config import ConfigError, to_dict
+from overstory.core.config import ConfigError, path_list, to_dict
+from overstory.core.records import read_jsonl
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
 from overstory.data_pipeline.hierarchy import HierarchyConfig
@@ -150,8 +151,7 @@ class LatticeEvalConfig:
     def agreement_files(self) -> list[str]:
         """``agreement_traces`` as a list: a YAML list, or one string with the paths comma-separated (as a command
         line override gives them)."""
-        paths = self.agreement_traces
-        return [p.strip() for p in (paths.split(",") if isinstance(paths, str) else paths) if p.strip()]
+        return path_list(self.agreement_traces)
 
     def ranking_settings(self, system: SystemConfig) -> dict:
         """This eval's settings in the keys a traces job records, for a recorded system's check."""
@@ -278,11 +278,7 @@ def heldout_slates(paths: list[str], model: str) -> list[dict]:
         raise ConfigError(f"{heldout_file} not found: agreement needs the student's held-out queries "
                           f"(written by `overstory train distill-scorer`)")
     held = set(json.loads(heldout_file.read_text()))
-    records = []
-    for path in paths:
-        with open(path) as handle:
-            records += [json.loads(line) for line in handle if line.strip()]
-    return [r for r in records if r["query_id"] in held and r.get("parsed", True)]
+    return [r for path in paths for r in read_jsonl(path) if r["query_id"] in held and r.get("parsed", True)]
 
 
 def check_recorded(config: LatticeEvalConfig, tree: Tree,

@@ -51,7 +51,7 @@ from typing import Any, Literal
 
 import torch
 
-from overstory.core.config import ConfigError, to_dict
+from overstory.core.config import ConfigError, path_list, to_dict
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.fanout import settings_path
 from overstory.models.registry import MINILM, SMOLLM2, init_cross_encoder, load_causal_lm
@@ -124,8 +124,7 @@ class DistillScorerConfig:
     def trace_files(self) -> list[str]:
         """``traces`` as a list of paths (a single path is a list of one; a string may list several, comma-separated,
         as a command-line override ``traces=a.jsonl,b.jsonl`` gives them)."""
-        paths = self.traces.split(",") if isinstance(self.traces, str) else self.traces
-        return [p.strip() for p in paths if p.strip()]
+        return path_list(self.traces)
 
     @property
     def model_name(self) -> str:

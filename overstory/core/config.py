@@ -189,6 +189,17 @@ def to_dict(config: Any) -> dict[str, Any]:
     return convert(config)
 
 
+def path_list(value: str | list[str]) -> list[str]:
+    """A config field that names one file or several: a YAML list, or one string with the paths comma-separated (as
+    a command-line override gives them).
+
+    >>> path_list("a.jsonl, b.jsonl"), path_list(["a.jsonl"]), path_list("")
+    (['a.jsonl', 'b.jsonl'], ['a.jsonl'], [])
+    """
+    paths = value.split(",") if isinstance(value, str) else value
+    return [p.strip() for p in paths if p.strip()]
+
+
 _ABSENT = object()  # a key one side of differing_keys lacks
 
 
