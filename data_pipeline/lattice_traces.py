@@ -2,28 +2,28 @@
 
     overstory data lattice-traces --config configs/data/lattice_traces.yaml
 
-The distillation data of the scorer students. Questions come from the corpus the tree was built over; their gold leaves
-are the tree's leaf chunks that overlap the question's evidence (HotpotQA: the supporting paragraphs; QASPER: the
-evidence paragraphs; ``data_pipeline/lattice_leaves.py``). Each question is one item of the fan-out: its search runs on
-the runner's workers (``batch_queries`` questions at once, on threads or, with ``runner: ray``, on Ray Data workers
-whose requests are spread over ``ray.endpoints``), its slates scored ``concurrency // batch_queries`` at a time (at
-least one), so about ``concurrency`` requests are in flight in all. When a question's search finishes, its slates are
-appended to ``out`` (query, candidate ids and texts, the teacher's raw scores and reasoning, the latent scores after the
-refit, whether each candidate leads to gold), then its summary (ranking, recall@10, calls, tokens, seconds) to
-``<out>.queries.jsonl``, which marks it done. Finished questions are skipped on restart, so a killed run resumes; slates
-of a question without a summary (a run killed between the two) are discarded on restart and the question is searched
-again from scratch, so two searches' slates never mix. A question whose search lost a slate to a transient request
-failure (a timeout, a 5xx, the server down; the slate's ``failure`` field says so) is not written: it goes to
-``<out>.failures.jsonl`` and a rerun searches it again; a refused request (4xx: a wrong role, a bad request) raises
-``RequestRefused`` (``retrieval/strategy.py``) and stops the job. The job runs on the fan-out skeleton
-(``data_pipeline/fanout.py``): its settings and the scorer's served model are kept in ``<out>.settings.json`` (a rerun
-with others is refused), and it fails (exit code 1) when more than ``max_failure_share`` of its questions failed. The
-job's totals (its tracked summary and the line it prints) add up the questions written: slates, recall@10, and beside
-them the slate repairs (``SLATE_REPAIRS``): failed slates, those among them whose prompt did not fit the teacher's
-context (``prompt_too_long_failed``: not sent) and the replies cut at ``max_tokens`` (``reply_truncated``: their
-complete scores kept), each question's own counts being in its summary's ``failed_slates`` and ``problems``. ``scorer:
-oracle`` scores from the gold labels instead of an LLM (no server needed): it checks what the search can reach and gives
-a best-case trace set.
+The distillation data of the scorer students. Questions come from the corpus the tree was built over; their gold
+leaves are the tree's leaf chunks that overlap the question's evidence (HotpotQA: the supporting paragraphs; QASPER:
+the evidence paragraphs; ``data_pipeline/lattice_leaves.py``). Each question is one item of the fan-out: its search
+runs on the runner's workers (``batch_queries`` questions at once, on threads or, with ``runner: ray``, on Ray Data
+workers whose requests are spread over ``ray.endpoints``), its slates scored ``concurrency // batch_queries`` at a
+time (at least one), so about ``concurrency`` requests are in flight in all. When a question's search finishes, its
+slates are appended to ``out`` (query, candidate ids and texts, the teacher's raw scores and reasoning, the latent
+scores after the refit, whether each candidate leads to gold), then its summary (ranking, recall@10, calls, tokens,
+seconds) to ``<out>.queries.jsonl``, which marks it done. Finished questions are skipped on restart, so a killed run
+resumes; slates of a question without a summary (a run killed between the two) are discarded on restart and the
+question is searched again from scratch, so two searches' slates never mix. A question whose search lost a slate to a
+transient request failure (a timeout, a 5xx, the server down; the slate's ``failure`` field says so) is not written:
+it goes to ``<out>.failures.jsonl`` and a rerun searches it again; a refused request (4xx: a wrong role, a bad
+request) raises ``RequestRefused`` (``retrieval/strategy.py``) and stops the job. The job runs on the fan-out skeleton
+(``data_pipeline/fanout.py``): its settings, the slate reply schema's version and the scorer's served model are kept
+in ``<out>.settings.json`` (a rerun with others is refused), and it fails (exit code 1) when more than
+``max_failure_share`` of its questions failed. The job's totals (its tracked summary and the line it prints) add up
+the questions written: slates, recall@10, and beside them the slate repairs (``SLATE_REPAIRS``): failed slates, those
+among them whose prompt did not fit the teacher's context (``prompt_too_long_failed``: not sent) and the replies cut
+at ``max_tokens`` (``reply_truncated``: their complete scores kept), each question's own counts being in its summary's
+``failed_slates`` and ``problems``. ``scorer: oracle`` scores from the gold labels instead of an LLM (no server
+needed): it checks what the search can reach and gives a best-case trace set.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from overstory.data_pipeline.fanout import Fanout, ServedWork, job_server, job_s
 from overstory.data_pipeline.hierarchy import HierarchyConfig
 from overstory.data_pipeline.lattice_leaves import gold_leaves, tree_leaf_chunks
 from overstory.data_pipeline.ray_runner import RayConfig
+from overstory.models.scorer import SLATE_SCHEMA
 from overstory.retrieval.lattice.scorers import LLMSlateScorer, OracleSlateScorer, SlateScorer
 from overstory.retrieval.lattice.search import SearchConfig, SearchResult, check_reach, search
 from overstory.retrieval.lattice.tree import Tree
@@ -112,6 +113,12 @@ def query_record(result: SearchResult, query: str, gold: set[str], k: int = 10) 
             "failed_slates": result.failed_slates, "problems": result.problems}
 
 
+def traces_settings(config: LatticeTracesConfig) -> dict:
+    """What decides the traces (a rerun under others is refused): the config's settings and the slate reply schema's
+    version the teacher was held to (``SLATE_SCHEMA``)."""
+    return {**job_settings(config, drop={"batch_queries"}), "slate_schema": SLATE_SCHEMA}
+
+
 def run(config: LatticeTracesConfig) -> dict:
     """Search every question with gold leaves the output lacks, logging each question's slates and summary."""
     tree = Tree.load(config.tree)
@@ -128,7 +135,7 @@ def run(config: LatticeTracesConfig) -> dict:
     with ExitStack() as stack:
         tracker = stack.enter_context(start_run(config.tracking, "data lattice-traces", config))
         fanout = stack.enter_context(Fanout("lattice-traces", queries_path,
-                                            job_settings(config, drop={"batch_queries"}), beside=out,
+                                            traces_settings(config), beside=out,
                                             concurrency=config.batch_queries,
                                             max_failure_share=config.max_failure_share, runner=config.runner,
                                             ray=config.ray))

@@ -63,6 +63,7 @@ from overstory.evaluation.lattice_recorded import RecordedSearch, job_wall_secon
 from overstory.evaluation.plots import plot_quality_vs_cost
 from overstory.evaluation.repairs import repair_counts, repairs_cell
 from overstory.models.registry import MINILM, base_model_of, load_sentence_encoder
+from overstory.models.scorer import SLATE_SCHEMA
 from overstory.retrieval.index import BM25Index, DenseIndex, HybridIndex
 from overstory.retrieval.lattice.fusion import LATTICE_PP_WEIGHTS, lattice_pp
 from overstory.retrieval.lattice.scorers import (
@@ -158,7 +159,7 @@ class LatticeEvalConfig:
         return {"tree": self.tree, "corpus": to_dict(self.corpus), "hierarchy": to_dict(self.hierarchy),
                 "leaf_level": self.leaf_level, "search": to_dict(replace(self.search, calibration=system.calibration)),
                 "max_candidate_chars": self.max_candidate_chars, "max_reasoning_chars": self.max_reasoning_chars,
-                "max_tokens": self.max_tokens}
+                "max_tokens": self.max_tokens, "slate_schema": SLATE_SCHEMA}
 
 
 # --- metrics -----------------------------------------------------------------------------------------------

@@ -9,10 +9,11 @@ what is on disk.
 
 It is the same result only under the same settings, so ``load_recorded`` refuses, naming the key, a record whose
 settings differ from the eval's where they change the ranking (``RANKING_KEYS``: the tree, the corpus, the hierarchy,
-the leaf level, every ``search`` setting, and the slate prompt's ``max_candidate_chars``, ``max_reasoning_chars`` and
-``max_tokens``), and a question searched that the job never traced (how many, and one id). The traces job records
-the tree's path, not a digest of it, so the tree's content is checked by what it decides: each question's recorded
-gold leaves must be the eval's, and every leaf ranked must be a leaf of this tree.
+the leaf level, every ``search`` setting, the slate prompt's ``max_candidate_chars``, ``max_reasoning_chars`` and
+``max_tokens``, and the reply schema's version ``slate_schema``, which a record made before it was recorded lacks),
+and a question searched that the job never traced (how many, and one id). The traces job records the tree's path, not
+a digest of it, so the tree's content is checked by what it decides: each question's recorded gold leaves must be the
+eval's, and every leaf ranked must be a leaf of this tree.
 
 The row has a search row's cost columns, per question as the traces job recorded them: scorer calls, prompt and
 completion tokens, seconds, slates, failed slates and their problems (as repairs); and ``served_by``, the model that
@@ -39,7 +40,7 @@ from overstory.retrieval.lattice.tree import Tree
 
 # the traces job's settings that change a question's ranking (the rest, e.g. concurrency or the stack, only its speed)
 RANKING_KEYS = ("tree", "corpus", "hierarchy", "leaf_level", "search", "max_candidate_chars", "max_reasoning_chars",
-                "max_tokens")
+                "max_tokens", "slate_schema")
 
 
 @dataclass(frozen=True)

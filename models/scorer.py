@@ -45,26 +45,34 @@ give each one a relevance score from 0 (no help) to 100 (answers it). Reply with
 {{"reasoning": string, "ranking": [candidate ids, best first], "relevance_scores": [[candidate id, score], \
 ...]}} covering every candidate id."""
 
+# The reply schema's version, recorded with every traces job's settings: a record made under another schema is another
+# teacher's search (the first schema required one score at least, and the teacher scored one or two candidates of a
+# slate and stopped).
+SLATE_SCHEMA = "one-score-per-candidate"
+
+
 def slate_response_format(n_candidates: int, max_reasoning_chars: int = 400) -> dict:
-    """The reply schema for a slate of ``n_candidates``, bounded: ids in range, scores 0-100, at most one entry
-    per candidate, and the reasoning capped (a small model otherwise reasons until its token limit and
-    never reaches the scores). Grammar-constrained decoding enforces every bound; the parser still checks
-    them for servers that do not.
+    """The reply schema for a slate of ``n_candidates``, bounded: ids in range, scores 0-100, exactly one score per
+    candidate in slate order, and the reasoning capped (a small model otherwise reasons until its token limit and
+    never reaches the scores). Grammar-constrained decoding enforces every bound: a model cannot stop after its
+    favourite candidate, and the ids of ``relevance_scores`` are fixed, so it only chooses the scores. The parser
+    still checks them for servers that do not constrain decoding.
 
     >>> fmt = slate_response_format(3)["json_schema"]["schema"]["properties"]
-    >>> fmt["relevance_scores"]["maxItems"], fmt["relevance_scores"]["items"]["prefixItems"][0]["maximum"]
-    (3, 2)
+    >>> fmt["relevance_scores"]["minItems"], fmt["relevance_scores"]["prefixItems"][2]["prefixItems"][0]
+    (3, {'const': 2})
     """
     candidate_id = {"type": "integer", "minimum": 0, "maximum": max(n_candidates - 1, 0)}
     score = {"type": "integer", "minimum": 0, "maximum": 100}
+    pairs = [{"type": "array", "prefixItems": [{"const": i}, score], "minItems": 2, "maxItems": 2, "items": False}
+             for i in range(n_candidates)]
     schema = {
         "type": "object",
         "properties": {
             "reasoning": {"type": "string", "maxLength": max_reasoning_chars},
             "ranking": {"type": "array", "items": candidate_id, "maxItems": n_candidates},
-            "relevance_scores": {"type": "array", "minItems": 1, "maxItems": n_candidates,
-                                 "items": {"type": "array", "prefixItems": [candidate_id, score],
-                                           "minItems": 2, "maxItems": 2, "items": False}},
+            "relevance_scores": {"type": "array", "prefixItems": pairs, "minItems": n_candidates,
+                                 "maxItems": n_candidates, "items": False},
         },
         "required": ["reasoning", "ranking", "relevance_scores"],
     }

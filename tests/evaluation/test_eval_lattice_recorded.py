@@ -15,6 +15,7 @@ import pytest
 from overstory.cli import main
 from overstory.core.config import ConfigError, load_config
 from overstory.evaluation.lattice import LatticeEvalConfig, heldout_slates
+from overstory.models.scorer import SLATE_SCHEMA
 from tests.conftest import HOTPOTQA_150, ROOT
 
 ITERATIONS = "search.iterations=4"  # as the session's oracle traces were searched
@@ -81,6 +82,18 @@ def test_a_record_made_under_other_settings_is_refused_naming_the_key(lattice_tr
     assert main([*args, f"tree={moved}"]) == 2
     assert "other settings than this eval's: tree (recorded" in capsys.readouterr().err
     assert not (tmp_path / "eval" / "metrics.json").exists()
+
+
+def test_a_record_made_under_the_older_slate_schema_is_refused(lattice_tree: Path, lattice_oracle_traces: Path,
+                                                               tmp_path: Path, capsys) -> None:
+    """Traces whose settings lack the reply schema's version were scored under the schema that let the teacher stop
+    after one candidate: another teacher's search, refused by name."""
+    traces = _copied_traces(lattice_oracle_traces, tmp_path / "old")
+    settings = json.loads(traces.with_name(traces.stem + ".settings.json").read_text())
+    assert settings.pop("slate_schema") == SLATE_SCHEMA
+    traces.with_name(traces.stem + ".settings.json").write_text(json.dumps(settings))
+    assert main([*_args(tmp_path / "eval", lattice_tree, traces), "--compare", "teacher"]) == 2
+    assert f"slate_schema (recorded None, this eval {SLATE_SCHEMA!r})" in capsys.readouterr().err
 
 
 def _copied_traces(traces: Path, folder: Path) -> Path:

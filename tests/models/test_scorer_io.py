@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import xgrammar as xgr
+
+from overstory.models.registry import SMOLLM2, load_tokenizer
 from overstory.models.scorer import parse_slate_reply, slate_prompt, slate_response_format
+from overstory.serving.structured import GrammarCompilerCache, grammar_spec
 
 
 def test_clean_reply():
@@ -35,3 +39,19 @@ def test_prompt_numbers_candidates_and_schema_requires_reasoning_first():
     schema = slate_response_format(2, max_reasoning_chars=50)["json_schema"]["schema"]
     assert list(schema["properties"]) == ["reasoning", "ranking", "relevance_scores"]  # reasoning first
     assert schema["properties"]["reasoning"]["maxLength"] == 50
+
+
+def test_the_grammar_takes_a_score_for_every_candidate_in_order_and_nothing_less():
+    """The served grammar (xgrammar, as both engines build it) admits a reply only when it scores every candidate
+    once, in slate order: a 1.5B teacher under a schema that asked for one score at least scored one or two
+    candidates of a slate and stopped."""
+    grammar = GrammarCompilerCache(load_tokenizer(SMOLLM2), 49152).compile(grammar_spec(slate_response_format(3)))
+
+    def accepts(reply: str) -> bool:
+        matcher = xgr.GrammarMatcher(grammar)
+        return matcher.accept_string(reply) and matcher.is_completed()
+
+    assert accepts('{"reasoning": "b", "ranking": [1, 0], "relevance_scores": [[0, 20], [1, 95], [2, 0]]}')
+    assert not accepts('{"reasoning": "b", "ranking": [1], "relevance_scores": [[1, 95]]}')  # stops early
+    assert not accepts('{"reasoning": "b", "ranking": [1], "relevance_scores": [[1, 95], [0, 20], [2, 0]]}')
+    assert not accepts('{"reasoning": "b", "ranking": [1], "relevance_scores": [[0, 20], [1, 95], [2, 0], [2, 1]]}')
