@@ -22,10 +22,12 @@ records each file with its digest, the teachers its slates name and the model th
   take targets * ``listwise_label_scale``: ListNet compares softmax distributions, and on a 0-1 scale a 100-vs-0
   teacher preference would be a mild e^1 (on 0-10 it is e^10); LambdaLoss reads them as graded gains.
   ``activation`` (``sigmoid`` or ``identity``) is what the saved model puts on that logit, so what the server
-  serves: the loss trains the logit either way, so both are valid with every loss. ``sigmoid`` serves
-  probabilities in [0, 1], the reading a pointwise BCE model was trained for; ``identity`` serves the raw logit,
-  which sentence-transformers recommends for listwise losses (they learn only differences between logits, whose
-  level is arbitrary, and a sigmoid saturates them and flattens the ranking). The defaults are ``pointwise`` with
+  serves, and what the listwise two train through (sentence-transformers' ``activation_fn``): ListNet and
+  LambdaLoss see the sigmoid's output when it is served, so the two activations are two different models, and
+  sentence-transformers' advice (identity for listwise losses: they learn differences between scores, and a
+  sigmoid saturates them and flattens the ranking) is a comparison the eval can make. ``pointwise`` trains the
+  logit with BCE-with-logits under either: its sigmoid is inside the loss, so the activation only decides whether
+  the server returns the probability (``sigmoid``) or the logit. The defaults are ``pointwise`` with
   ``sigmoid``; ``configs/train/distill_scorer_cross_encoder.yaml`` gives the commands for every combination and
   ``configs/eval/lattice.yaml`` has a row for each. ``out/final`` is a CrossEncoder folder that ``overstory serve``
   puts behind ``/score`` and ``/v1/rerank`` (role kind ``cross-encoder``). ``targets: gold`` or ``mix`` trains on
@@ -261,11 +263,15 @@ def _train_cross_encoder(config: DistillScorerConfig, train: list[TracedSlate], 
         raise ValueError(f"no training rows for loss={config.loss} in {', '.join(config.trace_files)} ({len(train)} "
                          f"slates after the split; a listwise row needs two scored candidates)")
     model = init_cross_encoder(config.model_name, max_length=config.train.max_length, seed=config.train.seed)
-    # what predict() and the server put on the logit; the losses below train the logit itself either way
+    # what predict() and the server put on the logit, and what the listwise losses train through; BCE-with-logits
+    # holds its own sigmoid, so the pointwise loss trains the logit under either
     model.activation_fn = ACTIVATIONS[config.activation]()
+    served = ACTIVATIONS[config.activation]()
     loss = {"pointwise": lambda: losses.BinaryCrossEntropyLoss(model),
-            "listwise": lambda: losses.ListNetLoss(model, mini_batch_size=config.train.batch_size),
-            "lambdaloss": lambda: losses.LambdaLoss(model, mini_batch_size=config.train.batch_size)}[config.loss]()
+            "listwise": lambda: losses.ListNetLoss(model, activation_fn=served,
+                                                   mini_batch_size=config.train.batch_size),
+            "lambdaloss": lambda: losses.LambdaLoss(model, activation_fn=served,
+                                                    mini_batch_size=config.train.batch_size)}[config.loss]()
     settings = config.train
     every_epoch = settings.save_steps <= 0
     evaluate = bool(val_columns["query"])

@@ -115,6 +115,19 @@ def test_listwise_students_with_an_identity_head_and_gold_targets(loss: str, lat
     assert manifest["targets"] == "gold" and not manifest["distilled"]  # gold-trained: never called distillation
 
 
+def test_a_listwise_loss_trains_through_the_activation_it_serves(lattice_oracle_traces: Path, tmp_path: Path) -> None:
+    """ListNet under a served sigmoid sees the sigmoid's outputs (sentence-transformers' activation_fn), so the same
+    seed, rows and steps give another loss than under identity: the two activations are two models to compare."""
+    train_loss = {}
+    for activation in ("identity", "sigmoid"):
+        out = distill(lattice_oracle_traces, tmp_path / activation, "distill_scorer_cross_encoder.yaml",
+                      "loss=listwise", f"activation={activation}", "targets=gold", "train.max_steps=2",
+                      "train.batch_size=4", "train.max_length=96", "max_candidate_chars=200")
+        train_loss[activation] = json.loads((out / "metrics.json").read_text())["train_loss"]
+        assert saved_activation(out / "final") == activation
+    assert abs(train_loss["sigmoid"] - train_loss["identity"]) > 1e-3, train_loss
+
+
 def test_llm_student_is_an_adapter_the_server_serves_as_the_scorer(llm_student: Path) -> None:
     final = llm_student / "final"
     manifest = json.loads((final / "overstory.json").read_text())
