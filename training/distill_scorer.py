@@ -190,11 +190,14 @@ def traces_digest(paths: list[str]) -> str:
 
 
 def trace_file_record(path: str) -> dict:
-    """What the manifest keeps of one traces file: its path, digest, the teachers its slates name and the models
-    that served its traces job (``served`` in its settings record; empty when the job ran without a server)."""
+    """What the manifest keeps of one traces file: its path, digest, the teachers its slates name, the models that
+    served its traces job (``served`` in its settings record; empty when the job ran without a server) and the slate
+    reply schema the teacher was held to (``slate_schema``; "not recorded" for traces made before it was recorded,
+    whose schema let the teacher leave candidates unscored)."""
     record = settings_path(path)
-    served = json.loads(record.read_text()).get("served", {}) if record.exists() else {}
-    return {"path": path, "sha256": traces_digest([path]), "teachers": _teachers(path), "served": served}
+    settings = json.loads(record.read_text()) if record.exists() else {}
+    return {"path": path, "sha256": traces_digest([path]), "teachers": _teachers(path),
+            "served": settings.get("served", {}), "slate_schema": settings.get("slate_schema", "not recorded")}
 
 
 def trace_data(paths: list[str]) -> dict[str, str]:

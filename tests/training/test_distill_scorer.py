@@ -14,7 +14,7 @@ import pytest
 
 from overstory.cli import main
 from overstory.models.registry import MINILM, init_cross_encoder
-from overstory.models.scorer import parse_slate_reply
+from overstory.models.scorer import SLATE_SCHEMA, parse_slate_reply
 from overstory.retrieval.lattice.scorers import LLMSlateScorer, Slate
 from overstory.serving.client import Client
 from overstory.serving.config import RoleConfig, ServeConfig
@@ -90,6 +90,7 @@ def test_cross_encoder_student_moves_towards_the_teacher(ce_student: Path, latti
     manifest = json.loads((ce_student / "final" / "overstory.json").read_text())
     assert metrics["steps"] == 40 and metrics["n_heldout_rows"] > 0 and np.isfinite(metrics["eval_loss"])
     assert manifest["distilled"] and manifest["teachers"] == ["oracle"] and manifest["student"] == "cross_encoder"
+    assert [trace["slate_schema"] for trace in manifest["trace_files"]] == [SLATE_SCHEMA]
     assert saved_activation(ce_student / "final") == metrics["activation"] == "sigmoid"  # the config's default
     held = set(json.loads((ce_student / "heldout_queries.json").read_text()))
     train = [s for s in read_slates(lattice_oracle_traces) if s.query_id not in held]
