@@ -6,7 +6,8 @@
 # traces-qasper_train: runs/teacher/jobs/<job>.json), since the students read both trace files.
 # 1. the students (configs/train/distill_scorer_{llm,cross_encoder}-teacher.yaml; every one on both trace files with
 #    the same val_fraction, so they hold out the same questions): the LoRA student on SmolLM2, and the cross-encoder
-#    pointwise and listwise with a sigmoid and an identity head, LambdaLoss, and the gold-label row;
+#    pointwise, and ListNet and LambdaLoss each trained through an identity and a sigmoid head (the pointwise loss
+#    trains the logit under either head, so its activation only changes what is served), and the gold-label row;
 # 2. eval lattice on HotpotQA and on the QASPER train papers (configs/eval/lattice-{hotpotqa,qasper_train}-teacher.yaml):
 #    the teacher's row is read from its traces job (kind recorded), not re-run.
 # Resume: rerun the script. A student with <out>/final/overstory.json is finished and skipped (rerunning a finished
@@ -28,10 +29,10 @@ D=runs/teacher/distill
 STUDENTS=(
   "llm|$LLM|"
   "ce_pointwise|$CE|"
-  "ce_pointwise_identity|$CE|activation=identity"
   "ce_listwise|$CE|loss=listwise activation=identity"
   "ce_listwise_sigmoid|$CE|loss=listwise activation=sigmoid"
   "ce_lambdaloss|$CE|loss=lambdaloss activation=identity"
+  "ce_lambdaloss_sigmoid|$CE|loss=lambdaloss activation=sigmoid"
   "ce_gold|$CE|targets=gold"
 )
 
