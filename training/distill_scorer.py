@@ -269,11 +269,11 @@ def _train_cross_encoder(config: DistillScorerConfig, train: list[TracedSlate], 
     # what predict() and the server put on the logit, and what the listwise losses train through; BCE-with-logits
     # holds its own sigmoid, so the pointwise loss trains the logit under either
     model.activation_fn = ACTIVATIONS[config.activation]()
-    served = ACTIVATIONS[config.activation]()
+    head = ACTIVATIONS[config.activation]()
     loss = {"pointwise": lambda: losses.BinaryCrossEntropyLoss(model),
-            "listwise": lambda: losses.ListNetLoss(model, activation_fn=served,
+            "listwise": lambda: losses.ListNetLoss(model, activation_fn=head,
                                                    mini_batch_size=config.train.batch_size),
-            "lambdaloss": lambda: losses.LambdaLoss(model, activation_fn=served,
+            "lambdaloss": lambda: losses.LambdaLoss(model, activation_fn=head,
                                                     mini_batch_size=config.train.batch_size)}[config.loss]()
     settings = config.train
     every_epoch = settings.save_steps <= 0
