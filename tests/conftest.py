@@ -179,14 +179,17 @@ def sft_planner(planner_traces: Path, tmp_path_factory) -> Path:
 
 def one_solvable_one_not(labels: Path, adapter: Path, folder: Path, metadata_tokens: int, limit: int) -> Path:
     """Two of the labels, rewritten so that the policy solves one and not the other: the first question the adapter
-    plans greedily within ``limit`` tokens is labelled with that range (near-greedy rollouts hit it), another with a
-    range that is neither its greedy plan nor its trace's (solved, if at all, only by chance). Stored with their
-    hierarchy, as the pseudo-labels job does. (Labelling every other question of a random draw of three once gave CI
-    a draw that solved none.)
+    plans greedily within ``limit`` tokens, and to the same range whatever else is in its batch, is labelled with
+    that range (near-greedy rollouts hit it), another with a range that is neither its greedy plan nor its trace's
+    (solved, if at all, only by chance). Stored with their hierarchy, as the pseudo-labels job does. (Labelling every
+    other question of a random draw of three once gave CI a draw that solved none.)
 
     The plans are generated a batch of 8 at a time, in order, and only until both picked questions have one: the
-    same batches as one call over every question would make (a batch's greedy replies depend on what else is in it),
-    so the same two questions are picked, without planning the rest."""
+    same batches as one call over every question would make, so the same two questions are picked, without planning
+    the rest. A batch's greedy replies depend on what else is in it (its padding), and STITCH rolls a question out
+    beside the other one (one process) or alone (a rank of two): a candidate is kept only when its plan is the same
+    range in both of those batches too (one CI machine's adapter planned the first candidate another way there, and
+    the STITCH step solved neither question)."""
     from dataclasses import replace
 
     from overstory.core.records import PseudoLabel, read_jsonl, write_jsonl
@@ -200,16 +203,30 @@ def one_solvable_one_not(labels: Path, adapter: Path, folder: Path, metadata_tok
                               "builtin:smollm2-135m-instruct")
     model, tokenizer, _ = load_lm_checkpoint(str(adapter))
     every = list(read_jsonl(labels, PseudoLabel))
+    prompts = {r["example_id"]: r["prompt"] for r in rows}
+
+    def levels(ids: list[str]) -> list[tuple]:
+        replies, lengths, _ = generate_plans(model, tokenizer, [prompts[i] for i in ids], limit, len(ids))
+        return [parse_plan(text).levels if n < limit else None for text, n in zip(replies, lengths)]
+
     greedy: dict[str, tuple] = {}
+    solvable, hard, refused = None, None, set()
     for start in range(0, len(rows), 8):
         batch = rows[start: start + 8]
         replies, lengths, _ = generate_plans(model, tokenizer, [r["prompt"] for r in batch], limit, 8)
         greedy |= {r["example_id"]: (parse_plan(text), n) for r, text, n in zip(batch, replies, lengths)}
-        solvable = next((i for i, (plan, n) in greedy.items() if plan.valid and n < limit), None)
-        hard = solvable and next(label for label in every if label.id != solvable)
+        for i, (plan, n) in greedy.items():
+            if solvable or i in refused or not plan.valid or n >= limit:
+                continue
+            other = next(label for label in every if label.id != i)
+            if levels([i]) == [plan.levels] and levels([i, other.id])[0] == plan.levels:
+                solvable, hard = i, other
+            else:
+                refused.add(i)
         if hard and hard.id in greedy:
             break
-    assert solvable, f"the adapter planned none of {len(rows)} questions within {limit} tokens"
+    assert solvable, (f"the adapter planned none of {len(rows)} questions within {limit} tokens to one range alone "
+                      f"and in a batch ({len(refused)} planned otherwise there)")
     easy = next(label for label in every if label.id == solvable)
     taken = {greedy[hard.id][0].levels, (hard.level_min, hard.level_max)}
     far = next(r for r in [("section", "document"), ("paragraph", "document"), ("sentence", "sentence")]

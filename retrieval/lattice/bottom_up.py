@@ -1,7 +1,8 @@
 """Bottom-up and hybrid tree construction (the LATTICE paper's bottom-up variant, its Figure 13 prompt).
 
-Bottom-up: the leaves are embedded and grouped into clusters of at most M (k-means with ceil(n / M) centres;
-a cluster still larger than M is split again the same way, and evenly when k-means cannot separate it); the
+Bottom-up: the leaves are embedded and grouped into clusters of at most M (k-means with ceil(n / g) centres, where
+g <= M is the group size that lets the layers above branch evenly, ``layer_group_size``; a cluster still larger
+than g is split again the same way, and evenly when k-means cannot separate it); the
 ``generator`` summarises each cluster from its members' texts into ``{"detailed_fingerprints": [...],
 "common_theme": ..., "summary": ...}``, which becomes the new internal node's name (the theme) and description
 (the summary; the fingerprints are kept as its keywords). The new layer's "name: description" texts are embedded
@@ -124,6 +125,24 @@ def balanced_groups(vectors: np.ndarray, m_max: int, seed: int = 0) -> list[list
         else:
             groups.append(members)
     return groups
+
+
+def layer_group_size(n: int, m_max: int) -> int:
+    """Members per group when ``n`` nodes are clustered into the next layer: the L-th root of ``n``, where L is the
+    number of layers of at most ``m_max`` children that ``n`` nodes need, so every layer above branches about
+    evenly. Grouping by ``m_max`` alone fills the lower layers and leaves the top with what is over: 11 nodes under
+    M = 10 became one group of 10 and a stray, a root of two children, one of them nearly the whole corpus.
+
+    >>> layer_group_size(400, 10), layer_group_size(50, 10), layer_group_size(11, 10), layer_group_size(5, 10)
+    (8, 8, 4, 5)
+    """
+    layers, capacity = 0, 1
+    while capacity < n:
+        layers, capacity = layers + 1, capacity * m_max
+    if layers <= 1:
+        return max(n, 1)
+    size = math.ceil(n ** (1 / layers) - 1e-9)  # the tolerance keeps an exact power (n = 100, L = 2) at its root
+    return min(m_max, max(2, size))
 
 
 class GroupSummary(NamedTuple):
@@ -359,7 +378,8 @@ class BottomUpBuilder:
         while len(layer) > self.m_max:
             self.stats.embed_calls += 1
             vectors = unit_rows(self.embed([self.nodes[n].display_text for n in layer]))
-            groups = [[layer[i] for i in g] for g in balanced_groups(vectors, self.m_max, self.seed)]
+            size = layer_group_size(len(layer), self.m_max)
+            groups = [[layer[i] for i in g] for g in balanced_groups(vectors, size, self.seed)]
             layer = self._wrap(groups)
         root = Node(id=self._new_id(), name="root", description="the whole corpus", children=list(layer))
         self.nodes[root.id] = root
@@ -405,8 +425,9 @@ class BottomUpBuilder:
                 while len(children) > self.m_max:  # too many sections or paragraphs for one node
                     self.stats.embed_calls += 1
                     vectors = unit_rows(self.embed([self.nodes[n].display_text for n in children]))
+                    size = layer_group_size(len(children), self.m_max)
                     children = self._wrap([[children[i] for i in g]
-                                           for g in balanced_groups(vectors, self.m_max, self.seed)])
+                                           for g in balanced_groups(vectors, size, self.seed)])
                 pending.append((chunk, children))
             described = self.summariser.summarise([self._group(children) for _, children in pending])
             for (chunk, children), summary in zip(pending, described, strict=True):

@@ -4,6 +4,7 @@ sections and paragraphs under the hybrid)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -13,8 +14,14 @@ from rich.progress import Progress
 
 from overstory.cli import main
 from overstory.data_pipeline import fanout
-from overstory.retrieval.lattice.bottom_up import balanced_groups, parse_summary
-from overstory.retrieval.lattice.tree import Tree
+from overstory.retrieval.lattice.bottom_up import (
+    BottomUpBuilder,
+    GroupOutcome,
+    GroupSummary,
+    balanced_groups,
+    parse_summary,
+)
+from overstory.retrieval.lattice.tree import Node, Tree
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,6 +32,34 @@ def test_balanced_groups_partition_within_m() -> None:
     assert max(len(g) for g in groups) <= 5 and sorted(i for g in groups for i in g) == list(range(37))
     same = balanced_groups(np.ones((9, 4), dtype=np.float32), m_max=4)  # k-means cannot separate them
     assert sorted(len(g) for g in same) == [3, 3, 3]
+
+
+def _text_vectors(texts: list[str]) -> np.ndarray:
+    """A fixed random vector per text (seeded by its hash): clusters with no structure to find."""
+    return np.stack([np.random.default_rng(int(hashlib.sha256(t.encode()).hexdigest()[:8], 16)).normal(size=16)
+                     for t in texts]).astype(np.float32)
+
+
+def _name_by_key(call, requests, handle) -> None:
+    """A group map that names each group by its key, asking no model: the test is about the tree's shape."""
+    for request in requests:
+        handle(request, GroupOutcome(GroupSummary(request.key, request.key[:9], request.key, []), None, None, {}))
+
+
+def test_bottom_up_layers_branch_evenly_up_to_the_root() -> None:
+    """150 leaves under M = 10: grouping each layer by M alone left a root of two children holding 84 and 66 leaves
+    (on HotpotQA's 400 paragraphs, one group of nearly all of them and a stray: the teacher's first step chose
+    nothing). Each layer's group size now lets the layers above branch evenly."""
+    leaves = [Node(id=f"p{i}", leaf=True, text=f"passage {i}") for i in range(150)]
+    tree = BottomUpBuilder(_name_by_key, _text_vectors, m_max=10).build(leaves)
+    tree.validate(max_branching=10, expected_leaves={leaf.id for leaf in leaves})
+
+    def leaf_count(node_id: str) -> int:
+        node = tree.nodes[node_id]
+        return 1 if node.leaf else sum(leaf_count(child) for child in node.children)
+
+    under_root = sorted((leaf_count(child) for child in tree.nodes[tree.root].children), reverse=True)
+    assert len(under_root) >= 4 and under_root[0] <= len(leaves) // 3, under_root
 
 
 def test_parse_summary_takes_the_last_usable_object() -> None:

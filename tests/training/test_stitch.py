@@ -150,7 +150,7 @@ def _stitch_args(labels: Path, sft_planner: Path, traces: Path, out: Path) -> li
     return ["train", "stitch", "--config", str(ROOT / "configs/train/stitch.yaml"), f"data.labels={labels}",
             "data.metadata_tokens=96", "data.val_fraction=0", f"model={sft_planner / 'final'}", f"traces={traces}",
             "traces_teacher=template", f"out={out}", "stitch.questions_per_step=2", "stitch.num_generations=2",
-            "stitch.rollout_temperature=0.3", "rewards.max_completion_tokens=72", "stitch.imitation_threshold=1",
+            "stitch.rollout_temperature=0.05", "rewards.max_completion_tokens=72", "stitch.imitation_threshold=1",
             "tracking.backend=jsonl", f"tracking.dir={out / 'tracking'}"]
 
 
