@@ -1,0 +1,43 @@
+"""The CPU teacher's outputs shipped in data/teacher/ (data/teacher/README.md): the tree holds every paragraph of the
+corpus it names, the traces are the current slate schema's and complete, both were served by the teacher, and the
+jobs that read them (distill-scorer, eval lattice's recorded row) find what they need. No model runs: a stale or cut
+copy fails here instead of in an hour-long job."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from overstory.core.config import load_config
+from overstory.data_pipeline.lattice_tree import LatticeTreeConfig, corpus_leaves
+from overstory.evaluation.lattice_recorded import job_wall_seconds, queries_file
+from overstory.models.registry import QWEN_CODER
+from overstory.models.scorer import SLATE_SCHEMA
+from overstory.retrieval.lattice.tree import Tree
+from overstory.training.distill_data import read_slates
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = ROOT / "data/teacher"
+HOTPOTQA = SHIPPED / "lattice/hotpotqa"
+
+
+def test_the_shipped_tree_holds_every_hotpotqa_paragraph_and_was_named_by_the_teacher() -> None:
+    config = load_config(LatticeTreeConfig, ROOT / "configs/data/lattice_tree-hotpotqa-teacher.yaml", ["out=unused"])
+    tree = Tree.load(HOTPOTQA / "tree.json")
+    tree.validate(max_branching=config.clustering.m_max, expected_leaves={leaf.id for leaf in corpus_leaves(config)})
+    assert set(json.loads((HOTPOTQA / "summaries.settings.json").read_text())["served"].values()) >= {QWEN_CODER}
+    build = json.loads((HOTPOTQA / "build.json").read_text())["summaries"]
+    assert build["placements"].get("summaries_fallback", 0) == 0 and build["llm_calls"] >= tree.stats()["internal"] - 1
+
+
+def test_the_shipped_traces_are_the_current_schema_complete_and_the_teachers() -> None:
+    traces = HOTPOTQA / "traces.jsonl"
+    settings = json.loads((HOTPOTQA / "traces.settings.json").read_text())
+    assert settings["slate_schema"] == SLATE_SCHEMA and settings["served"] == {"scorer": QWEN_CODER}
+    assert settings["tree"] == "runs/teacher/lattice/hotpotqa/tree.json"  # the path it is restored to
+    slates = read_slates(traces)
+    questions = {json.loads(line)["id"] for line in queries_file(traces).read_text().splitlines()}
+    assert len(questions) == 40 and {s.query_id for s in slates} == questions
+    assert all(score is not None for slate in slates for score in slate.teacher_scores)  # one score per candidate
+    assert not (HOTPOTQA / "traces.failures.jsonl").read_text().strip()
+    assert job_wall_seconds("teacher", str(SHIPPED / "jobs/traces-hotpotqa.json")) > 0
