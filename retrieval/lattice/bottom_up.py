@@ -376,14 +376,18 @@ class BottomUpBuilder:
     def _layers(self, layer: list[str]) -> str:
         """Cluster and summarise ``layer`` until at most M nodes remain; returns the root's id."""
         while len(layer) > self.m_max:
-            self.stats.embed_calls += 1
-            vectors = unit_rows(self.embed([self.nodes[n].display_text for n in layer]))
-            size = layer_group_size(len(layer), self.m_max)
-            groups = [[layer[i] for i in g] for g in balanced_groups(vectors, size, self.seed)]
-            layer = self._wrap(groups)
+            layer = self._wrap(self._clusters(layer))
         root = Node(id=self._new_id(), name="root", description="the whole corpus", children=list(layer))
         self.nodes[root.id] = root
         return root.id
+
+    def _clusters(self, layer: list[str]) -> list[list[str]]:
+        """``layer``'s node ids grouped for the next layer: k-means on their embedded texts, in groups of
+        ``layer_group_size``."""
+        self.stats.embed_calls += 1
+        vectors = unit_rows(self.embed([self.nodes[n].display_text for n in layer]))
+        size = layer_group_size(len(layer), self.m_max)
+        return [[layer[i] for i in g] for g in balanced_groups(vectors, size, self.seed)]
 
     def _wrap(self, groups: list[list[str]]) -> list[str]:
         """One summarised internal node per group of two or more; a single member moves up unchanged."""
@@ -423,11 +427,7 @@ class BottomUpBuilder:
                     standing_for[chunk.id] = children[0] if children else None
                     continue
                 while len(children) > self.m_max:  # too many sections or paragraphs for one node
-                    self.stats.embed_calls += 1
-                    vectors = unit_rows(self.embed([self.nodes[n].display_text for n in children]))
-                    size = layer_group_size(len(children), self.m_max)
-                    children = self._wrap([[children[i] for i in g]
-                                           for g in balanced_groups(vectors, size, self.seed)])
+                    children = self._wrap(self._clusters(children))
                 pending.append((chunk, children))
             described = self.summariser.summarise([self._group(children) for _, children in pending])
             for (chunk, children), summary in zip(pending, described, strict=True):

@@ -53,12 +53,7 @@ def test_bottom_up_layers_branch_evenly_up_to_the_root() -> None:
     leaves = [Node(id=f"p{i}", leaf=True, text=f"passage {i}") for i in range(150)]
     tree = BottomUpBuilder(_name_by_key, _text_vectors, m_max=10).build(leaves)
     tree.validate(max_branching=10, expected_leaves={leaf.id for leaf in leaves})
-
-    def leaf_count(node_id: str) -> int:
-        node = tree.nodes[node_id]
-        return 1 if node.leaf else sum(leaf_count(child) for child in node.children)
-
-    under_root = sorted((leaf_count(child) for child in tree.nodes[tree.root].children), reverse=True)
+    under_root = sorted((len(list(tree.leaves(child))) for child in tree.nodes[tree.root].children), reverse=True)
     assert len(under_root) >= 4 and under_root[0] <= len(leaves) // 3, under_root
 
 
