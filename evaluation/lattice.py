@@ -37,7 +37,8 @@ activations side by side): every student whose folder has a ``heldout_queries.js
 searched, or the run is refused naming it.
 The ratio columns (nDCG@10 as a share of the teacher's, times faster) compare each row with the row named
 ``teacher``, searched or recorded. Writes ``metrics.json``, ``table.md``, ``rankings/<system>.jsonl`` and
-``quality_vs_cost.png``.
+``quality_vs_cost.png``; and for each search (or recorded) row, where it loses the gold, depth by depth
+(``routing``: ``evaluation/lattice_routing.py``), in the table and in ``routing.png``.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
 from overstory.data_pipeline.hierarchy import HierarchyConfig
 from overstory.data_pipeline.lattice_leaves import gold_leaves, tree_leaf_chunks
 from overstory.evaluation.lattice_recorded import RecordedSearch, job_wall_seconds, load_recorded, recorded_row
+from overstory.evaluation.lattice_routing import ScoredSlate, gold_routing, plot_routing, routing_table
 from overstory.evaluation.plots import plot_quality_vs_cost
 from overstory.evaluation.repairs import repair_counts, repairs_cell
 from overstory.models.registry import MINILM, base_model_of, load_sentence_encoder
@@ -349,6 +351,9 @@ def run(config: LatticeEvalConfig) -> dict:
                 row, rankings[name] = _run_search(config, system, tree, queries, gold)
             elif system.kind == "recorded":
                 row, rankings[name] = recorded_row(*recorded[name])
+                row["routing"] = gold_routing(tree, gold, (
+                    ScoredSlate(s["query_id"], s["expanded"], s["node_ids"], s["raw_scores"])
+                    for s in read_jsonl(recorded[name][0].traces)))
             elif system.kind == "fusion":
                 row, rankings[name] = _run_fusion(system, rankings, results, queries, flat_index)
             else:
@@ -377,10 +382,11 @@ def run(config: LatticeEvalConfig) -> dict:
         (out / "metrics.json").write_text(json.dumps(report, indent=2))
         (out / "table.md").write_text(markdown_table(report))
         plot_quality_vs_cost(results, out / "quality_vs_cost.png")
+        plot_routing(results, out / "routing.png")
         tracker.summary({f"{name}/{k}": v for name, row in results.items() for k, v in row.items()
                          if isinstance(v, (int, float)) and not isinstance(v, bool)})
     print(markdown_table(report))
-    print(f"-> {out / 'metrics.json'}, {out / 'table.md'}, {out / 'quality_vs_cost.png'}")
+    print(f"-> {out / 'metrics.json'}, {out / 'table.md'}, {out / 'quality_vs_cost.png'}, {out / 'routing.png'}")
     return report
 
 
@@ -404,7 +410,9 @@ def _run_search(config: LatticeEvalConfig, system: SystemConfig, tree: Tree, que
            "slates_total": sum(len(r.slates) for r in found),
            "failed_slates": sum(r.failed_slates for r in found), "problems": dict(problems),
            # what the search repaired: slate replies with unusable parts, candidates it left unscored
-           "repairs": repair_counts([problems])}
+           "repairs": repair_counts([problems]),
+           "routing": gold_routing(tree, gold, (ScoredSlate(r.query_id, s.expanded, s.node_ids, s.raw_scores)
+                                                for r in found for s in r.slates))}
     return row, {r.query_id: r.ranking for r in found}
 
 
@@ -474,4 +482,8 @@ def markdown_table(report: dict) -> str:
                  f"{row['input_tokens']:g} / {row['output_tokens']:g}", f"{row['seconds']:.3f}", slates,
                  repairs_cell(row.get("repairs")), agree_cell, *relative(row), row.get("note", "")]
         lines.append("| " + " | ".join(cells) + " |")
+    if any(row.get("routing") for row in report["systems"].values()):
+        lines += ["", "Where each search loses the gold (evaluation/lattice_routing.py): per depth of the node "
+                  "expanded, slates holding a child that leads to a gold leaf / slates scored -> those where it was "
+                  "scored first (ties included)", "", routing_table(report["systems"]).rstrip("\n")]
     return "\n".join(lines) + "\n"

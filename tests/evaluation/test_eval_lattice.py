@@ -131,6 +131,14 @@ def test_eval_lattice_table(lattice_tree: Path, lattice_oracle_traces: Path, ce_
     assert pointwise["failed_slates"] == 0 and pointwise["slates_total"] >= pointwise["slates"] > 0
     assert f"| 0/{pointwise['slates_total']} |" in table.split("| ce_pointwise |")[1].splitlines()[0]
     assert (tmp_path / "quality_vs_cost.png").stat().st_size > 0
+    # where each search loses the gold: the oracle scores a gold-leading child first in every slate that holds one;
+    # every slate a search scored is counted at its expanded node's depth, flat retrieval has none
+    oracle_routing = systems["oracle"]["routing"]
+    assert oracle_routing["0"]["with_gold"] == oracle_routing["0"]["slates"] > 0
+    assert all(r["gold_first"] == r["with_gold"] for r in oracle_routing.values())
+    assert sum(r["slates"] for r in pointwise["routing"].values()) == pointwise["slates_total"]
+    assert "routing" not in systems["bm25"] and "| ce_pointwise | " in table.split("Where each search loses")[1]
+    assert (tmp_path / "routing.png").stat().st_size > 0
 
 
 def test_eval_lattice_llm_student_counts_served_tokens(lattice_tree: Path, lattice_oracle_traces: Path,

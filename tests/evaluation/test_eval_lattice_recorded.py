@@ -49,7 +49,7 @@ def test_the_recorded_row_is_the_live_search(lattice_tree: Path, lattice_oracle_
     assert report["n_questions"] == 11
     assert _rankings(out, "teacher") == _rankings(out, "oracle")
     for key in ("ndcg@10", "ndcg@10_ci95", "recall@10", "recall@100", "llm_calls", "slates", "slates_total",
-                "failed_slates", "problems", "repairs"):
+                "failed_slates", "problems", "repairs", "routing"):
         assert recorded[key] == live[key], key
     assert recorded["kind"] == "recorded" and recorded["served_by"] == "oracle" and recorded["seconds"] >= 0
     assert "not re-run" in recorded["note"] and recorded["slates_total"] > 0
