@@ -1,5 +1,6 @@
-"""The CPU teacher's outputs shipped in data/teacher/ (data/teacher/README.md): the tree holds every paragraph of the
-corpus it names, the traces are the current slate schema's and complete, both were served by the teacher, and the
+"""The CPU teacher's outputs shipped in data/teacher/ (data/teacher/README.md): the HotpotQA tree holds every
+paragraph of the corpus it names, the QASPER train tree a branch per paper, the traces are the current slate schema's
+and complete, all were served by the teacher, and the
 jobs that read them (distill-scorer, eval lattice's recorded row) find what they need. No model runs: a stale or cut
 copy fails here instead of in an hour-long job."""
 
@@ -19,6 +20,7 @@ from overstory.training.distill_data import read_slates
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "data/teacher"
 HOTPOTQA = SHIPPED / "lattice/hotpotqa"
+QASPER = SHIPPED / "lattice/qasper_train"
 
 
 def test_the_shipped_tree_holds_every_hotpotqa_paragraph_and_was_named_by_the_teacher() -> None:
@@ -41,3 +43,22 @@ def test_the_shipped_traces_are_the_current_schema_complete_and_the_teachers() -
     assert all(score is not None for slate in slates for score in slate.teacher_scores)  # one score per candidate
     assert not (HOTPOTQA / "traces.failures.jsonl").read_text().strip()
     assert job_wall_seconds("teacher", str(SHIPPED / "jobs/traces-hotpotqa.json")) > 0
+
+
+def test_the_shipped_qasper_tree_keeps_its_papers_and_was_named_by_the_teacher() -> None:
+    """The corpus (QASPER train, the team's copy) is not in the repository, so the tree is checked against its own
+    build record: every leaf a paragraph of one of the 10 papers under the root, every internal node named by the
+    teacher, none by the fallback."""
+    config = load_config(LatticeTreeConfig, ROOT / "configs/data/lattice_tree-qasper_train-teacher.yaml",
+                         ["out=unused"])
+    tree = Tree.load(QASPER / "tree.json")
+    tree.validate(max_branching=config.clustering.m_max)
+    build = json.loads((QASPER / "build.json").read_text())
+    assert build["method"] == config.method == "hybrid" and tree.stats()["leaves"] == build["stats"]["leaves"]
+    papers = [{leaf.doc_id for leaf in tree.leaves(child)} for child in tree.nodes[tree.root].children]
+    assert len(papers) == config.corpus.limit_docs and all(len(paper) == 1 for paper in papers)  # a branch a paper
+    assert set(json.loads((QASPER / "summaries.settings.json").read_text())["served"].values()) >= {QWEN_CODER}
+    summaries = build["summaries"]
+    assert summaries["placements"].get("summaries_fallback", 0) == 0
+    assert summaries["llm_calls"] >= tree.stats()["internal"] - 1
+    assert json.loads((SHIPPED / "jobs/tree-qasper_train.json").read_text())["finished"] is True
