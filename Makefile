@@ -62,8 +62,9 @@ quickstart: env
 
 # Two pytest-xdist workers with one torch thread each: on the 2-core CI machine both cores stay busy through the
 # suite's single-threaded stretches (imports, server starts, tokenising) without oversubscribing them; the vLLM tests
-# share one worker (tests/serving/conftest.py), so the cpu-vllm stack starts once. The memory-heavy tests (marked
-# `alone` in tests/conftest.py) run afterwards, one at a time. TEST_WORKERS=0 runs the first phase serially.
+# share one worker (tests/serving/conftest.py), so the cpu-vllm stack starts once. The memory-heavy tests and those
+# launching two ranks (marked `alone` in tests/conftest.py) run afterwards, one at a time. TEST_WORKERS=0 runs the
+# first phase serially.
 TEST_WORKERS ?= 2
 test: env vllm-env
 	OMP_NUM_THREADS=1 $(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --max-worker-restart=0 \
