@@ -95,7 +95,8 @@ SLATE_REPAIRS = ("failed_slates", "prompt_too_long_failed", "reply_truncated")
 
 def leads_to_gold(tree: Tree, node_ids: list[str], gold: set[str]) -> list[bool]:
     """For each node: is it a gold leaf, or does a gold leaf lie below it."""
-    return [bool({leaf.id for leaf in tree.leaves(n)} & gold) for n in node_ids]
+    on_path = tree.on_paths_to(gold)
+    return [n in on_path for n in node_ids]
 
 
 def slate_records(tree: Tree, result: SearchResult, query: str, gold: set[str], teacher: str) -> list[dict]:

@@ -351,9 +351,6 @@ def run(config: LatticeEvalConfig) -> dict:
                 row, rankings[name] = _run_search(config, system, tree, queries, gold)
             elif system.kind == "recorded":
                 row, rankings[name] = recorded_row(*recorded[name])
-                row["routing"] = gold_routing(tree, gold, (
-                    ScoredSlate(s["query_id"], s["expanded"], s["node_ids"], s["raw_scores"])
-                    for s in read_jsonl(recorded[name][0].traces)))
             elif system.kind == "fusion":
                 row, rankings[name] = _run_fusion(system, rankings, results, queries, flat_index)
             else:

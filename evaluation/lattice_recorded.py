@@ -16,7 +16,8 @@ a digest of it, so the tree's content is checked by what it decides: each questi
 eval's, and every leaf ranked must be a leaf of this tree.
 
 The row has a search row's cost columns, per question as the traces job recorded them: scorer calls, prompt and
-completion tokens, seconds, slates, failed slates and their problems (as repairs); and ``served_by``, the model that
+completion tokens, seconds, slates, failed slates and their problems (as repairs), where its slates lost the gold
+(``routing``, as a searched row counts it); and ``served_by``, the model that
 served the teacher (``oracle`` for the gold-label scorer). A question's recorded seconds are its search's wall time in
 that job, which searched several questions at once: a latency under that load, several times the job's wall time per
 question, which is what a searched row's seconds measure (its questions' wall time over their number). Given a
@@ -35,6 +36,7 @@ from pathlib import Path
 from overstory.core.config import ConfigError, differing_keys
 from overstory.core.records import read_jsonl
 from overstory.data_pipeline.fanout import CORPUS_OPERATIONAL_KEYS, settings_path
+from overstory.evaluation.lattice_routing import ScoredSlate, gold_routing
 from overstory.evaluation.repairs import repair_counts
 from overstory.retrieval.lattice.tree import Tree
 
@@ -52,6 +54,7 @@ class RecordedSearch:
     records: dict[str, dict]  # question id -> its summary line of <stem>.queries.jsonl
     slates: Counter[str]  # question id -> how many slates it logged
     n_traced: int  # questions the job traced (searched or not here)
+    routing: dict[str, dict[str, int]]  # where its slates of these questions lost the gold (lattice_routing.py)
 
 
 def queries_file(traces: str | Path) -> Path:
@@ -130,8 +133,11 @@ def load_recorded(name: str, traces: str, wanted: dict, gold: dict[str, set[str]
                           f"record in {summaries} (e.g. {missing[0]}); trace them (the traces job resumes) or "
                           f"search them (kind: search)")
     check_content(name, records, gold, tree)
-    slates = Counter(slate["query_id"] for slate in read_jsonl(traces))
-    return RecordedSearch(str(traces), served_by(recorded), {qid: records[qid] for qid in gold}, slates, len(records))
+    slates = list(read_jsonl(traces))
+    routing = gold_routing(tree, gold, (ScoredSlate(s["query_id"], s["expanded"], s["node_ids"], s["raw_scores"])
+                                        for s in slates))
+    return RecordedSearch(str(traces), served_by(recorded), {qid: records[qid] for qid in gold},
+                          Counter(slate["query_id"] for slate in slates), len(records), routing)
 
 
 def job_wall_seconds(name: str, job_record: str) -> float:
@@ -168,7 +174,8 @@ def recorded_row(recorded: RecordedSearch,
            "seconds": seconds, "latency_seconds": latency,
            "slates": round(sum(slates) / n, 2), "slates_total": sum(slates),
            "failed_slates": sum(r["failed_slates"] for r in records), "problems": dict(problems),
-           "repairs": repair_counts([problems]), "served_by": recorded.served_by, "traces": recorded.traces,
+           "repairs": repair_counts([problems]), "routing": recorded.routing, "served_by": recorded.served_by,
+           "traces": recorded.traces,
            "note": f"served by {recorded.served_by}; read from the traces job ({recorded.traces}), not re-run; "
                    f"{timing}"}
     rankings = {qid: [(doc, float(score)) for doc, score in record["ranking"]]

@@ -30,17 +30,6 @@ class ScoredSlate:
     scores: Sequence[float | None]
 
 
-def gold_leading(tree: Tree, gold: Iterable[str]) -> set[str]:
-    """The gold leaves and all their ancestors (the root included)."""
-    leading: set[str] = set()
-    for leaf in gold:
-        node: str | None = leaf
-        while node is not None and node not in leading:
-            leading.add(node)
-            node = tree.parent(node)
-    return leading
-
-
 def gold_routing(tree: Tree, gold: Mapping[str, set[str]], slates: Iterable[ScoredSlate]) -> dict[str, dict[str, int]]:
     """Per depth of the expanded node (``"0"``: the root): ``slates``, ``with_gold`` (a child that leads to gold is
     on the slate) and ``gold_first`` (such a child has the slate's top score). Slates of questions outside ``gold``
@@ -54,7 +43,7 @@ def gold_routing(tree: Tree, gold: Mapping[str, set[str]], slates: Iterable[Scor
     ...                                   ScoredSlate("q", "a", ["x", "y", "z"], [10.0, 80.0, 95.0])])
     {'0': {'slates': 1, 'with_gold': 1, 'gold_first': 0}, '1': {'slates': 1, 'with_gold': 1, 'gold_first': 1}}
     """
-    leading = {qid: gold_leading(tree, leaves) for qid, leaves in gold.items()}
+    leading = {qid: tree.on_paths_to(leaves) for qid, leaves in gold.items()}
     counts: dict[int, dict[str, int]] = {}
     for slate in slates:
         if slate.query_id not in leading:

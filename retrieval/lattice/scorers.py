@@ -323,13 +323,12 @@ class OracleSlateScorer:
     listwise = False
 
     def __init__(self, tree: Tree, gold_leaves: Mapping[str, set[str]]):
-        self.gold_leaves = gold_leaves
-        self._leaves_under = {node_id: {leaf.id for leaf in tree.leaves(node_id)} for node_id in tree.nodes}
+        self._on_path = {query_id: tree.on_paths_to(leaves) for query_id, leaves in gold_leaves.items()}
 
     def score(self, slates: Sequence[Slate]) -> list[SlateScore]:
         out = []
         for slate in slates:
-            gold = self.gold_leaves.get(slate.query_id, set())
-            out.append(SlateScore(scores={i: 100.0 if self._leaves_under[n] & gold else 0.0
+            on_path = self._on_path.get(slate.query_id, set())
+            out.append(SlateScore(scores={i: 100.0 if n in on_path else 0.0
                                           for i, n in enumerate(slate.node_ids)}, seconds=0.0, calls=0))
         return out

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -87,6 +87,11 @@ class Tree:
         while (up := self.parent(out[-1])) is not None:
             out.append(up)
         return out[::-1]
+
+    def on_paths_to(self, leaf_ids: Iterable[str]) -> set[str]:
+        """Every node on the way from the root to any of ``leaf_ids``, those included: the nodes that lead to them
+        (a node leads to a leaf exactly when the leaf lies below it)."""
+        return {node for leaf in leaf_ids for node in self.path(leaf)}
 
     def leaves(self, node_id: str | None = None) -> Iterator[Node]:
         """Leaves under ``node_id`` (the whole tree by default), left to right."""

@@ -1,8 +1,7 @@
 """The CPU teacher's outputs shipped in data/teacher/ (data/teacher/README.md): the HotpotQA tree holds every
 paragraph of the corpus it names, the QASPER train tree a branch per paper, the traces are the current slate schema's
-and complete, all were served by the teacher, and the
-jobs that read them (distill-scorer, eval lattice's recorded row) find what they need. No model runs: a stale or cut
-copy fails here instead of in an hour-long job."""
+and complete, all were served by the teacher, and the jobs that read them (distill-scorer, eval lattice's recorded
+row) find what they need. No model runs: a stale or cut copy fails here instead of in an hour-long job."""
 
 from __future__ import annotations
 
@@ -23,13 +22,22 @@ HOTPOTQA = SHIPPED / "lattice/hotpotqa"
 QASPER = SHIPPED / "lattice/qasper_train"
 
 
+def _named_by_the_teacher(folder: Path, tree: Tree) -> dict:
+    """Check that the teacher served the tree's summaries, one call at least per new node and none by the fallback;
+    return the build record."""
+    assert set(json.loads((folder / "summaries.settings.json").read_text())["served"].values()) >= {QWEN_CODER}
+    build = json.loads((folder / "build.json").read_text())
+    summaries = build["summaries"]
+    assert summaries["placements"].get("summaries_fallback", 0) == 0
+    assert summaries["llm_calls"] >= tree.stats()["internal"] - 1
+    return build
+
+
 def test_the_shipped_tree_holds_every_hotpotqa_paragraph_and_was_named_by_the_teacher() -> None:
     config = load_config(LatticeTreeConfig, ROOT / "configs/data/lattice_tree-hotpotqa-teacher.yaml", ["out=unused"])
     tree = Tree.load(HOTPOTQA / "tree.json")
     tree.validate(max_branching=config.clustering.m_max, expected_leaves={leaf.id for leaf in corpus_leaves(config)})
-    assert set(json.loads((HOTPOTQA / "summaries.settings.json").read_text())["served"].values()) >= {QWEN_CODER}
-    build = json.loads((HOTPOTQA / "build.json").read_text())["summaries"]
-    assert build["placements"].get("summaries_fallback", 0) == 0 and build["llm_calls"] >= tree.stats()["internal"] - 1
+    _named_by_the_teacher(HOTPOTQA, tree)
 
 
 def test_the_shipped_traces_are_the_current_schema_complete_and_the_teachers() -> None:
@@ -53,12 +61,8 @@ def test_the_shipped_qasper_tree_keeps_its_papers_and_was_named_by_the_teacher()
                          ["out=unused"])
     tree = Tree.load(QASPER / "tree.json")
     tree.validate(max_branching=config.clustering.m_max)
-    build = json.loads((QASPER / "build.json").read_text())
+    build = _named_by_the_teacher(QASPER, tree)
     assert build["method"] == config.method == "hybrid" and tree.stats()["leaves"] == build["stats"]["leaves"]
     papers = [{leaf.doc_id for leaf in tree.leaves(child)} for child in tree.nodes[tree.root].children]
     assert len(papers) == config.corpus.limit_docs and all(len(paper) == 1 for paper in papers)  # a branch a paper
-    assert set(json.loads((QASPER / "summaries.settings.json").read_text())["served"].values()) >= {QWEN_CODER}
-    summaries = build["summaries"]
-    assert summaries["placements"].get("summaries_fallback", 0) == 0
-    assert summaries["llm_calls"] >= tree.stats()["internal"] - 1
     assert json.loads((SHIPPED / "jobs/tree-qasper_train.json").read_text())["finished"] is True
