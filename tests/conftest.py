@@ -1,7 +1,7 @@
 """Shared fixtures: caches point into the tree so tests never reach a hub (they are offline); the planner's
 labels, traces and a short SFT adapter on real SQuAD questions; a LATTICE tree over real HotpotQA paragraphs, its
-oracle traversal traces and the scorer students distilled from them; each made once per session (the summaries once
-per state of the code), and the tests sharing one kept on one xdist worker."""
+oracle traversal traces and the scorer students distilled from them; each made once per session (the summaries and
+the SFT planner once per state of the code), and the tests sharing one kept on one xdist worker."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -166,19 +167,23 @@ def planner_traces(planner_labels: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def sft_planner(planner_traces: Path, tmp_path_factory) -> Path:
+def sft_planner(request: pytest.FixtureRequest, tmp_path_factory) -> Path:
     """A short real planner_sft run on the template traces with a high learning rate: a policy that writes the
     planner's format, so GRPO (in planner_grpo and STITCH) sees rewards that differ within a group. Its
-    ``metrics.json`` keeps the loss per step."""
+    ``metrics.json`` keeps the loss per step. Kept by the code's state (``kept_by_code_state``): the alone phase's
+    STITCH tests start from the two-worker phase's adapter instead of training it again (57 s)."""
     from overstory.cli import main
 
-    out = tmp_path_factory.mktemp("sft_planner") / "sft"
-    code = main(["train", "planner_sft", "--config", str(ROOT / "configs/train/planner_sft.yaml"),
-                 f"traces={planner_traces}", f"out={out}", "train.max_steps=6", "train.batch_size=2", "train.lr=3e-3",
-                 "train.warmup_ratio=0", "train.val_fraction=0", "train.max_length=384", "train.logging_steps=1",
-                 "tracking.backend=none"])
-    assert code == 0
-    return out
+    def train(folder: Path) -> Path:
+        traces = request.getfixturevalue("planner_traces")
+        code = main(["train", "planner_sft", "--config", str(ROOT / "configs/train/planner_sft.yaml"),
+                     f"traces={traces}", f"out={folder / 'sft'}", "train.max_steps=6", "train.batch_size=2",
+                     "train.lr=3e-3", "train.warmup_ratio=0", "train.val_fraction=0", "train.max_length=384",
+                     "train.logging_steps=1", "tracking.backend=none"])
+        assert code == 0
+        return folder / "sft"
+
+    return kept_by_code_state("test-sft-planner", "sft", train, tmp_path_factory)
 
 
 def one_solvable_one_not(labels: Path, adapter: Path, folder: Path, metadata_tokens: int, limit: int) -> Path:
@@ -339,6 +344,21 @@ def keep_folder(folder: Path, kept: Path, max_age_s: float = 6 * 3600) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def kept_by_code_state(name: str, made: str, make: Callable[[Path], Path], tmp_path_factory) -> Path:
+    """What ``make(folder)`` makes in a new temporary folder (it returns ``folder / made``), kept under the cache in
+    ``name/<code_state()>`` and read from there while the code is unchanged: the alone phase of `make test` is a
+    second pytest session, which would otherwise make again what the two-worker phase made."""
+    key = code_state()
+    kept = Path(os.environ["OVERSTORY_CACHE"]) / name / key if key else None
+    if kept and (kept / made).exists():
+        return kept / made
+    folder = tmp_path_factory.mktemp(name)
+    out = make(folder)
+    if kept:
+        keep_folder(folder, kept)
+    return out
+
+
 @pytest.fixture(scope="session")
 def summaries(tmp_path_factory) -> Path:
     """SmolLM2 summaries of 30 HotpotQA paragraphs (the compressors' training data and the training bench's).
@@ -346,20 +366,16 @@ def summaries(tmp_path_factory) -> Path:
     Generated one request at a time (``concurrency=1``): greedy decoding of a batch depends on what else is in the
     batch (padding changes the floating-point sums), so concurrent requests gave summaries, and training targets,
     that differed from run to run; alone, each prompt's greedy summary is the same every run. That is why they are
-    also kept under the cache, keyed by the code's state (``code_state``): the alone phase of `make test` (a second
-    session, whose distributed tests train on them) reads the two-worker phase's instead of generating them again,
-    and any change to the code generates them afresh."""
+    also kept by the code's state (``kept_by_code_state``): the alone phase's distributed tests train on the
+    two-worker phase's summaries instead of generating them again, and any change to the code generates them afresh."""
     from overstory.cli import main
 
-    key = code_state()
-    kept = Path(os.environ["OVERSTORY_CACHE"]) / "test-summaries" / key if key else None
-    if kept and (kept / "hotpotqa.jsonl").exists():
-        return kept / "hotpotqa.jsonl"
-    out = tmp_path_factory.mktemp("summaries") / "hotpotqa.jsonl"
-    code = main(["data", "summaries", "--config", str(ROOT / "configs/data/summaries.yaml"), f"out={out}",
-                 "corpus.kind=hotpotqa", f"corpus.path={ROOT / 'data/hotpotqa'}", "levels=[paragraph]",
-                 "limit=30", "max_summary_tokens=24", "concurrency=1", "tracking.backend=none"])
-    assert code == 0
-    if kept:
-        keep_folder(out.parent, kept)
-    return out
+    def generate(folder: Path) -> Path:
+        out = folder / "hotpotqa.jsonl"
+        code = main(["data", "summaries", "--config", str(ROOT / "configs/data/summaries.yaml"), f"out={out}",
+                     "corpus.kind=hotpotqa", f"corpus.path={ROOT / 'data/hotpotqa'}", "levels=[paragraph]",
+                     "limit=30", "max_summary_tokens=24", "concurrency=1", "tracking.backend=none"])
+        assert code == 0
+        return out
+
+    return kept_by_code_state("test-summaries", "hotpotqa.jsonl", generate, tmp_path_factory)
