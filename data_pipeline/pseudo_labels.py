@@ -70,12 +70,16 @@ class PseudoLabelsConfig:
     limit: int = 0  # label at most this many questions, taken round-robin over documents (0 = all)
     max_failure_share: float = 0.0  # the job fails (exit 1) when more of its questions than this failed
     server_url: str = ""
+    # per request: a CPU stack answering `concurrency` prompts of k chunks at once can take minutes for each
+    request_timeout_s: float = 120.0
     serve: ServeConfig = field(default_factory=lambda: ServeConfig.local(port=0))
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
         if self.k < 1 or self.k_step < 0 or self.max_attempts < 1 or self.concurrency < 1:
             raise ConfigError("k, max_attempts and concurrency must be positive and k_step >= 0")
+        if self.request_timeout_s <= 0:
+            raise ConfigError(f"request_timeout_s must be positive, got {self.request_timeout_s}")
         if (self.upper == "compressor" and "compressor" not in self.serve.roles
                 and not job_server(self.server_url, self.runner, self.ray)[0]):
             raise ConfigError("upper: 'compressor' needs a compressor role in serve.roles (or a server_url or "
@@ -188,7 +192,7 @@ def run(config: PseudoLabelsConfig) -> dict:
         if todo:
             # on Ray with endpoints and no server_url, the first endpoint: the fleet needs no stack of the job's own
             url, options = job_server(config.server_url, config.runner, config.ray)
-            client = stack.enter_context(client_for(config.serve, url, **options))
+            client = stack.enter_context(client_for(config.serve, url, timeout_s=config.request_timeout_s, **options))
             served = served_models(client, ["generator", "scorer"])
             fanout.record_served(served)
 
@@ -208,7 +212,8 @@ def run(config: PseudoLabelsConfig) -> dict:
                 fanout.counts["truncated_after_retry"] += result.truncated_after_retry
                 tracker.log({key: fanout.counts[key] for key in ("correct", "unsolved", "truncated_replies")})
 
-            fanout.run(todo, lambda pair: pair[0].id, ServedWork(labeller, client), write, "pseudo-labelling")
+            work = ServedWork(labeller, client, {"timeout_s": config.request_timeout_s})
+            fanout.run(todo, lambda pair: pair[0].id, work, write, "pseudo-labelling")
         counts = {"correct": 0, "unsolved": 0, "truncated_replies": 0, "truncated_after_retry": 0, **fanout.finish(),
                   "excluded_figure_table": len(figure_only)}
         agreement = report_agreement(config.out)

@@ -8,7 +8,8 @@
 # 3. the indexes eval pipeline reads, built by the teacher: the LATTICE tree of the 12 QASPER dev papers evaluated,
 #    FABLE's forests and Orion-RAG's tags of HotpotQA and those QASPER dev papers;
 # 4. eval pipeline on HotpotQA and QASPER dev (30 questions each; naive, smartchunk, lattice, arag, fable, orion) with
-#    the teacher as generator, planner, scorer and judge.
+#    the teacher as generator, planner, scorer and judge;
+# 5. SmartChunk's pseudo-labels with the teacher as the backbone: 300 QASPER train questions, 200 NarrativeQA ones.
 # Each job's config is configs/{data,eval}/*-teacher.yaml; docs/data.md#running-the-teacher-jobs says more.
 #
 # Stop: send the script TERM or INT (or run it under `timeout`): the running job stops, its invocation is recorded.
@@ -40,7 +41,8 @@ PORT=${TEACHER_PORT:-8000}
 MODEL=${TEACHER_MODEL:-builtin:qwen2.5-coder-1.5b-instruct}
 SMOKE=${TEACHER_SMOKE:-0}
 KNOWN_JOBS="tree-hotpotqa tree-qasper_train traces-hotpotqa traces-qasper_train tree-qasper_dev \
-fable-hotpotqa fable-qasper_dev orion-hotpotqa orion-qasper_dev eval-hotpotqa eval-qasper_dev"
+fable-hotpotqa fable-qasper_dev orion-hotpotqa orion-qasper_dev eval-hotpotqa eval-qasper_dev \
+labels-qasper_train labels-narrativeqa"
 JOBS=${TEACHER_JOBS:-$KNOWN_JOBS}
 PYTHON=${PYTHON:-$( [[ -x .venv/bin/python ]] && echo .venv/bin/python || echo python )}
 OVERSTORY=${OVERSTORY:-$( [[ -x .venv/bin/overstory ]] && echo .venv/bin/overstory || echo overstory )}
@@ -64,6 +66,7 @@ job_command() {  # the overstory command line of job $1, named <kind>-<dataset> 
     hotpotqa) limits=("${HOT[@]}") ;;
     qasper_train) limits=("${QTRAIN[@]}") ;;
     qasper_dev) limits=("${QDEV[@]}") ;;
+    narrativeqa) limits=() ;;
   esac
   case $kind in
     tree) echo data lattice-tree --config "configs/data/lattice_tree-$ds-teacher.yaml" out="$L/$ds" "${limits[@]}" ;;
@@ -74,6 +77,8 @@ job_command() {  # the overstory command line of job $1, named <kind>-<dataset> 
     eval) echo eval pipeline --config "configs/eval/pipeline-$ds-teacher.yaml" out="$DIR/eval/pipeline-$ds" \
       lattice.tree="$L/$ds/tree.json" fable_forest="$F/$ds/forest.json" orion.tags="$O/$ds" \
       smartchunk.tokenizer="$MODEL" "${limits[@]}" "${FEWQ[@]}" ;;
+    labels) echo data pseudo-labels --config "configs/data/pseudo_labels-$ds-teacher.yaml" out="$DIR/labels/$ds.jsonl" \
+      "${limits[@]}" "${FEW[@]}" ;;
   esac
 }
 

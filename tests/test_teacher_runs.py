@@ -38,7 +38,7 @@ def command_lines(**env: str) -> list[str]:
                                  {"TEACHER_ENGINE": "vllm"}], ids=["full", "smoke", "vllm"])
 def test_every_command_line_loads_its_config(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     lines = command_lines(TEACHER_RUNS="runs/teacher-check", **env)
-    assert len(lines) == 12  # the 11 jobs and the stack
+    assert len(lines) == 14  # the 13 jobs and the stack
     loaded = []
     monkeypatch.setattr(cli, "run_job", lambda g, n, config_path, overrides: loaded.append(
         load_config(job_config_class(g, n), ROOT / config_path, overrides)))
@@ -46,7 +46,7 @@ def test_every_command_line_loads_its_config(env: dict[str, str], monkeypatch: p
     for line in lines:
         words = shlex.split(line) + ([] if line.startswith("serve") else ["server_url=http://127.0.0.1:8000"])
         assert cli.main(words) == 0, line
-    assert len(loaded) == 12 and all("teacher-check" in str(config.out) for config in loaded[:-1])
+    assert len(loaded) == 14 and all("teacher-check" in str(config.out) for config in loaded[:-1])
     stack = loaded[-1]
     model = env.get("TEACHER_MODEL", "builtin:qwen2.5-coder-1.5b-instruct")
     assert {role.model for name, role in stack.roles.items() if name != "embedder"} == {model}

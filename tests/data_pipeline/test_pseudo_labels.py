@@ -97,6 +97,28 @@ def test_bad_settings_name_the_key() -> None:
         load_config(PseudoLabelsConfig, CONFIG, ["correctness.f1_threshold=0"])
     with pytest.raises(ConfigError, match="compressor role"):
         load_config(PseudoLabelsConfig, CONFIG, ["upper=compressor"])
+    with pytest.raises(ConfigError, match="request_timeout_s must be positive"):
+        load_config(PseudoLabelsConfig, CONFIG, ["request_timeout_s=0"])
+
+
+def test_the_request_timeout_reaches_the_jobs_client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """request_timeout_s is the job's client's timeout (the teacher's configs give it 1800 s: a CPU stack answering
+    eight long prompts at once outlasts the client's 120 s default); the client is stopped there, nothing served."""
+    from overstory.data_pipeline import pseudo_labels
+
+    seen = {}
+
+    def client_for(serve, url, **options):
+        seen.update(options)
+        raise RuntimeError("stopped at the client")
+
+    monkeypatch.setattr(pseudo_labels, "client_for", client_for)
+    config = load_config(PseudoLabelsConfig, CONFIG, [f"corpus.path={ROOT / 'data/squad/dev-v2.0-articles.json'}",
+                                                      "limit=1", f"out={tmp_path / 'labels.jsonl'}",
+                                                      "request_timeout_s=1800", "tracking.backend=none"])
+    with pytest.raises(RuntimeError, match="stopped at the client"):
+        pseudo_labels.run(config)
+    assert seen["timeout_s"] == 1800
 
 
 def test_replies_cut_by_max_tokens_are_asked_again_with_more_room_and_counted(tmp_path: Path,
