@@ -15,6 +15,8 @@
 # seconds; delete <out> to train it again); an interrupted one resumes from its newest checkpoint, under the settings
 # it was trained with (distill-scorer refuses others, naming the keys). The evals always run again (they take minutes).
 # Threads: OMP_NUM_THREADS as exported (default: every core). Any failing command stops the script; the log says which.
+# Some students only: LATTICE_STUDENTS="ce_pointwise ce_gold" (names as in STUDENTS below; default: all); the evals
+# then compare those students with the teacher, the oracle and the baselines (--compare).
 set -euo pipefail
 DRY=0
 [[ ${1:-} == --dry-run ]] && DRY=1
@@ -25,7 +27,7 @@ CE=configs/train/distill_scorer_cross_encoder-teacher.yaml
 LLM=configs/train/distill_scorer_llm-teacher.yaml
 D=runs/teacher/distill
 
-# name | config | overrides: one student each (the folder is $D/<name>, the eval rows' names)
+# name | config | overrides: one student each (the folder is $D/<name>; its eval row is <name>, the LLM's llm_student)
 STUDENTS=(
   "llm|$LLM|"
   "ce_pointwise|$CE|"
@@ -56,8 +58,12 @@ if [[ $DRY == 0 ]]; then
   done
   say "lattice students ($OMP_NUM_THREADS threads)"
 fi
+ONLY=${LATTICE_STUDENTS:-}
+ROWS=oracle,teacher
 for student in "${STUDENTS[@]}"; do
   IFS='|' read -r name config overrides <<< "$student"
+  [[ -z $ONLY || " $ONLY " == *" $name "* ]] || continue
+  ROWS+=,$([[ $name == llm ]] && echo llm_student || echo "$name")
   if [[ $DRY == 0 && -f $D/$name/final/overstory.json ]]; then
     say "$name: finished before ($D/$name/final; delete $D/$name to train it again)"
     continue
@@ -65,7 +71,9 @@ for student in "${STUDENTS[@]}"; do
   # shellcheck disable=SC2086  # the overrides are words
   run train distill-scorer --config "$config" out="$D/$name" $overrides
 done
+COMPARE=()
+[[ -z $ONLY ]] || COMPARE=(--compare "$ROWS,bm25,dense,hybrid,lattice++")
 for ds in hotpotqa qasper_train; do
-  run eval lattice --config "configs/eval/lattice-$ds-teacher.yaml"
+  run eval lattice --config "configs/eval/lattice-$ds-teacher.yaml" "${COMPARE[@]}"
 done
 [[ $DRY == 1 ]] || say "tables: runs/teacher/eval/lattice-{hotpotqa,qasper_train}/table.md"

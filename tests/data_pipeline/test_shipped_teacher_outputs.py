@@ -40,17 +40,34 @@ def test_the_shipped_tree_holds_every_hotpotqa_paragraph_and_was_named_by_the_te
     _named_by_the_teacher(HOTPOTQA, tree)
 
 
-def test_the_shipped_traces_are_the_current_schema_complete_and_the_teachers() -> None:
-    traces = HOTPOTQA / "traces.jsonl"
-    settings = json.loads((HOTPOTQA / "traces.settings.json").read_text())
+def _check_traces(folder: Path, job: str, n_questions: int) -> list:
+    """Check that ``folder``'s traces are the current slate schema's, scored by the teacher on the tree at the path it
+    is restored to, complete (every question traced, every candidate scored, no failure) and recorded by their job;
+    return their slates."""
+    traces = folder / "traces.jsonl"
+    settings = json.loads((folder / "traces.settings.json").read_text())
     assert settings["slate_schema"] == SLATE_SCHEMA and settings["served"] == {"scorer": QWEN_CODER}
-    assert settings["tree"] == "runs/teacher/lattice/hotpotqa/tree.json"  # the path it is restored to
+    assert settings["tree"] == f"runs/teacher/lattice/{folder.name}/tree.json"  # the path it is restored to
     slates = read_slates(traces)
     questions = {json.loads(line)["id"] for line in queries_file(traces).read_text().splitlines()}
-    assert len(questions) == 40 and {s.query_id for s in slates} == questions
+    assert len(questions) == n_questions and {s.query_id for s in slates} == questions
     assert all(score is not None for slate in slates for score in slate.teacher_scores)  # one score per candidate
-    assert not (HOTPOTQA / "traces.failures.jsonl").read_text().strip()
-    assert job_wall_seconds("teacher", str(SHIPPED / "jobs/traces-hotpotqa.json")) > 0
+    assert not (folder / "traces.failures.jsonl").read_text().strip()
+    assert job_wall_seconds("teacher", str(SHIPPED / f"jobs/{job}.json")) > 0
+    return slates
+
+
+def test_the_shipped_traces_are_the_current_schema_complete_and_the_teachers() -> None:
+    _check_traces(HOTPOTQA, "traces-hotpotqa", 40)
+
+
+def test_the_shipped_qasper_traces_cover_the_questions_with_paragraph_evidence_on_the_shipped_tree() -> None:
+    """32 of the 34 questions of the 10 papers have a paragraph of the tree as evidence (the other two only a figure
+    or table); every slate's candidates are nodes of the shipped tree."""
+    _check_traces(QASPER, "traces-qasper_train", 32)
+    tree = Tree.load(QASPER / "tree.json")
+    records = [json.loads(line) for line in (QASPER / "traces.jsonl").read_text().splitlines()]
+    assert all({record["expanded"], *record["node_ids"]} <= set(tree.nodes) for record in records)
 
 
 def test_the_shipped_qasper_tree_keeps_its_papers_and_was_named_by_the_teacher() -> None:

@@ -111,3 +111,19 @@ def test_the_students_script_trains_what_the_evals_read(monkeypatch: pytest.Monk
         rows = {system.model for system in config.systems.values() if system.model}
         assert rows == finals and config.systems["teacher"].kind == "recorded"
         assert config.heldout_from in {s.out for s in students}
+
+    # some students only: those trained, and the evals compare exactly them beside the teacher and the baselines
+    done = subprocess.run(["bash", str(ROOT / "scripts/lattice_students.sh"), "--dry-run"], cwd=ROOT, text=True,
+                          capture_output=True, env={**os.environ, "OVERSTORY": "false",
+                                                    "LATTICE_STUDENTS": "llm ce_gold"})
+    assert done.returncode == 0, done.stderr
+    loaded.clear()
+    for line in done.stdout.splitlines():
+        assert cli.main(shlex.split(line)[1:]) == 0, line
+    students, evals = loaded[:-2], loaded[-2:]
+    assert [Path(s.out).name for s in students] == ["llm", "ce_gold"]
+    for config in evals:
+        compared = config.compare.split(",")
+        assert set(compared) <= set(config.systems)
+        assert {config.systems[name].model for name in compared if config.systems[name].model} == {
+            f"{s.out}/final" for s in students}
