@@ -40,10 +40,9 @@ def test_the_shipped_tree_holds_every_hotpotqa_paragraph_and_was_named_by_the_te
     _named_by_the_teacher(HOTPOTQA, tree)
 
 
-def _check_traces(folder: Path, job: str, n_questions: int) -> list:
+def _check_traces(folder: Path, job: str, n_questions: int) -> None:
     """Check that ``folder``'s traces are the current slate schema's, scored by the teacher on the tree at the path it
-    is restored to, complete (every question traced, every candidate scored, no failure) and recorded by their job;
-    return their slates."""
+    is restored to, complete (every question traced, every candidate scored, no failure) and recorded by their job."""
     traces = folder / "traces.jsonl"
     settings = json.loads((folder / "traces.settings.json").read_text())
     assert settings["slate_schema"] == SLATE_SCHEMA and settings["served"] == {"scorer": QWEN_CODER}
@@ -54,7 +53,6 @@ def _check_traces(folder: Path, job: str, n_questions: int) -> list:
     assert all(score is not None for slate in slates for score in slate.teacher_scores)  # one score per candidate
     assert not (folder / "traces.failures.jsonl").read_text().strip()
     assert job_wall_seconds("teacher", str(SHIPPED / f"jobs/{job}.json")) > 0
-    return slates
 
 
 def test_the_shipped_traces_are_the_current_schema_complete_and_the_teachers() -> None:

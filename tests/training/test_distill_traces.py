@@ -87,15 +87,14 @@ def test_traces_name_one_file_or_several(tmp_path: Path) -> None:
         files("traces=[]")
 
 
-def test_the_students_script_trains_what_the_evals_read(monkeypatch: pytest.MonkeyPatch) -> None:
-    """scripts/lattice_students.sh --dry-run: every command it would run loads its config through the CLI, each
-    student gets a folder of its own on both teacher trace files, and every student row of both evals reads one of
-    those folders (nothing runs)."""
+def _students_script_configs(monkeypatch: pytest.MonkeyPatch, **env: str) -> tuple[list, list]:
+    """The configs of every command scripts/lattice_students.sh --dry-run prints (under ``env``), each loaded through
+    the CLI as the script would run it (nothing runs): the students' and the two evals'."""
     from overstory import cli
     from overstory.cli import job_config_class
 
     done = subprocess.run(["bash", str(ROOT / "scripts/lattice_students.sh"), "--dry-run"], cwd=ROOT, text=True,
-                          capture_output=True, env={**os.environ, "OVERSTORY": "false"})
+                          capture_output=True, env={**os.environ, "OVERSTORY": "false", **env})
     assert done.returncode == 0, done.stderr
     loaded = []
     monkeypatch.setattr(cli, "run_job", lambda g, n, config_path, overrides: loaded.append(
@@ -103,7 +102,14 @@ def test_the_students_script_trains_what_the_evals_read(monkeypatch: pytest.Monk
     monkeypatch.chdir(ROOT)
     for line in done.stdout.splitlines():
         assert cli.main(shlex.split(line)[1:]) == 0, line
-    students, evals = loaded[:-2], loaded[-2:]
+    return loaded[:-2], loaded[-2:]
+
+
+def test_the_students_script_trains_what_the_evals_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """scripts/lattice_students.sh --dry-run: every command it would run loads its config through the CLI, each
+    student gets a folder of its own on both teacher trace files, and every student row of both evals reads one of
+    those folders (nothing runs)."""
+    students, evals = _students_script_configs(monkeypatch)
     assert len(students) == 7 and len({s.out for s in students}) == 7
     assert all(len(s.trace_files) == 2 and s.train.val_fraction == students[0].train.val_fraction for s in students)
     finals = {f"{s.out}/final" for s in students}
@@ -113,14 +119,7 @@ def test_the_students_script_trains_what_the_evals_read(monkeypatch: pytest.Monk
         assert config.heldout_from in {s.out for s in students}
 
     # some students only: those trained, and the evals compare exactly them beside the teacher and the baselines
-    done = subprocess.run(["bash", str(ROOT / "scripts/lattice_students.sh"), "--dry-run"], cwd=ROOT, text=True,
-                          capture_output=True, env={**os.environ, "OVERSTORY": "false",
-                                                    "LATTICE_STUDENTS": "llm ce_gold"})
-    assert done.returncode == 0, done.stderr
-    loaded.clear()
-    for line in done.stdout.splitlines():
-        assert cli.main(shlex.split(line)[1:]) == 0, line
-    students, evals = loaded[:-2], loaded[-2:]
+    students, evals = _students_script_configs(monkeypatch, LATTICE_STUDENTS="llm ce_gold")
     assert [Path(s.out).name for s in students] == ["llm", "ce_gold"]
     for config in evals:
         compared = config.compare.split(",")
