@@ -17,8 +17,10 @@ A source named in ``hold_out`` is split by document (``held_out_by_threshold``: 
 hash of its id, so every mix of that file, or of a longer one from a resumed labelling job, draws the same line)
 and the mix takes the ``side`` named: the training mix takes ``train``, an
 evaluation set of the same sources takes ``held_out`` (e.g. one SQuAD article, a share of the NarrativeQA stories).
-The sources named in ``unlabelled`` keep their questions without a label too (after their labelled ones): ``eval
-planner``'s ``unlabelled`` plans them, and scores them on everything but the label.
+The sources named in ``grounded`` take the answer-grounded rule's ranges (``grounded_levels.py``: read off where the
+backbone's reply lies, not off every level retrieval returned) in place of the method's; a label it cannot ground is
+left out and counted. The sources named in ``unlabelled`` keep their questions without a label too (after their
+labelled ones): ``eval planner``'s ``unlabelled`` plans them, and scores them on everything but the label.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Literal
 from overstory.core.config import ConfigError
 from overstory.core.records import Chunk, PseudoLabel, read_jsonl, write_jsonl
 from overstory.core.tracking import TrackingConfig, start_run
+from overstory.data_pipeline.grounded_levels import ground_labels
 from overstory.data_pipeline.hierarchy import load_hierarchies, save_hierarchies, stored_hierarchy_path
 from overstory.data_pipeline.splits import held_out_by_threshold
 
@@ -46,6 +49,9 @@ class LabelMixConfig:
     # sources that also keep their questions without a label (for eval planner's `unlabelled`; e.g. NarrativeQA's
     # unanswered ones, not QASPER's unanswerable ones)
     unlabelled: list[str] = field(default_factory=list)
+    # pseudo-label sources whose ranges the answer-grounded rule sets (data_pipeline/grounded_levels.py) instead of the
+    # method's (the levels retrieval returned); a label it cannot ground is left out and counted
+    grounded: list[str] = field(default_factory=list)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
@@ -54,7 +60,7 @@ class LabelMixConfig:
                               "qasper_train.jsonl")
         if self.per_source_limit < 0:
             raise ConfigError(f"per_source_limit must be >= 0, got {self.per_source_limit}")
-        for key in ("hold_out", "unlabelled"):
+        for key in ("hold_out", "unlabelled", "grounded"):
             unknown = sorted(set(getattr(self, key)) - set(self.sources))
             if unknown:
                 raise ConfigError(f"{key}: {', '.join(unknown)} not in sources ({', '.join(self.sources)})")
@@ -63,20 +69,30 @@ class LabelMixConfig:
             raise ConfigError(f"hold_out.{bad[0]} must be a share of documents in (0, 1), got {self.hold_out[bad[0]]}")
 
 
-def source_questions(config: LabelMixConfig, name: str) -> list[PseudoLabel]:
+def source_questions(config: LabelMixConfig, name: str) -> tuple[list[PseudoLabel], int]:
     """A source's questions that the mix takes: its side of the document split when it is held out from, the
-    labelled ones (then the others, when ``unlabelled`` names it), at most ``per_source_limit``."""
-    records = list(read_jsonl(config.sources[name], PseudoLabel))
+    labelled ones (then the others, when ``unlabelled`` names it), at most ``per_source_limit``; and how many labels
+    the answer-grounded rule left out (when ``grounded`` names the source)."""
+    path = config.sources[name]
+    records = list(read_jsonl(path, PseudoLabel))
     if name in config.hold_out:
         train, held_out = held_out_by_threshold(records, config.hold_out[name])
         records = held_out if config.side == "held_out" else train
+    ungrounded = 0
+    if name in config.grounded:
+        if any(x.source == "gold" for x in records):
+            raise ValueError(f"grounded: sources.{name} ({path}) holds gold labels; the answer-grounded rule re-ranges "
+                             f"pseudo-labels")
+        records, counts = ground_labels(records, load_hierarchies(stored_hierarchy_path(path)))
+        ungrounded = counts["ungrounded"]
+        records = [x for x in records if not x.correct or x.level_min]
     labelled = round_robin([x for x in records if x.correct], config.per_source_limit)
     if name not in config.unlabelled:
-        return labelled
+        return labelled, ungrounded
     room = config.per_source_limit - len(labelled) if config.per_source_limit else 0
     if config.per_source_limit and room <= 0:
-        return labelled
-    return labelled + round_robin([x for x in records if not x.correct], room)
+        return labelled, ungrounded
+    return labelled + round_robin([x for x in records if not x.correct], room), ungrounded
 
 
 def round_robin(labels: list[PseudoLabel], limit: int) -> list[PseudoLabel]:
@@ -103,7 +119,7 @@ def run(config: LabelMixConfig) -> dict:
     counts: dict[str, dict] = {}
     with start_run(config.tracking, "data mix", config) as tracker:
         for name, path in config.sources.items():
-            labels = source_questions(config, name)
+            labels, ungrounded = source_questions(config, name)
             duplicates = [x.id for x in labels if x.id in seen]
             labels = [x for x in labels if x.id not in seen]
             seen.update(x.id for x in labels)
@@ -124,8 +140,10 @@ def run(config: LabelMixConfig) -> dict:
             mixed.extend(labels)
             n_labelled = sum(x.correct for x in labels)
             counts[name] = {"labels": n_labelled, "unlabelled": len(labels) - n_labelled, "documents": len(needed),
-                            "duplicates_skipped": len(duplicates)}
+                            "duplicates_skipped": len(duplicates), "ungrounded": ungrounded}
             print(f"{name}: {n_labelled} labelled questions"
+                  + (f" (answer-grounded ranges; {ungrounded} left out, no retrieved chunk holds the reply)"
+                     if name in config.grounded else "")
                   + (f" and {len(labels) - n_labelled} without a label" if name in config.unlabelled else "")
                   + f" from {len(needed)} documents"
                   + (f" ({len(duplicates)} already taken from an earlier source)" if duplicates else ""))

@@ -9,15 +9,16 @@ not, retrieval expands (``k`` grows by ``k_step`` and the smallest level moves o
 larger chunks) and the backbone answers again, up to ``max_attempts``. A question no attempt answers
 is kept with ``correct: false`` and no label, so its cost is visible and a rerun skips it.
 
-Correctness is configurable: exact match, token F1 above a threshold, answer contained in the reply, or an LLM
-judge (the ``scorer`` role answers yes/no). Where the dataset marks evidence (QASPER, SQuAD) the gold levels
-of ``gold_labels.py`` are stored too (``gold_level_min``/``gold_level_max``), and the job ends by measuring
-the labelling method itself against them (``label_agreement.py``: ``<out stem>.agreement.json`` and
-``.agreement.png``). A question belongs to the one document its evidence lies in, or, for datasets without
-evidence spans (NarrativeQA), the document it was asked about. Output is a resumable JSONL of ``PseudoLabel``
-records (ids already written are skipped), with the question's evidence spans, and beside it the hierarchy it
-labelled on (``<out stem>.hierarchy.jsonl``), which the traces job, the planner recipes and ``eval planner``
-read instead of rebuilding it.
+Correctness is configurable: exact match, token F1 above a threshold, answer contained in the reply, or an LLM judge
+(the ``scorer`` role answers yes/no). Where the dataset marks evidence (QASPER, SQuAD) the gold levels of
+``gold_labels.py`` are stored too (``gold_level_min``/``gold_level_max``), and the job ends by measuring the labelling
+method itself against them (``label_agreement.py``: ``<out stem>.agreement.json`` and ``.agreement.png``), and the
+answer-grounded rule beside it (``grounded_levels.py``: the range read off where the reply lies among the retrieved
+chunks instead of off every level retrieval returned). A question belongs to the one document its evidence lies in,
+or, for datasets without evidence spans (NarrativeQA), the document it was asked about. Output is a resumable JSONL of
+``PseudoLabel`` records (ids already written are skipped), with the question's evidence spans, and beside it the
+hierarchy it labelled on (``<out stem>.hierarchy.jsonl``), which the traces job, the planner recipes and ``eval
+planner`` read instead of rebuilding it.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
 from overstory.data_pipeline.fanout import Fanout, ServedWork, job_server, job_settings
 from overstory.data_pipeline.gold_labels import GOLD_KINDS, exclusion, gold_label
+from overstory.data_pipeline.grounded_levels import ground_labels
 from overstory.data_pipeline.hierarchy import (
     HierarchyConfig,
     build_hierarchies,
@@ -217,8 +219,9 @@ def run(config: PseudoLabelsConfig) -> dict:
         counts = {"correct": 0, "unsolved": 0, "truncated_replies": 0, "truncated_after_retry": 0, **fanout.finish(),
                   "excluded_figure_table": len(figure_only)}
         agreement = report_agreement(config.out)
-        tracker.summary({**counts, **({f"agreement/{k}": agreement[k]["value"] for k in AGREEMENT_SUMMARY}
-                                      if agreement else {})})
+        rules = {"agreement": agreement, "agreement/grounded": agreement["grounded_rule"]} if agreement else {}
+        tracker.summary({**counts, **{f"{name}/{k}": rule[k]["value"] for name, rule in rules.items()
+                                      for k in AGREEMENT_SUMMARY}})
     print(f"pseudo-labels: {counts['correct']} labelled, {counts['unsolved']} unsolved, {counts['failed']} failed "
           f"(retried on rerun), {counts['skipped']} already done; backbone replies cut by max_tokens: "
           f"{counts['truncated_replies']} (each asked again with twice the room), {counts['truncated_after_retry']} "
@@ -232,17 +235,25 @@ AGREEMENT_SUMMARY = ("coverage", "exact_range", "level_min", "level_max", "withi
 
 def report_agreement(out: str) -> dict | None:
     """Agreement of every label in ``out`` with its gold levels, written beside it (``.agreement.json`` and
-    ``.agreement.png``); None when no label has gold levels (a corpus without evidence spans)."""
+    ``.agreement.png``), for the method's ranges and, under ``grounded_rule``, for the answer-grounded rule's
+    (``grounded_levels.py``, its counts beside it; ``.grounded-agreement.png``); None when no label has gold levels
+    (a corpus without evidence spans)."""
     labels = list(read_jsonl(out, PseudoLabel))
     report = label_agreement(labels)
     if not report["gold"]:
         print(f"agreement with gold levels: none of the {len(labels)} questions has gold levels")
         return None
+    grounded, counts = ground_labels(labels, load_hierarchies(stored_hierarchy_path(out)))
+    report["grounded_rule"] = {**label_agreement(grounded), "counts": counts}
     stem = Path(out).with_suffix("")
     Path(f"{stem}.agreement.json").write_text(json.dumps(report, indent=2) + "\n")
     plot_agreement(report, Path(out).stem, f"{stem}.agreement.png")
-    print("agreement with gold levels: " + ", ".join(
-        f"{k} {report[k]['value']:.1%} [{report[k]['ci95'][0]:.1%}, {report[k]['ci95'][1]:.1%}]"
-        for k in AGREEMENT_SUMMARY if report[k]["value"] is not None) + f" ({report['both']} of {report['gold']} "
-        f"gold-labelled questions pseudo-labelled) -> {stem}.agreement.json")
+    plot_agreement(report["grounded_rule"], f"{Path(out).stem}, answer-grounded rule", f"{stem}.grounded-agreement.png")
+    for name, rule in (("method", report), ("answer-grounded rule", report["grounded_rule"])):
+        print(f"agreement with gold levels, {name}: " + ", ".join(
+            f"{k} {rule[k]['value']:.1%} [{rule[k]['ci95'][0]:.1%}, {rule[k]['ci95'][1]:.1%}]"
+            for k in AGREEMENT_SUMMARY if rule[k]["value"] is not None) + f" ({rule['both']} of {rule['gold']} "
+            f"gold-labelled questions with a range)")
+    print(f"answer-grounded rule: {counts['grounded']} labels grounded, {counts['ungrounded']} not (no retrieved chunk "
+          f"holds the reply) -> {stem}.agreement.json")
     return report

@@ -144,7 +144,9 @@ class PseudoLabel:
     gold_level_min: str | None = None
     gold_level_max: str | None = None
     evidence: list[Span] = field(default_factory=list)  # the question's evidence spans (recall@k in evaluations)
-    source: str = "pseudo"  # "pseudo": found by retrieving and answering; "gold": read off annotated evidence
+    # "pseudo": found by retrieving and answering; "gold": read off annotated evidence; "grounded": a pseudo-label
+    # re-ranged by where its answer lies (data_pipeline/grounded_levels.py)
+    source: str = "pseudo"
     # backbone replies cut by max_tokens over the attempts, each asked once more with twice the room; those still
     # cut then, and the raw text of the last of them (the answer judged is the cut one: nothing is repaired)
     truncated_replies: int = 0
