@@ -19,14 +19,14 @@ and the mix takes the ``side`` named: the training mix takes ``train``, an
 evaluation set of the same sources takes ``held_out`` (e.g. one SQuAD article, a share of the NarrativeQA stories).
 The sources named in ``grounded`` take the answer-grounded rule's ranges (``grounded_levels.py``: read off where the
 backbone's reply lies, not off every level retrieval returned) in place of the method's; a label it cannot ground is
-left out and counted. The sources named in ``unlabelled`` keep their questions without a label too (after their
+counted and joins the questions without a label. The sources named in ``unlabelled`` keep their questions without a label too (after their
 labelled ones): ``eval planner``'s ``unlabelled`` plans them, and scores them on everything but the label.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from overstory.core.config import ConfigError
@@ -50,7 +50,7 @@ class LabelMixConfig:
     # unanswered ones, not QASPER's unanswerable ones)
     unlabelled: list[str] = field(default_factory=list)
     # pseudo-label sources whose ranges the answer-grounded rule sets (data_pipeline/grounded_levels.py) instead of the
-    # method's (the levels retrieval returned); a label it cannot ground is left out and counted
+    # method's (the levels retrieval returned); a label it cannot ground is counted and has no label in the mix
     grounded: list[str] = field(default_factory=list)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
@@ -85,7 +85,8 @@ def source_questions(config: LabelMixConfig, name: str) -> tuple[list[PseudoLabe
                              f"pseudo-labels")
         records, counts = ground_labels(records, load_hierarchies(stored_hierarchy_path(path)))
         ungrounded = counts["ungrounded"]
-        records = [x for x in records if not x.correct or x.level_min]
+        # a label the rule cannot ground has no range: here it is a question without a label (`unlabelled` keeps it)
+        records = [x if not x.correct or x.level_min else replace(x, correct=False) for x in records]
     labelled = round_robin([x for x in records if x.correct], config.per_source_limit)
     if name not in config.unlabelled:
         return labelled, ungrounded
@@ -142,7 +143,7 @@ def run(config: LabelMixConfig) -> dict:
             counts[name] = {"labels": n_labelled, "unlabelled": len(labels) - n_labelled, "documents": len(needed),
                             "duplicates_skipped": len(duplicates), "ungrounded": ungrounded}
             print(f"{name}: {n_labelled} labelled questions"
-                  + (f" (answer-grounded ranges; {ungrounded} left out, no retrieved chunk holds the reply)"
+                  + (f" (answer-grounded ranges; {ungrounded} without one: no retrieved chunk holds the reply)"
                      if name in config.grounded else "")
                   + (f" and {len(labels) - n_labelled} without a label" if name in config.unlabelled else "")
                   + f" from {len(needed)} documents"

@@ -68,7 +68,7 @@ def test_the_best_ranked_chunk_holding_the_reply_is_the_place(squad_labels, squa
 def test_the_mix_takes_grounded_ranges_and_counts_what_it_left_out(squad_labels, squad_chunks, tmp_path: Path,
                                                                    capsys: pytest.CaptureFixture) -> None:
     """``grounded`` names a pseudo-label source: its labels take the rule's ranges (not the method's), the ungrounded
-    are left out and counted; a gold source is refused by name."""
+    are counted and join the questions without a label (kept with ``unlabelled``); a gold source is refused by name."""
     method = [replace(x, level_min="sentence", level_max="section", answer=x.answer if i else "Yes")
               for i, x in enumerate(squad_labels[:12])]
     source = store_labels(tmp_path / "squad_pseudo.jsonl", method, squad_chunks)
@@ -79,7 +79,11 @@ def test_the_mix_takes_grounded_ranges_and_counts_what_it_left_out(squad_labels,
     mixed = list(read_jsonl(out, PseudoLabel))
     assert len(mixed) == 11 and all(x.source == "grounded" for x in mixed)
     assert Counter(x.level_max for x in mixed)["section"] < 11  # the method's top is gone
-    assert "1 left out, no retrieved chunk holds the reply" in capsys.readouterr().out
+    assert "1 without one: no retrieved chunk holds the reply" in capsys.readouterr().out
+    assert main(["data", "mix", "--config", str(ROOT / "configs/data/planner_mix.yaml"), "--out", str(out),
+                 f"sources={mapping}", "grounded=[squad]", "unlabelled=[squad]", "tracking.backend=none"]) == 0
+    kept = list(read_jsonl(out, PseudoLabel))
+    assert len(kept) == 12 and [x.answer for x in kept if not x.correct] == ["Yes"]
     gold = store_labels(tmp_path / "squad_gold.jsonl", [replace(x, source="gold") for x in method], squad_chunks)
     with pytest.raises(ValueError, match="grounded: sources.squad .* holds gold labels"):
         main(["data", "mix", "--config", str(ROOT / "configs/data/planner_mix.yaml"), "--out", str(out),
