@@ -19,8 +19,9 @@ and the mix takes the ``side`` named: the training mix takes ``train``, an
 evaluation set of the same sources takes ``held_out`` (e.g. one SQuAD article, a share of the NarrativeQA stories).
 The sources named in ``grounded`` take the answer-grounded rule's ranges (``grounded_levels.py``: read off where the
 backbone's reply lies, not off every level retrieval returned) in place of the method's; a label it cannot ground is
-counted and joins the questions without a label. The sources named in ``unlabelled`` keep their questions without a label too (after their
-labelled ones): ``eval planner``'s ``unlabelled`` plans them, and scores them on everything but the label.
+counted and joins the questions without a label. The sources named in ``unlabelled`` keep their questions without a
+label too (after their labelled ones): ``eval planner``'s ``unlabelled`` plans them, and scores them on everything but
+the label.
 """
 
 from __future__ import annotations

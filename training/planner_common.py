@@ -38,6 +38,15 @@ class RewardSettings:
     # L_max of R_length; in STITCH also the length a solving rollout stays within (its one completion-length limit)
     max_completion_tokens: int = 128
     k: int = 5  # chunks read per question (R_cost and R_QA)
+    # R_QA's answers in flight per reward call (a batching server such as vLLM answers several at once) and each
+    # answer's time limit (an answer past it is no signal: None)
+    qa_concurrency: int = 1
+    qa_request_timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.qa_concurrency < 1 or self.qa_request_timeout_s <= 0:
+            raise ConfigError(f"rewards.qa_concurrency must be >= 1 and rewards.qa_request_timeout_s positive, got "
+                              f"{self.qa_concurrency} and {self.qa_request_timeout_s}")
 
 
 @dataclass(frozen=True)
@@ -172,7 +181,7 @@ def build_rewards(settings: RewardSettings, qa_judge: Callable[[str, str, str], 
     if settings.qa:
         if qa_judge is None:
             raise ConfigError("rewards.qa > 0 needs the generator for R_QA (a served stack)")
-        candidates.append((settings.qa, QAReward(qa_judge)))
+        candidates.append((settings.qa, QAReward(qa_judge, settings.qa_concurrency)))
     chosen = [(weight, fn) for weight, fn in candidates if weight]
     if not chosen:
         raise ConfigError("rewards: every weight is 0; give at least one reward a weight")

@@ -77,7 +77,8 @@ def run(config: PlannerGrpoConfig) -> dict:
     with ExitStack() as stack:
         judge = None
         if config.rewards.qa:
-            client = stack.enter_context(client_for(config.serve, config.server_url))
+            client = stack.enter_context(client_for(config.serve, config.server_url,
+                                                    timeout_s=config.rewards.qa_request_timeout_s))
             judge = make_qa_judge(train_rows, chunks, client, config.correctness, config.rewards.k)
         reward_funcs, weights = build_rewards(config.rewards, judge)
         args = grpo_args(config.train, out / "checkpoints", weights, config.trl, "trl")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from overstory.core.records import LEVELS
@@ -185,7 +186,8 @@ class QAReward:
     ``QARewardError`` (a None there would silently drop R_QA from every rollout), anything else as it is.
 
     ``answer_correct(example_id, level_min, level_max) -> bool`` runs SmartChunk retrieval and the
-    generator (``training/planner_common.py: make_qa_judge`` builds it); results are cached per (example, range).
+    generator (``training/planner_common.py: make_qa_judge`` builds it); results are cached per (example, range), and
+    the distinct ones a call needs are asked ``concurrency`` at a time.
     ``calls`` and ``nones`` count the rewards returned and the Nones among them (``none_share``); each call also
     logs its batch's None share as ``qa_none_share`` through ``log_metric`` when TRL passes one.
 
@@ -199,12 +201,15 @@ class QAReward:
     [1.0, 1.0, 0.0]
     >>> calls
     [('q1', 'sentence', 'paragraph')]
+    >>> QAReward(judge, concurrency=4)([plan, '{"largest_chunk_size": "section", "smallest_chunk_size": "paragraph"}'],
+    ...                                example_id=["q1", "q2"])
+    [1.0, 0.0]
     """
 
     __name__ = "qa_reward"  # TRL names each reward's logged column after __name__
 
-    def __init__(self, answer_correct: Callable[[str, str, str], bool]):
-        self.answer_correct = answer_correct
+    def __init__(self, answer_correct: Callable[[str, str, str], bool], concurrency: int = 1):
+        self.answer_correct, self.concurrency = answer_correct, concurrency
         self.cache: dict[tuple[str, str, str], bool | None] = {}
         self.calls = 0  # rewards returned
         self.nones = 0  # of which None (no signal)
@@ -236,13 +241,13 @@ class QAReward:
 
     def __call__(self, completions: Sequence, example_id: Sequence[str],
                  log_metric: Callable[[str, float], None] | None = None, **kwargs: Any) -> list[float | None]:
-        rewards: list[float | None] = []
-        for plan, example in zip(_plans(completions), example_id, strict=True):
-            if not plan.valid:
-                rewards.append(0.0)
-                continue
-            correct = self._correct((example, plan.level_min, plan.level_max))
-            rewards.append(None if correct is None else float(correct))
+        keys = [(example, plan.level_min, plan.level_max) if plan.valid else None
+                for plan, example in zip(_plans(completions), example_id, strict=True)]
+        # each distinct (question, range) answered once per call, `concurrency` of them at a time
+        distinct = list(dict.fromkeys(key for key in keys if key is not None))
+        with ThreadPoolExecutor(max(1, min(self.concurrency, len(distinct)))) as pool:
+            found = dict(zip(distinct, pool.map(self._correct, distinct)))
+        rewards = [0.0 if key is None else None if found[key] is None else float(found[key]) for key in keys]
         nones = sum(r is None for r in rewards)
         with self._lock:
             self.calls += len(rewards)

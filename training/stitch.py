@@ -569,7 +569,8 @@ def run(config: StitchConfig) -> dict:
     with ExitStack() as stack:  # R_QA's stack, when rewards.qa is on: stopped when training ends or fails
         judge = None
         if config.rewards.qa:
-            client = stack.enter_context(client_for(config.serve, config.server_url))
+            client = stack.enter_context(client_for(config.serve, config.server_url,
+                                                    timeout_s=config.rewards.qa_request_timeout_s))
             judge = make_qa_judge(rows, chunks, client, config.correctness, config.rewards.k)
         rewards = build_rewards(config.rewards, judge)
         stitch_grpo_args(config, rewards[1], out, 1)  # TRL refuses a bad trl_grpo / trl_sft value here, not
