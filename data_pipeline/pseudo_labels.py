@@ -24,6 +24,7 @@ planner`` read instead of rebuilding it.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -218,10 +219,9 @@ def run(config: PseudoLabelsConfig) -> dict:
             fanout.run(todo, lambda pair: pair[0].id, work, write, "pseudo-labelling")
         counts = {"correct": 0, "unsolved": 0, "truncated_replies": 0, "truncated_after_retry": 0, **fanout.finish(),
                   "excluded_figure_table": len(figure_only)}
-        agreement = report_agreement(config.out)
-        rules = {"agreement": agreement, "agreement/grounded": agreement["grounded_rule"]} if agreement else {}
-        tracker.summary({**counts, **{f"{name}/{k}": rule[k]["value"] for name, rule in rules.items()
-                                      for k in AGREEMENT_SUMMARY}})
+        agreement = report_labels(config.out).get("agreement", {})
+        tracker.summary({**counts, **{f"agreement/{rule}/{k}": figures[k]["value"]
+                                      for rule, figures in agreement.items() for k in AGREEMENT_SUMMARY}})
     print(f"pseudo-labels: {counts['correct']} labelled, {counts['unsolved']} unsolved, {counts['failed']} failed "
           f"(retried on rerun), {counts['skipped']} already done; backbone replies cut by max_tokens: "
           f"{counts['truncated_replies']} (each asked again with twice the room), {counts['truncated_after_retry']} "
@@ -233,18 +233,48 @@ def run(config: PseudoLabelsConfig) -> dict:
 AGREEMENT_SUMMARY = ("coverage", "exact_range", "level_min", "level_max", "within_one")
 
 
-def report_agreement(out: str) -> dict | None:
-    """Agreement of every label in ``out`` with its gold levels, written beside it (``.agreement.json`` and
-    ``.agreement.png``), for the method's ranges and, under ``grounded_rule``, for the answer-grounded rule's
-    (``grounded_levels.py``, its counts beside it; ``.grounded-agreement.png``); None when no label has gold levels
-    (a corpus without evidence spans)."""
+def report_labels(out: str) -> dict:
+    """What every label in ``out`` amounts to, written beside it as ``<out stem>.summary.json`` (the results page's
+    table): questions labelled (by attempt) and not, cut replies, the backbones, the ranges by the method and by the
+    answer-grounded rule (``grounded_levels.py``, with how many it could not ground) and, where the dataset has gold
+    levels, each rule's agreement with them (also ``.agreement.json``, ``.agreement.png`` and
+    ``.grounded-agreement.png``)."""
     labels = list(read_jsonl(out, PseudoLabel))
+    grounded, grounding = ground_labels(labels, load_hierarchies(stored_hierarchy_path(out)))
+    labelled = [x for x in labels if x.correct]
+
+    def ranges(records: list[PseudoLabel]) -> dict[str, int]:
+        return dict(Counter(f"{x.level_min}..{x.level_max}" for x in records if x.level_min).most_common())
+
+    summary = {"labels": len(labels), "labelled": len(labelled), "unsolved": len(labels) - len(labelled),
+               "labelled_at_attempt": {str(k): n for k, n in sorted(Counter(x.attempts for x in labelled).items())},
+               "truncated_replies": sum(x.truncated_replies for x in labels),
+               "truncated_after_retry": sum(x.truncated_after_retry for x in labels),
+               "backbones": sorted({x.backbone for x in labels}), "grounding": grounding,
+               "ranges": {"method": ranges(labelled), "grounded": ranges(grounded)}}
+    agreement = report_agreement(out, labels, grounded, grounding)
+    if agreement:
+        summary["agreement"] = {rule: {k: figures[k] for k in ("gold", "both", *AGREEMENT_SUMMARY)}
+                                for rule, figures in (("method", agreement), ("grounded", agreement["grounded_rule"]))}
+    path = Path(out).with_suffix(".summary.json")
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"labels: {summary['labelled']} of {summary['labels']} questions labelled (by attempt: "
+          f"{summary['labelled_at_attempt']}); the answer-grounded rule ranged {grounding['grounded']} of them "
+          f"({grounding['ungrounded']} without a retrieved chunk holding the reply) -> {path}")
+    return summary
+
+
+def report_agreement(out: str, labels: list[PseudoLabel], grounded: list[PseudoLabel],
+                     grounding: dict[str, int]) -> dict | None:
+    """Agreement of the labels of ``out`` with their gold levels, written beside it (``.agreement.json`` and
+    ``.agreement.png``), for the method's ranges and, under ``grounded_rule``, the answer-grounded rule's
+    (``grounded``, with its counts ``grounding``; ``.grounded-agreement.png``); None when no label has gold levels
+    (a corpus without evidence spans)."""
     report = label_agreement(labels)
     if not report["gold"]:
         print(f"agreement with gold levels: none of the {len(labels)} questions has gold levels")
         return None
-    grounded, counts = ground_labels(labels, load_hierarchies(stored_hierarchy_path(out)))
-    report["grounded_rule"] = {**label_agreement(grounded), "counts": counts}
+    report["grounded_rule"] = {**label_agreement(grounded), "counts": grounding}
     stem = Path(out).with_suffix("")
     Path(f"{stem}.agreement.json").write_text(json.dumps(report, indent=2) + "\n")
     plot_agreement(report, Path(out).stem, f"{stem}.agreement.png")
@@ -253,7 +283,5 @@ def report_agreement(out: str) -> dict | None:
         print(f"agreement with gold levels, {name}: " + ", ".join(
             f"{k} {rule[k]['value']:.1%} [{rule[k]['ci95'][0]:.1%}, {rule[k]['ci95'][1]:.1%}]"
             for k in AGREEMENT_SUMMARY if rule[k]["value"] is not None) + f" ({rule['both']} of {rule['gold']} "
-            f"gold-labelled questions with a range)")
-    print(f"answer-grounded rule: {counts['grounded']} labels grounded, {counts['ungrounded']} not (no retrieved chunk "
-          f"holds the reply) -> {stem}.agreement.json")
+            f"gold-labelled questions with a range) -> {stem}.agreement.json")
     return report

@@ -304,6 +304,44 @@ def pipeline_qasper_table(report: dict) -> str:
     return title + _table(["strategy", "Answer F1", *types, "Evidence F1, top chunks", "Evidence F1, cited"], rows)
 
 
+def _rate(figure: dict | None) -> str:
+    """A rate with its 95% interval from ``{"value": v, "ci95": [lo, hi]}`` (``-`` where there is none)."""
+    if not figure or figure.get("value") is None:
+        return "-"
+    low, high = figure["ci95"]
+    return f"{figure['value']:.3f} [{low:.2f}, {high:.2f}]"
+
+
+def pseudo_labels_table(summary: dict) -> str:
+    """``data pseudo-labels``' summary.json: per labelling rule, how many questions it gives a range, its most common
+    ranges and, where the dataset has gold levels, its agreement with them (95% intervals).
+
+    >>> print(pseudo_labels_table({"labels": 4, "labelled": 3, "labelled_at_attempt": {"1": 2, "3": 1},
+    ...     "grounding": {"grounded": 2, "ungrounded": 1, "unlabelled": 1},
+    ...     "ranges": {"method": {"sentence..section": 2, "paragraph..section": 1},
+    ...                "grounded": {"sentence..sentence": 2}},
+    ...     "agreement": {"method": {"exact_range": {"value": 0.0, "ci95": [0.0, 0.0]}},
+    ...                   "grounded": {"exact_range": {"value": 0.5, "ci95": [0.0, 1.0]}}}}))
+    | labelling rule | questions with a range | most common ranges | exact range vs gold | level_min | level_max | ...
+    | --- | --- | --- | --- | --- | --- | --- |
+    | method: the levels read when the answer was right | 3 of 4 (at attempt 1: 2, 3: 1) | sentence..section 2, ...
+    | answer-grounded: where the reply lies | 2 of 4 (1 correct but not grounded) | sentence..sentence 2 | 0.500 ...
+    """
+    rows = []
+    attempts = ", ".join(f"{attempt}: {n}" for attempt, n in summary["labelled_at_attempt"].items())
+    for rule, name, ranged, note in (
+            ("method", "method: the levels read when the answer was right", summary["labelled"],
+             f"at attempt {attempts}"),
+            ("grounded", "answer-grounded: where the reply lies", summary["grounding"]["grounded"],
+             f"{summary['grounding']['ungrounded']} correct but not grounded")):
+        common = ", ".join(f"{span} {n}" for span, n in list(summary["ranges"][rule].items())[:3]) or "-"
+        agreement = summary.get("agreement", {}).get(rule, {})
+        rows.append([name, f"{ranged} of {summary['labels']} ({note})", common,
+                     *(_rate(agreement.get(k)) for k in ("exact_range", "level_min", "level_max", "within_one"))])
+    return _table(["labelling rule", "questions with a range", "most common ranges", "exact range vs gold",
+                   "level_min", "level_max", "within one level"], rows)
+
+
 def lattice_table(report: dict) -> str:
     """``eval lattice``'s own table (imported here, not at the top: that module loads the retrieval stack)."""
     from overstory.evaluation.lattice import markdown_table
@@ -315,6 +353,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "planner": planner_table, "planner_by_dataset": planner_by_dataset_table, "compressor": compressor_table,
     "serve_bench": serve_bench_table, "train_bench": train_bench_table, "quickstart": quickstart_table,
     "lattice": lattice_table, "pipeline_qasper": pipeline_qasper_table, "teacher_engines": teacher_engines_table,
+    "pseudo_labels": pseudo_labels_table,
 }
 
 

@@ -15,7 +15,7 @@ from overstory.core.records import PseudoLabel, read_jsonl
 from overstory.data_pipeline.corpora import load_corpus
 from overstory.data_pipeline.gold_labels import label_corpus
 from overstory.data_pipeline.grounded_levels import answer_units, ground_labels
-from overstory.data_pipeline.pseudo_labels import report_agreement
+from overstory.data_pipeline.pseudo_labels import report_labels
 from tests.conftest import SQUAD, store_labels
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,14 +90,20 @@ def test_the_mix_takes_grounded_ranges_and_counts_what_it_left_out(squad_labels,
               f"sources={{squad: {gold}}}", "grounded=[squad]", "tracking.backend=none"])
 
 
-def test_the_agreement_report_measures_both_rules(squad_labels, squad_chunks, tmp_path: Path) -> None:
-    """The pseudo-label job's report: the method's ranges and the answer-grounded rule's, each against gold."""
-    method = [replace(x, level_min="sentence", level_max="paragraph") for x in squad_labels[:20]]
+def test_the_labels_summary_measures_both_rules(squad_labels, squad_chunks, tmp_path: Path) -> None:
+    """The pseudo-label job's summary and agreement report: the method's ranges and the answer-grounded rule's, each
+    against gold."""
+    method = [replace(x, level_min="sentence", level_max="paragraph", attempts=1 + i % 2)
+              for i, x in enumerate(squad_labels[:20])]
     out = store_labels(tmp_path / "squad.jsonl", method, squad_chunks)
-    report = report_agreement(str(out))
+    summary = report_labels(str(out))
+    assert json.loads(out.with_suffix(".summary.json").read_text()) == summary
+    assert (summary["labels"], summary["labelled"], summary["labelled_at_attempt"]) == (20, 20, {"1": 10, "2": 10})
+    assert summary["ranges"]["method"] == {"sentence..paragraph": 20} and summary["backbones"] == ["m"]
     saved = json.loads(out.with_suffix(".agreement.json").read_text())
-    assert saved["level_max"]["value"] == report["level_max"]["value"] == 0.0  # paragraph against sentence
+    assert saved["level_max"]["value"] == summary["agreement"]["method"]["level_max"]["value"] == 0.0
     rule = saved["grounded_rule"]
-    assert rule["counts"]["grounded"] + rule["counts"]["ungrounded"] == 20
-    assert rule["level_max"]["value"] > 0.5 and rule["both"] == rule["counts"]["grounded"]
+    assert rule["counts"] == summary["grounding"] and rule["counts"]["grounded"] + rule["counts"]["ungrounded"] == 20
+    assert summary["agreement"]["grounded"]["level_max"]["value"] > 0.5
+    assert sum(summary["ranges"]["grounded"].values()) == rule["both"] == rule["counts"]["grounded"]
     assert out.with_name("squad.grounded-agreement.png").read_bytes()[:4] == b"\x89PNG"
