@@ -61,10 +61,14 @@ class SummariesConfig:
     limit: int = 0  # summarise at most this many chunks (0 = all)
     max_failure_share: float = 0.0  # the job fails (exit 1) when more of its chunks than this failed
     server_url: str = ""
+    # per request: a CPU stack summarising `concurrency` long sections at once can take minutes for each
+    request_timeout_s: float = 120.0
     serve: ServeConfig = field(default_factory=lambda: ServeConfig.local(port=0))
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
+        if self.request_timeout_s <= 0:
+            raise ConfigError(f"request_timeout_s must be positive, got {self.request_timeout_s}")
         try:
             check_upper_levels(self.levels)
         except ValueError as exc:
@@ -91,7 +95,7 @@ def run(config: SummariesConfig) -> dict:
         if todo:
             # on Ray with endpoints and no server_url, the first endpoint: the fleet needs no stack of the job's own
             url, options = job_server(config.server_url, config.runner, config.ray)
-            client = stack.enter_context(client_for(config.serve, url, **options))
+            client = stack.enter_context(client_for(config.serve, url, timeout_s=config.request_timeout_s, **options))
             served = served_models(client, ["generator", "embedder"])
             fanout.record_served(served)
             children = {c.id: [by_id[k] for k in c.children] for c in todo}
@@ -99,7 +103,7 @@ def run(config: SummariesConfig) -> dict:
             def summariser(worker_client: Client) -> Callable[[Chunk], SummaryRecord]:
                 return lambda c: summarise(c, children[c.id], worker_client, config, served)
 
-            fanout.run(todo, lambda c: c.id, ServedWork(summariser, client),
+            fanout.run(todo, lambda c: c.id, ServedWork(summariser, client, {"timeout_s": config.request_timeout_s}),
                        lambda _, record: fanout.write(record, "ok"), "summarising")
             generator_tokens = client.stats.summary().get("generator", {}).get("completion_tokens", 0)
         counts = {"ok": 0, **fanout.finish()}

@@ -14,7 +14,8 @@ the same hash (``held_out: validation``, for a ``data`` file the compressor was 
 - ``mean_pool``: the mean of the children's embeddings;
 - ``direct_encode``: the encoder on the chunk's text (truncated as the encoder truncates);
 - ``summarize``: an LLM summary, then the encoder (the expensive target e_gt), regenerated here so
-  its cost is measured in the same run.
+  its cost is measured in the same run (``summarize: recorded`` reads the summaries of ``data`` instead, with the
+  tokens and time their job recorded: for a teacher whose summaries of every held-out chunk took hours).
 ``extra_checkpoints`` (name -> folder) adds one row per further compressor, so design (a), the set
 compressor, and design (b), the fine-tuned text encoder, are compared on the same chunks in one run;
 a set compressor reads the children's embeddings, a text compressor their texts.
@@ -100,6 +101,11 @@ class EvalCompressorConfig:
     scope: str = "auto"
     max_summary_tokens: int = 128
     max_input_chars: int = 12000  # as the summaries job's: chunks are cut at this many characters before summarising
+    # summarize: regenerate (each summary made afresh, timed in this run) or recorded (data's own summaries, with the
+    # tokens the summaries job recorded and its wall time from summaries_record, e.g. the teacher runbook's
+    # jobs/summaries-qasper_dev.json, in proportion to the chunks evaluated; without it the seconds are unknown)
+    summarize: Literal["regenerate", "recorded"] = "regenerate"
+    summaries_record: str = ""
     concurrency: int = 2
     # a running stack with the generator and embedder roles (e.g. the quickstart's); empty: start one from serve
     server_url: str = ""
@@ -111,6 +117,8 @@ class EvalCompressorConfig:
             raise ConfigError("give data (a summaries file from `overstory data summaries`) or groups (the corpus's "
                               "own upper levels, no summaries, e.g. groups: {levels: [subsection, section]}), exactly "
                               f"one; got data={self.data!r}, groups={self.groups}")
+        if self.summaries_record and self.summarize != "recorded":
+            raise ConfigError("summaries_record: only read with summarize: recorded (regenerate times its own run)")
         taken = set(self.extra_checkpoints) & set(BASELINES)
         if taken:
             raise ConfigError(f"extra_checkpoints: {', '.join(sorted(taken))} is a method name already; pick another")
@@ -247,6 +255,21 @@ def summarize_with(config: EvalCompressorConfig, data: HeldOut, client: Client, 
     return summarize_all
 
 
+def recorded_cost(config: EvalCompressorConfig, data: HeldOut) -> dict:
+    """The ``summarize`` row's cost under ``summarize: recorded``: the generator tokens the summaries job recorded for
+    the chunks evaluated, and its wall time (``summaries_record``'s ``wall_s``) in proportion to them (None without a
+    record), with where the figures come from."""
+    total = sum(1 for _ in read_jsonl(config.data))
+    seconds = None
+    if config.summaries_record:
+        seconds = round(json.loads(Path(config.summaries_record).read_text())["wall_s"] * len(data.records) / total, 3)
+    return {"seconds": seconds, "llm_prompt_tokens": sum(r.prompt_tokens for r in data.records),
+            "llm_completion_tokens": sum(r.completion_tokens for r in data.records),
+            "source": f"recorded: {len(data.records)} of the {total} summaries in {config.data}, seconds "
+                      + (f"{seconds} ({config.summaries_record}'s wall_s in proportion)" if seconds is not None
+                         else "unknown (no summaries_record)")}
+
+
 def rank(data: HeldOut, vectors: np.ndarray, client: Client, k: int, mode: str) -> list[list[Hit]]:
     """Each question's top ``k`` upper-level chunks, embedded as ``vectors``: among its own document's under the
     ``document`` mode, among all of them under ``corpus`` (``evaluation/scope.py``). Questions that share a scope
@@ -299,19 +322,23 @@ def run(config: EvalCompressorConfig) -> dict:
             "mean_pool": lambda: np.stack([c.mean(0) for c in data.children]),
             "direct_encode": lambda: client.embed("embedder", [chunk_text_for_index(c) for c in data.upper]),
         }
-        if data.has_summaries:  # without summaries there is nothing to regenerate against: the row is left out
+        if data.has_summaries and config.summarize == "regenerate":  # without summaries: nothing to regenerate
             builders["summarize"] = summarize_with(config, data, client, summary_repairs)
+        elif data.has_summaries:
+            builders["summarize"] = lambda: data.targets
         for i, method in enumerate(builders, 1):
             print(f"[{i}/{len(builders)}] {method}: embedding {len(data.upper)} upper-level chunks", flush=True)
             results[method] = measure(builders[method], data, client, config.k, config.scope_mode)
             results[method]["repairs"] = ({k: n for k, n in summary_repairs.items() if n} if method == "summarize"
                                           else {})
+            if method == "summarize" and config.summarize == "recorded":
+                results[method].update(recorded_cost(config, data))
             tracker.log({f"{method}/{k}": v for k, v in results[method].items()
                          if isinstance(v, (int, float)) and not isinstance(v, bool)})
+        summarize_seconds = results.get("summarize", {}).get("seconds")
         for method in builders:  # times under a millisecond count as one: below what the clock resolves here
             results[method]["speedup_vs_summarize"] = round(
-                results["summarize"]["seconds"] / max(results[method]["seconds"], 1e-3), 1) \
-                if "summarize" in results else None
+                summarize_seconds / max(results[method]["seconds"], 1e-3), 1) if summarize_seconds else None
         report = build_report(config, data, checkpoints, kinds, results)
         tracker.summary({f"{m}/{k}": v for m, row in results.items() for k, v in row.items()
                          if isinstance(v, (int, float)) and not isinstance(v, bool)})
@@ -365,7 +392,8 @@ def print_table(report: dict, k: int) -> None:
             shown += f" [{interval[0]:.2f}, {interval[1]:.2f}]"
         cosine, speedup = row["cosine_to_target"], row["speedup_vs_summarize"]
         table.add_row(method, "-" if cosine is None else f"{cosine:.3f}", shown,
-                      f"{row['seconds']:.2f}", str(row["llm_prompt_tokens"] + row["llm_completion_tokens"]),
+                      "-" if row["seconds"] is None else f"{row['seconds']:.2f}",
+                      str(row["llm_prompt_tokens"] + row["llm_completion_tokens"]),
                       "-" if speedup is None else f"{speedup:g}x", repairs_cell(row.get("repairs")))
     console = Console(width=110)
     console.print(scope_title(report))

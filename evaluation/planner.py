@@ -33,6 +33,10 @@ With ``unlabelled``, the held-out documents' questions that the backbone never a
 score, tokens read and chunk size of their plans and of the fixed ranges (a NarrativeQA planner is judged on every
 question, not only the ones a 135M backbone could answer).
 
+The answers through the runtime are kept as they come (``evaluation/planner_answers.py``: ``qa_answers.jsonl``, one
+per question and range, asked ``concurrency`` at a time), so a killed run resumes; ``metrics.json`` names the models
+that served them (``served``) and how many were asked and read back (``answers``).
+
 Writes ``metrics.json``, ``planner_comparison.png``, ``chunk_size_by_dataset.png`` (the mean size of the chunks
 each variant's plans read, per dataset: the SmartChunk paper's Figure 4b) and ``training_curves.png``.
 """
@@ -42,7 +46,6 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -59,6 +62,7 @@ from overstory.data_pipeline.planner_examples import (
     planner_rows,
     unlabelled_rows,
 )
+from overstory.evaluation.planner_answers import PlannerAnswers, chunk_fingerprints
 from overstory.evaluation.planner_metrics import (
     ALL_RANGES,
     by_dataset,
@@ -114,6 +118,11 @@ class EvalPlannerConfig:
     fixed_ranges: list[str] = field(default_factory=lambda: ["all"])
     fixed_range_selection: int = 50
     correctness: CorrectnessConfig = field(default_factory=CorrectnessConfig)
+    # QA answers in flight (a batching server such as vLLM answers several at once) and each one's time limit
+    concurrency: int = 1
+    request_timeout_s: float = 120.0
+    # keep the answers already in <out>/qa_answers.jsonl (same settings; a killed run resumes); false: ask again
+    resume: bool = True
     # a running stack with the generator and embedder roles for `qa` (e.g. the quickstart's); empty: start `serve`
     server_url: str = ""
     serve: ServeConfig = field(default_factory=lambda: ServeConfig.local(port=0))
@@ -127,6 +136,9 @@ class EvalPlannerConfig:
         if not names and not self.checkpoint:
             raise ConfigError("give checkpoint (one planner) or compare (names from variants)")
         self.reference_ranges()  # a bad range names the key
+        if self.concurrency < 1 or self.request_timeout_s <= 0:
+            raise ConfigError(f"concurrency must be >= 1 and request_timeout_s positive, got {self.concurrency} and "
+                              f"{self.request_timeout_s}")
         if self.fixed_range_selection < 0:
             raise ConfigError(f"fixed_range_selection must be >= 0, got {self.fixed_range_selection}")
         if self.train_data and self.val_fraction is not None:
@@ -250,6 +262,12 @@ def unlabelled_held_out(config: EvalPlannerConfig, data: PlannerDataConfig, toke
     return extra, chunks + [c for c in labelled_hierarchy(config.data, config.hierarchy) if c.doc_id in unseen]
 
 
+def answer_settings(config: EvalPlannerConfig) -> dict:
+    """What decides an answer through the runtime besides its question, range and document's chunks (its key) and the
+    served models (recorded apart): kept beside the answers, so that a rerun with other settings does not reuse them."""
+    return {"k": config.k, "correctness": to_dict(config.correctness)}
+
+
 def run(config: EvalPlannerConfig) -> dict:
     variants = config.selected()
     val_fraction = held_out_fraction(config, variants)
@@ -267,30 +285,35 @@ def run(config: EvalPlannerConfig) -> dict:
                     "datasets": dict(Counter(dataset_of(r) for r in rows)),
                     "majority_baseline": majority_baseline(train_rows or held_out, rows), "variants": {},
                     "checkpoints": variants, "config": to_dict(config)}
-    qa_cache: dict[tuple[str, str, str], dict] = {}
     with ExitStack() as stack:
         tracker = stack.enter_context(start_run(config.tracking, "eval planner", config))
-        answer = None
+        answers = None
         if config.qa:
-            client = stack.enter_context(client_for(config.serve, config.server_url))
+            client = stack.enter_context(client_for(config.serve, config.server_url,
+                                                    timeout_s=config.request_timeout_s))
             retrievers = DocumentRetrievers(chunks, client)
 
             def answer(row: dict, low: str, high: str) -> dict:
-                key = (row["example_id"], low, high)  # greedy answers: one per (question, range) for every use
-                if key not in qa_cache:
-                    reply, read = retrievers[row["doc_id"]].answer(row["question"], low, high, k=config.k)
-                    correct = is_correct(clean_answer(reply.text), row["answers"], row["question"],
-                                         config.correctness, client)
-                    qa_cache[key] = qa_outcome(correct, recall_at_k(read, evidence.get(row["example_id"], []),
-                                                                    config.k), read)
-                return qa_cache[key]
+                reply, read = retrievers[row["doc_id"]].answer(row["question"], low, high, k=config.k)
+                correct = is_correct(clean_answer(reply.text), row["answers"], row["question"], config.correctness,
+                                     client)
+                return qa_outcome(correct, recall_at_k(read, evidence.get(row["example_id"], []), config.k), read)
+
+            answers = PlannerAnswers(config.out, answer_settings(config), client, answer, chunk_fingerprints(chunks),
+                                     config.concurrency, config.resume)
+            stack.callback(answers.close)
+            report["served"] = answers.served
 
         for name, checkpoint in variants.items():
-            report["variants"][name] = metrics = evaluate_variant(config, checkpoint, rows, extra, answer)
+            report["variants"][name] = metrics = evaluate_variant(config, checkpoint, rows, extra, answers)
             tracker.log({f"{name}/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
-        if answer is not None and config.reference_ranges():
+        if answers is not None and config.reference_ranges():
             selection = spread_over_datasets(train_rows, config.fixed_range_selection)
-            report["fixed_ranges"] = fixed_ranges(selection, rows + extra, config.reference_ranges(), answer)
+            answers.answer_all([(row, low, high) for row in [*rows, *extra, *selection]
+                                for low, high in config.reference_ranges()], "fixed ranges")
+            report["fixed_ranges"] = fixed_ranges(selection, rows + extra, config.reference_ranges(), answers)
+        if answers is not None:
+            report["answers"] = answers.counts
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.json").write_text(json.dumps(report, indent=2))
@@ -306,18 +329,19 @@ def run(config: EvalPlannerConfig) -> dict:
 
 
 def evaluate_variant(config: EvalPlannerConfig, checkpoint: str, rows: list[dict], extra: list[dict],
-                     answer: Callable[[dict, str, str], dict] | None) -> dict:
+                     answers: PlannerAnswers | None) -> dict:
     """One planner's metrics on ``rows + extra`` (overall and ``by_dataset``; the label-based ones on ``rows``
-    only, ``extra`` having no label) and, given ``answer``, the runtime's outcomes for the ranges it planned."""
+    only, ``extra`` having no label) and, given ``answers``, the runtime's outcomes for the ranges it planned."""
     model, tokenizer, _ = load_lm_checkpoint(checkpoint)
     planned = rows + extra
     replies, lengths, seconds = generate_plans(model, tokenizer, [r["prompt"] for r in planned],
                                                config.max_new_tokens, config.batch_size)
     del model
     outcomes, ranges = plan_outcomes(planned, replies, lengths, config.length_limit, config.fallback_range)
-    if answer is not None:
+    if answers is not None:
+        answers.answer_all([(row, low, high) for row, (low, high) in zip(planned, ranges)], "planned ranges")
         for outcome, row, (low, high) in zip(outcomes, planned, ranges):
-            outcome.update(answer(row, low, high))
+            outcome.update(answers(row, low, high))
     metrics = summarize(outcomes)
     metrics[f"recall@{config.k}"] = metrics["recall"]
     metrics["by_dataset"] = by_dataset(outcomes)
@@ -379,6 +403,10 @@ def _print(report: dict) -> None:
             own = summary["dataset_label"]
             print(f"always {'..'.join(own['label'])} (the majority of {dataset}'s training labels) on {dataset} "
                   f"({own['n']}): accuracy {_fmt(own, 'accuracy')}, gold {_fmt(own, 'accuracy_gold')}")
+    if "answers" in report:
+        print(f"QA through the runtime: generator {report['served'].get('generator', '?')}; "
+              f"{report['answers']['asked']} answers asked in this run, {report['answers']['resumed']} read back from "
+              f"an earlier one (qa_answers.jsonl)")
     if report.get("n_unlabelled"):
         total = report["n_questions"] + report["n_unlabelled"]
         print(f"{report['n_unlabelled']} of the {total} planned questions have no label: every rate but accuracy and "

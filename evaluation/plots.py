@@ -39,11 +39,12 @@ def plot_level_stats(chunks_by_corpus: Mapping[str, Sequence[Chunk]], path: str 
 
 def plot_recall_vs_cost(results: Mapping[str, Mapping], k: int, path: str | Path) -> Path:
     """recall@k (with its 95% interval where the report has one) against the seconds spent embedding the upper
-    levels, one point per method (log x)."""
+    levels, one point per method (log x); a method whose time is unknown (recorded summaries without their job's
+    record) has no place on the axis and is left out."""
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     for method, row in results.items():
         recall = row.get(f"recall@{k}")
-        if recall is None:
+        if recall is None or row["seconds"] is None:
             continue
         interval = row.get(f"recall@{k}_ci95")
         error = [[recall - interval[0]], [interval[1] - recall]] if interval else None

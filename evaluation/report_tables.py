@@ -120,14 +120,16 @@ def _speedup(ratio: float | None) -> str:
 
 def compressor_table(report: dict) -> str:
     """``eval compressor`` metrics.json: one row per way of embedding the upper levels, with its repairs (a failed
-    summary replaced by the encoder on the chunk's text in the summarize row; ``-`` in an older report)."""
+    summary replaced by the encoder on the chunk's text in the summarize row; ``-`` in an older report); a summarize
+    row read back from its summaries job (``summarize: recorded``) says so."""
     k = report["config"]["k"]
 
     def recall(m: dict) -> str:  # with its 95% bootstrap interval where the report has one
         interval = m.get(f"recall@{k}_ci95")
         return _fmt(m.get(f"recall@{k}")) + (f" [{_fmt(interval[0])}, {_fmt(interval[1])}]" if interval else "")
 
-    rows = [[name, _fmt(m["cosine_to_target"]), recall(m), _fmt(m["seconds"], 2),
+    rows = [[name + (" (recorded by its job)" if m.get("source") else ""), _fmt(m["cosine_to_target"]), recall(m),
+             _fmt(m["seconds"], 2),
              str(m["llm_completion_tokens"] + m["llm_prompt_tokens"]), _speedup(m["speedup_vs_summarize"]),
              repairs_cell(m.get("repairs"))]
             for name, m in report["methods"].items()]

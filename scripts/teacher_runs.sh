@@ -9,8 +9,13 @@
 #    FABLE's forests and Orion-RAG's tags of HotpotQA and those QASPER dev papers;
 # 4. eval pipeline on HotpotQA and QASPER dev (30 questions each; naive, smartchunk, lattice, arag, fable, orion) with
 #    the teacher as generator, planner, scorer and judge;
-# 5. SmartChunk's pseudo-labels with the teacher as the backbone: 300 QASPER train questions, 200 NarrativeQA ones.
-# Each job's config is configs/{data,eval}/*-teacher.yaml; docs/data.md#running-the-teacher-jobs says more.
+# 5. SmartChunk's pseudo-labels with the teacher as the backbone: 300 QASPER train questions, 200 NarrativeQA ones;
+#    the teacher's summaries of QASPER sections, the compressor's MSE targets (12 train papers) and summarize (all 48
+#    dev papers);
+# 6. the planner against the teacher (planner-*): the gold levels of QASPER and SQuAD and the mix with the teacher's
+#    NarrativeQA labels (no LLM), the teacher's traces of the mix, SFT (no LLM), GRPO and STITCH with R_QA answered
+#    by the teacher, and eval planner with the teacher as the generator (every fixed range and the planners).
+# Each job's config is configs/{data,eval,train}/*-teacher.yaml; docs/data.md#running-the-teacher-jobs says more.
 #
 # Stop: send the script TERM or INT (or run it under `timeout`): the running job stops, its invocation is recorded.
 # Resume: rerun the script. A job with <runs>/jobs/<job>.json is finished and skipped; any other job runs again and
@@ -33,26 +38,30 @@
 #   TEACHER_MODEL    the model of every chat role (default the teacher; builtin:smollm2-135m-instruct with
 #                    TEACHER_SMOKE=1 and another TEACHER_RUNS checks the wiring in minutes)
 #   TEACHER_SMOKE    1: a few documents and questions per job (a wiring check, never the measured run)
+#   PLANNER_VARIANTS the planners planner-eval compares (default base,sft,grpo,stitch; `base` alone answers the fixed
+#                    ranges before any planner is trained: a later run asks only for what is new)
 set -euo pipefail
 ENGINE=${TEACHER_ENGINE:-embedded}
 THREADS=${TEACHER_THREADS:-$(nproc)}
 DIR=${TEACHER_RUNS:-runs/teacher}
 PORT=${TEACHER_PORT:-8000}
 MODEL=${TEACHER_MODEL:-builtin:qwen2.5-coder-1.5b-instruct}
+URL=${TEACHER_URL:-http://127.0.0.1:$PORT}  # the stack the jobs call (start_stack starts it unless TEACHER_URL is set)
 SMOKE=${TEACHER_SMOKE:-0}
 KNOWN_JOBS="tree-hotpotqa tree-qasper_train traces-hotpotqa traces-qasper_train tree-qasper_dev \
 fable-hotpotqa fable-qasper_dev orion-hotpotqa orion-qasper_dev eval-hotpotqa eval-qasper_dev \
-labels-qasper_train labels-narrativeqa"
+labels-qasper_train labels-narrativeqa summaries-qasper_train summaries-qasper_dev \
+planner-gold planner-mix planner-heldout planner-traces planner-sft planner-grpo planner-stitch planner-eval"
 JOBS=${TEACHER_JOBS:-$KNOWN_JOBS}
 PYTHON=${PYTHON:-$( [[ -x .venv/bin/python ]] && echo .venv/bin/python || echo python )}
 OVERSTORY=${OVERSTORY:-$( [[ -x .venv/bin/overstory ]] && echo .venv/bin/overstory || echo overstory )}
 export OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
 
 # the smoke sizes: the first documents of each corpus (HotpotQA's first 60 paragraphs hold one of its questions)
-HOT=() QTRAIN=() QDEV=() FEW=() FEWQ=()
+HOT=() QTRAIN=() QDEV=() FEW=() FEWQ=() STEPS=() FIXED=()
 if [[ $SMOKE == 1 ]]; then
   HOT=(corpus.limit_docs=60) QTRAIN=(corpus.limit_docs=2) QDEV=(corpus.limit_docs=2) FEW=(limit=2)
-  FEWQ=(limit_questions=2)
+  FEWQ=(limit_questions=2) STEPS=(steps=1) FIXED=(limit=2 "fixed_ranges=[sentence..sentence]" fixed_range_selection=2)
 fi
 
 job_command() {  # the overstory command line of job $1, named <kind>-<dataset> (every path under $DIR, the chat
@@ -61,7 +70,13 @@ job_command() {  # the overstory command line of job $1, named <kind>-<dataset> 
     echo "unknown job $1 (the jobs: $KNOWN_JOBS)" >&2
     return 2
   fi
-  local kind=${1%%-*} ds=${1#*-} L=$DIR/lattice F=$DIR/fable O=$DIR/orion limits
+  local kind=${1%%-*} ds=${1#*-}
+  if [[ $kind == planner ]]; then planner_command "$ds"; return; fi
+  echo "$(teacher_data_command "$kind" "$ds") server_url=$URL"
+}
+
+teacher_data_command() {  # the command line of the LATTICE, FABLE, Orion, eval pipeline, labels or summaries job $1-$2
+  local kind=$1 ds=$2 L=$DIR/lattice F=$DIR/fable O=$DIR/orion limits
   case $ds in
     hotpotqa) limits=("${HOT[@]}") ;;
     qasper_train) limits=("${QTRAIN[@]}") ;;
@@ -79,6 +94,33 @@ job_command() {  # the overstory command line of job $1, named <kind>-<dataset> 
       smartchunk.tokenizer="$MODEL" "${limits[@]}" "${FEWQ[@]}" ;;
     labels) echo data pseudo-labels --config "configs/data/pseudo_labels-$ds-teacher.yaml" out="$DIR/labels/$ds.jsonl" \
       "${limits[@]}" "${FEW[@]}" ;;
+    summaries) echo data summaries --config "configs/data/summaries-$ds-teacher.yaml" out="$DIR/summaries/$ds.jsonl" \
+      "${limits[@]}" ;;
+  esac
+}
+
+planner_command() {  # the overstory command line of the planner chain's step $1 (every file under $DIR/planner); the
+  # steps that ask no LLM (gold, mix, heldout, sft) take no server_url
+  local P=$DIR/planner sources
+  sources=(sources.qasper="$P/gold/qasper_train.jsonl" sources.squad="$P/gold/squad.jsonl"
+           sources.narrativeqa="$DIR/labels/narrativeqa.jsonl")
+  case $1 in
+    gold) echo data gold-labels --config configs/data/gold_labels-full.yaml out="$P/gold" ;;
+    mix) echo data mix --config configs/data/planner_mix-teacher.yaml out="$P/mix.jsonl" "${sources[@]}" ;;
+    heldout) echo data mix --config configs/data/planner_eval-teacher.yaml out="$P/eval.jsonl" \
+      sources.qasper="$P/gold/qasper_dev.jsonl" "${sources[@]:1}" ;;
+    traces) echo data traces --config configs/data/traces-mix-teacher.yaml labels="$P/mix.jsonl" \
+      out="$P/traces.jsonl" "${FEW[@]}" server_url="$URL" ;;
+    sft) echo train planner_sft --config configs/train/planner_sft-teacher.yaml traces="$P/traces.jsonl" \
+      out="$P/sft" "${STEPS[@]/#/train.max_}" ;;
+    grpo) echo train planner_grpo --config configs/train/planner_grpo-teacher.yaml data.labels="$P/mix.jsonl" \
+      model="$P/sft/final" out="$P/grpo" "${STEPS[@]/#/train.max_}" server_url="$URL" ;;
+    stitch) echo train stitch --config configs/train/stitch-teacher.yaml data.labels="$P/mix.jsonl" \
+      traces="$P/traces.jsonl" model="$P/sft/final" out="$P/stitch" "${STEPS[@]/#/stitch.}" server_url="$URL" ;;
+    eval) echo eval planner --config configs/eval/planner-teacher.yaml data="$P/eval.jsonl" train_data="$P/mix.jsonl" \
+      variants.sft="$P/sft/final" variants.grpo="$P/grpo/final" variants.stitch="$P/stitch/final" \
+      compare="${PLANNER_VARIANTS:-base,sft,grpo,stitch}" out="$P/eval" "${FIXED[@]}" server_url="$URL" ;;
+    *) echo "unknown planner step $1" >&2; return 2 ;;
   esac
 }
 
@@ -207,7 +249,7 @@ run_job() {
   # `timeout 2h bash scripts/teacher_runs.sh`, or Ctrl-C) stops the job and still records this invocation's wall
   # time and counters; the job's own records are appended as it goes, so the next run resumes where it stopped.
   # shellcheck disable=SC2086  # the command's words are job_command's (no spaces inside a word)
-  "$OVERSTORY" $command server_url="$URL" >> "$DIR/logs/$job.log" 2>&1 &
+  "$OVERSTORY" $command >> "$DIR/logs/$job.log" 2>&1 &
   JOB_PID=$!
   trap 'STOPPED=1; kill -TERM "$JOB_PID" 2> /dev/null' TERM INT
   wait "$JOB_PID" || status=$?

@@ -35,7 +35,7 @@ SQUAD = ROOT / "data/squad/dev-v2.0-articles.json"
 # (three busy processes on two cores, the ranks meeting at every collective) took 2.2-2.4 times as long: 314 s and
 # 195 s for its ZeRO-2 and ZeRO-3 tests in the two-worker phase, 130 s and 89 s alone (plus 82 s to make the SFT
 # planner they start from).
-ALONE = ("tests/models/test_teacher.py", "tests/training/test_distributed.py",
+ALONE = ("tests/models/test_teacher.py", "tests/test_teacher_jobs.py", "tests/training/test_distributed.py",
          "tests/training/test_stitch_distributed.py")
 
 

@@ -38,15 +38,23 @@ def command_lines(**env: str) -> list[str]:
                                  {"TEACHER_ENGINE": "vllm"}], ids=["full", "smoke", "vllm"])
 def test_every_command_line_loads_its_config(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     lines = command_lines(TEACHER_RUNS="runs/teacher-check", **env)
-    assert len(lines) == 14  # the 13 jobs and the stack
+    assert len(lines) == 24  # the 23 jobs and the stack
     loaded = []
     monkeypatch.setattr(cli, "run_job", lambda g, n, config_path, overrides: loaded.append(
         load_config(job_config_class(g, n), ROOT / config_path, overrides)))
     monkeypatch.chdir(ROOT)
     for line in lines:
-        words = shlex.split(line) + ([] if line.startswith("serve") else ["server_url=http://127.0.0.1:8000"])
-        assert cli.main(words) == 0, line
-    assert len(loaded) == 14 and all("teacher-check" in str(config.out) for config in loaded[:-1])
+        assert cli.main(shlex.split(line)) == 0, line
+    assert len(loaded) == 24 and all("teacher-check" in str(config.out) for config in loaded[:-1])
+    # every job that asks an LLM calls the stack; the planner chain's steps that ask none take no server_url
+    asks = [config for config in loaded[:-1] if hasattr(config, "server_url")]
+    assert all(config.server_url == "http://127.0.0.1:8000" for config in asks) and len(asks) == 19
+    mix = next(config for config in loaded if str(config.out).endswith("planner/mix.jsonl"))
+    assert mix.grounded == ["narrativeqa"]
+    assert mix.sources["narrativeqa"] == "runs/teacher-check/labels/narrativeqa.jsonl"
+    planner_eval = loaded[-2]
+    assert planner_eval.compare == "base,sft,grpo,stitch" and planner_eval.variants["stitch"].startswith(
+        "runs/teacher-check/planner/stitch")
     stack = loaded[-1]
     model = env.get("TEACHER_MODEL", "builtin:qwen2.5-coder-1.5b-instruct")
     assert {role.model for name, role in stack.roles.items() if name != "embedder"} == {model}

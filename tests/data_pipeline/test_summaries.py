@@ -100,3 +100,5 @@ def test_config_errors() -> None:
         SummariesConfig(corpus=None, out="x", levels=["sentence"])  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="unknown level 'chaptr'"):
         SummariesConfig(corpus=None, out="x", levels=["chaptr"])  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="request_timeout_s must be positive"):
+        SummariesConfig(corpus=None, out="x", levels=["section"], request_timeout_s=0)  # type: ignore[arg-type]

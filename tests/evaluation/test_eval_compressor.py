@@ -12,7 +12,7 @@ import pytest
 
 from overstory.cli import main
 from overstory.core.config import ConfigError, build
-from overstory.core.records import Chunk, SummaryRecord
+from overstory.core.records import Chunk, SummaryRecord, read_jsonl
 from overstory.data_pipeline.corpora import CorpusConfig
 from overstory.evaluation.compressor import EvalCompressorConfig, HeldOut, held_out_records, summarize_with
 from overstory.models.compressor import SetCompressor, SetCompressorConfig, save_checkpoint
@@ -112,3 +112,23 @@ def test_eval_compressor_four_methods(tmp_path: Path) -> None:
         low, high = row["recall@5_ci95"]
         assert 0.0 <= low <= row["recall@5"] <= high <= 1.0 and row["seconds"] >= 0
     assert (out / "recall_vs_cost.png").stat().st_size > 5_000
+
+    # summarize: recorded reads the same summaries back (no generator call) with the cost their job recorded: its
+    # tokens for the chunks evaluated, and the runbook record's wall time in proportion to them
+    record = tmp_path / "summaries-job.json"
+    record.write_text(json.dumps({"job": "summaries-squad", "wall_s": 120.0}))
+    recorded_out = tmp_path / "eval-recorded"
+    assert main(["eval", "compressor", "--config", str(ROOT / "configs/eval/compressor.yaml"),
+                 "--checkpoint", str(checkpoint), "--data", str(summaries), "--out", str(recorded_out),
+                 f"corpus.path={ROOT / 'data/squad/dev-v2.0-articles.json'}", *SHORT_INPUTS, "summarize=recorded",
+                 f"summaries_record={record}", "extra_checkpoints={}", "tracking.backend=none"]) == 0
+    recorded_report = json.loads((recorded_out / "metrics.json").read_text())
+    recorded = recorded_report["methods"]["summarize"]
+    kept = {r.id: r for r in read_jsonl(summaries, SummaryRecord)}
+    evaluated = recorded_report["n_upper_chunks"]
+    assert recorded["cosine_to_target"] == pytest.approx(1.0, abs=1e-4)
+    assert recorded["seconds"] == round(120.0 * evaluated / len(kept), 3) and 0 < evaluated < len(kept)
+    assert 0 < recorded["llm_completion_tokens"] < sum(r.completion_tokens for r in kept.values())
+    assert recorded["recall@5"] == pytest.approx(methods["summarize"]["recall@5"], abs=0.05)
+    assert recorded["source"].startswith(f"recorded: {evaluated} of the {len(kept)} summaries")
+    assert recorded_report["methods"]["mean_pool"]["speedup_vs_summarize"] > 1
