@@ -7,13 +7,13 @@ third attempt reads subsections and sections whatever the question needs. This r
 (retrieve, answer, widen) and its verdict, and reads the range off the answer instead, applying
 ``gold_labels.py``'s rule to the units that hold the answer in place of annotated evidence:
 
-1. the answer's place: the best-ranked retrieved chunk that holds the backbone's reply (at least ``min_recall``
-   of its normalised tokens occur in the chunk: half by default, as the F1 correctness rule's threshold), narrowed
-   to its smallest descendants that still hold it (a section holding the answer in one sentence becomes that
-   sentence, the first one where several repeat it; a paragraph whose sentences each hold a part of it becomes
-   those sentences). One place, not every
-   retrieved chunk that mentions the answer: a term a paper repeats in its abstract, method and results would
-   otherwise widen the range to the whole paper, which measures repetition, not what the question needs;
+1. the answer's place: the best-ranked retrieved chunk that holds the backbone's reply (at least ``min_recall`` of
+   its normalised tokens occur in the chunk: half by default, as the F1 correctness rule's threshold), narrowed to
+   its smallest descendants that still hold it (a section holding the answer in one sentence becomes that sentence,
+   the first one where several repeat it; a paragraph whose sentences each hold a part of it becomes those
+   sentences). One place, not every retrieved chunk that mentions the answer: a term a paper repeats in its abstract,
+   method and results would otherwise widen the range to the whole paper, which measures repetition, not what the
+   question needs;
 2. ``level_min``: the smallest level among the place's units; ``level_max``: the smallest level with one chunk
    holding them all (``gold_labels.smallest_holding``), never below ``level_min``.
 

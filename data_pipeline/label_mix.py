@@ -73,7 +73,7 @@ class LabelMixConfig:
 def source_questions(config: LabelMixConfig, name: str) -> tuple[list[PseudoLabel], int]:
     """A source's questions that the mix takes: its side of the document split when it is held out from, the
     labelled ones (then the others, when ``unlabelled`` names it), at most ``per_source_limit``; and how many labels
-    the answer-grounded rule left out (when ``grounded`` names the source)."""
+    the answer-grounded rule could not range (when ``grounded`` names the source)."""
     path = config.sources[name]
     records = list(read_jsonl(path, PseudoLabel))
     if name in config.hold_out:
