@@ -81,3 +81,20 @@ def test_the_shipped_qasper_tree_keeps_its_papers_and_was_named_by_the_teacher()
     papers = [{leaf.doc_id for leaf in tree.leaves(child)} for child in tree.nodes[tree.root].children]
     assert len(papers) == config.corpus.limit_docs and all(len(paper) == 1 for paper in papers)  # a branch a paper
     assert json.loads((SHIPPED / "jobs/tree-qasper_train.json").read_text())["finished"] is True
+
+
+def test_the_shipped_narrativeqa_labels_are_the_teachers_and_resume_under_the_current_config() -> None:
+    """200 labels, all by the teacher, summarised as shipped, and recorded under the settings the current config
+    gives, so that the labels job (run again to rebuild the hierarchy beside them) resumes instead of refusing."""
+    from overstory.core.records import PseudoLabel, read_jsonl
+    from overstory.data_pipeline.fanout import job_settings
+    from overstory.data_pipeline.pseudo_labels import PseudoLabelsConfig
+
+    labels = list(read_jsonl(SHIPPED / "labels/narrativeqa.jsonl", PseudoLabel))
+    assert len(labels) == len({x.id for x in labels}) == 200 and {x.backbone for x in labels} == {QWEN_CODER}
+    summary = json.loads((SHIPPED / "labels/narrativeqa.summary.json").read_text())
+    assert summary["labelled"] == sum(x.correct for x in labels) and summary["labels"] == 200
+    recorded = json.loads((SHIPPED / "labels/narrativeqa.settings.json").read_text())
+    config = load_config(PseudoLabelsConfig, ROOT / "configs/data/pseudo_labels-narrativeqa-teacher.yaml")
+    assert recorded.pop("served") == {"generator": QWEN_CODER, "scorer": QWEN_CODER}
+    assert recorded == json.loads(json.dumps(job_settings(config)))
