@@ -74,7 +74,7 @@ def answer_units(label: PseudoLabel, chunks_by_id: Mapping[str, Chunk], min_reca
 def grounded_range(label: PseudoLabel, chunks_by_id: Mapping[str, Chunk],
                    min_recall: float = 0.5) -> tuple[str, str] | None:
     """``(level_min, level_max)`` of a correct label by the answer-grounded rule, or None when it cannot be grounded.
-    ``chunks_by_id`` holds the hierarchy of the label's document (other documents' chunks are passed over).
+    ``chunks_by_id`` holds the hierarchy of the label's document (``smallest_holding`` passes over any other's).
 
     >>> chunks = {c.id: c for c in [
     ...     Chunk("p0", "d", "paragraph", "Paris is in France. Rome is in Italy.", None, ["s0", "s1"], 0, 37, 9),
@@ -91,8 +91,7 @@ def grounded_range(label: PseudoLabel, chunks_by_id: Mapping[str, Chunk],
     if not units:
         return None
     level_min = min((u.level for u in units), key=LEVEL_RANK.__getitem__)
-    holding = smallest_holding([Span(u.doc_id, u.start, u.end) for u in units],
-                               [c for c in chunks_by_id.values() if c.doc_id == label.doc_id])
+    holding = smallest_holding([Span(u.doc_id, u.start, u.end) for u in units], chunks_by_id.values())
     return level_min, max(level_min, holding, key=LEVEL_RANK.__getitem__)
 
 
