@@ -5,7 +5,8 @@
 Speed and memory depend on a model's shape, not on its weights, so a machine that cannot download a model (the
 lent GPU machine reaches no hub) can still measure generation tokens/s and training MFU at that model's size:
 SOURCE is a model folder (its config.json and tokenizer are copied; no weights are read), ``--shape`` changes the
-architecture to a named size of the same family. The outputs of such a model are noise: never evaluate with it.
+architecture to a named size of the same family (default ``source``: SOURCE's own shape, e.g. the teacher's
+converted folder). The outputs of such a model are noise: never evaluate with it.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-# published shapes of the SmolLM2 family (same tokenizer as the built-in 135M model)
+# SOURCE's own shape, and published shapes of the SmolLM2 family (same tokenizer as the built-in 135M model)
 SHAPES = {
-    "smollm2-135m": {},
+    "source": {},
     "smollm2-1.7b": {"hidden_size": 2048, "intermediate_size": 8192, "num_attention_heads": 32,
                      "num_key_value_heads": 32, "num_hidden_layers": 24, "head_dim": 64},
 }
@@ -29,7 +30,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("source")
     parser.add_argument("out")
-    parser.add_argument("--shape", choices=sorted(SHAPES), default="smollm2-135m")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="source")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
     args = parser.parse_args()
     config = AutoConfig.from_pretrained(args.source)

@@ -39,7 +39,9 @@
 #                    TEACHER_SMOKE=1 and another TEACHER_RUNS checks the wiring in minutes)
 #   TEACHER_SMOKE    1: a few documents and questions per job (a wiring check, never the measured run)
 #   PLANNER_VARIANTS the planners planner-eval compares (default base,sft,grpo,stitch; `base` alone answers the fixed
-#                    ranges before any planner is trained: a later run asks only for what is new)
+#                    ranges before any planner is trained: a later run asks only for what is new). Another set than
+#                    the default is its own job record (jobs/planner-eval.base.json), so the full comparison still
+#                    runs after it
 set -euo pipefail
 ENGINE=${TEACHER_ENGINE:-embedded}
 THREADS=${TEACHER_THREADS:-$(nproc)}
@@ -237,10 +239,17 @@ start_stack() {  # sets URL (for the jobs) and METRICS (where the counters are r
   done
 }
 
+record_name() {  # the name of job $1's records under $DIR/jobs: the job's, and for planner-eval comparing another
+  # set of planners than the default, that set's too (planner-eval.base)
+  local variants=${PLANNER_VARIANTS:-base,sft,grpo,stitch}
+  if [[ $1 == planner-eval && $variants != base,sft,grpo,stitch ]]; then echo "$1.${variants//,/+}"; else echo "$1"; fi
+}
+
 run_job() {
-  local job=$1 command before after started status=0
+  local job=$1 name command before after started status=0
   command=$(job_command "$job")
-  if [[ -f $DIR/jobs/$job.json ]]; then echo "$job: finished before ($DIR/jobs/$job.json)"; return; fi
+  name=$(record_name "$job")
+  if [[ -f $DIR/jobs/$name.json ]]; then echo "$job: finished before ($DIR/jobs/$name.json)"; return; fi
   echo "$job: overstory $command (log $DIR/logs/$job.log)"
   before=$(counters "$METRICS")
   started=$(date +%s.%N)
@@ -256,7 +265,7 @@ run_job() {
   while kill -0 "$JOB_PID" 2> /dev/null; do wait "$JOB_PID" || true; done  # a signal cut the wait short
   trap - TERM INT
   after=$(counters "$METRICS")
-  record "$job" "$status" "$(awk "BEGIN {print $(date +%s.%N) - $started}")" "$before" "$after"
+  record "$name" "$status" "$(awk "BEGIN {print $(date +%s.%N) - $started}")" "$before" "$after"
   if [[ ${STOPPED:-0} == 1 ]]; then
     echo "$job stopped (signal): rerun the script to resume it" >&2; exit 143
   fi
