@@ -38,7 +38,9 @@ per question and range, asked ``concurrency`` at a time), so a killed run resume
 that served them (``served``) and how many were asked and read back (``answers``).
 
 Writes ``metrics.json``, ``planner_comparison.png``, ``chunk_size_by_dataset.png`` (the mean size of the chunks
-each variant's plans read, per dataset: the SmartChunk paper's Figure 4b) and ``training_curves.png``.
+each variant's plans read, per dataset: the SmartChunk paper's Figure 4b), ``qa_vs_tokens.png`` (per dataset, QA
+score against tokens read for every planner and every fixed range: the trade-off the paper claims) and
+``training_curves.png``.
 """
 
 from __future__ import annotations
@@ -74,7 +76,12 @@ from overstory.evaluation.planner_metrics import (
     spread_over_datasets,
     summarize,
 )
-from overstory.evaluation.plots import plot_chunk_size_by_dataset, plot_planner_comparison, plot_training_curves
+from overstory.evaluation.plots import (
+    plot_chunk_size_by_dataset,
+    plot_planner_comparison,
+    plot_qa_vs_tokens_by_dataset,
+    plot_training_curves,
+)
 from overstory.evaluation.repairs import repairs_cell
 from overstory.models.registry import base_model_of, load_lm_checkpoint
 from overstory.retrieval.answer import clean_answer
@@ -321,6 +328,7 @@ def run(config: EvalPlannerConfig) -> dict:
                             report["majority_baseline"]["accuracy"])
     if config.qa:
         plot_chunk_size_by_dataset(report, out / "chunk_size_by_dataset.png")
+        plot_qa_vs_tokens_by_dataset(report, out / "qa_vs_tokens.png")
     if len(variants) > 1:
         curves = {name: training_history(checkpoint) for name, checkpoint in variants.items()}
         plot_training_curves({k: v for k, v in curves.items() if v}, out / "training_curves.png")

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
 from overstory.core.plots import plt, save_figure
 from overstory.core.records import LEVELS, Chunk
 
@@ -158,4 +160,48 @@ def plot_quality_vs_cost(systems: Mapping[str, Mapping], path: str | Path, quali
     ax.set_xlabel(f"{cost_label} (log scale)")
     ax.set_ylabel(quality)
     ax.set_title(title)
+    return save_figure(fig, path)
+
+
+def plot_qa_vs_tokens_by_dataset(report: Mapping, path: str | Path) -> Path:
+    """The trade-off the SmartChunk paper claims, one panel per dataset: QA score (95% interval) against tokens read
+    per question (log scale) for every fixed range (grey, labelled, the one chosen on training questions ringed)
+    and every planner (coloured): a planner worth training sits above and to the left of the fixed ranges."""
+    fixed = report.get("fixed_ranges", {})
+    series = {f"fixed {name}": metrics.get("by_dataset", {}) for name, metrics in fixed.get("ranges", {}).items()}
+    planners = {name: metrics.get("by_dataset", {}) for name, metrics in report["variants"].items()}
+    datasets = list(dict.fromkeys(d for by in [*series.values(), *planners.values()] for d in by))
+    fig, axes = plt.subplots(1, max(len(datasets), 1), figsize=(5.2 * max(len(datasets), 1), 4.6), squeeze=False)
+    best = f"fixed {fixed['best']['range']}" if "best" in fixed else None
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+
+    def point(ax, summary: Mapping, **style) -> tuple[float, float] | None:
+        value, tokens = summary.get("qa_accuracy"), summary.get("tokens_read")
+        if value is None or not tokens:
+            return None
+        interval = summary.get("ci95", {}).get("qa_accuracy")
+        error = [[value - interval[0]], [interval[1] - value]] if interval else None
+        ax.errorbar(tokens, value, yerr=error, capsize=3, **style)
+        return tokens, value
+
+    for ax, dataset in zip(axes[0], datasets):
+        for name, by in series.items():
+            at = point(ax, by.get(dataset, {}), fmt="o", color="0.6", markersize=5,
+                       markeredgecolor="black" if name == best else "0.6", markeredgewidth=2 if name == best else 1)
+            if at:
+                ax.annotate(name.removeprefix("fixed "), at, textcoords="offset points", xytext=(4, 3), fontsize=6,
+                            color="0.35")
+        for i, (name, by) in enumerate(planners.items()):
+            point(ax, by.get(dataset, {}), fmt="D", color=colours[i % len(colours)], markersize=8, label=name)
+        ax.set_xscale("log")
+        ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:,.0f}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_xlabel("tokens read per question (log scale)")
+        ax.set_ylabel("QA score")
+        ax.set_title(dataset)
+    axes[0][0].legend(fontsize=8, title=f"planners; grey: fixed ranges{' (ringed: chosen)' if best else ''}",
+                      title_fontsize=7)
+    fig.suptitle("QA score against tokens read: planners and every fixed range (95% bootstrap intervals)")
     return save_figure(fig, path)

@@ -266,5 +266,6 @@ def test_eval_planner_compares_base_and_sft(planner_labels: Path, sft_planner: P
     sentences = fixed["ranges"]["sentence..sentence"]
     assert sentences["n"] == 3 and sentences["chunk_tokens"] < fixed["ranges"]["paragraph..section"]["chunk_tokens"]
     assert (out / "chunk_size_by_dataset.png").stat().st_size > 5_000
+    assert (out / "qa_vs_tokens.png").stat().st_size > 5_000
     assert (out / "planner_comparison.png").stat().st_size > 5_000
     assert (out / "training_curves.png").stat().st_size > 5_000
