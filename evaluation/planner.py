@@ -306,8 +306,21 @@ def run(config: EvalPlannerConfig) -> dict:
                                      client)
                 return qa_outcome(correct, recall_at_k(read, evidence.get(row["example_id"], []), config.k), read)
 
+            differs = []
+
+            def refresh(row: dict, low: str, high: str, kept: dict) -> dict:
+                """An answer kept before ``tokens_given`` was recorded, completed by retrieval alone (no generator
+                call; its QA score stands); one whose retrieval no longer reads what it recorded is counted."""
+                read = [hit.chunk for hit in retrievers[row["doc_id"]].retrieve([row["question"]], low, high,
+                                                                                 config.k)[0]]
+                outcome = qa_outcome(bool(kept["qa_accuracy"]),
+                                     recall_at_k(read, evidence.get(row["example_id"], []), config.k), read)
+                if (outcome["tokens_read"], outcome["recall"]) != (kept["tokens_read"], kept["recall"]):
+                    differs.append(answers.key(row, low, high))
+                return {**outcome, "qa_accuracy": kept["qa_accuracy"]}
+
             answers = PlannerAnswers(config.out, answer_settings(config), client, answer, chunk_fingerprints(chunks),
-                                     config.concurrency, config.resume)
+                                     config.concurrency, config.resume, required=("tokens_given",), refresh=refresh)
             stack.callback(answers.close)
             report["served"] = answers.served
 
@@ -320,7 +333,9 @@ def run(config: EvalPlannerConfig) -> dict:
                                 for low, high in config.reference_ranges()], "fixed ranges")
             report["fixed_ranges"] = fixed_ranges(selection, rows + extra, config.reference_ranges(), answers)
         if answers is not None:
-            report["answers"] = answers.counts
+            # refreshed: kept answers completed by retrieval alone; of them, refreshed_retrieval_differs read other
+            # chunks than when they were answered (their QA score is the earlier chunks')
+            report["answers"] = {**answers.counts, "refreshed_retrieval_differs": len(differs)}
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.json").write_text(json.dumps(report, indent=2))
@@ -383,7 +398,7 @@ def _print(report: dict) -> None:
     columns = [("accuracy", "acc"), ("accuracy_gold", "acc gold"), ("within_one_level", "within 1"),
                ("format_valid", "format ok"), ("format_valid_strict", "strict ok"),
                ("median_completion_tokens", "median tok"), ("seconds_per_plan", "s/plan"),
-               ("qa_accuracy", "QA acc"), ("tokens_read", "tokens read")]
+               ("qa_accuracy", "QA acc"), ("tokens_given", "tokens given"), ("tokens_read", "tokens retrieved")]
     table.add_column("variant")
     for _, title in columns:
         table.add_column(title, justify="right")
@@ -399,8 +414,8 @@ def _print(report: dict) -> None:
     if "best" in report.get("fixed_ranges", {}):
         best = report["fixed_ranges"]["best"]
         print(f"best fixed range on {best['selection_questions']} training questions: {best['range']} (QA "
-              f"{best['train_qa_accuracy']:.3g} there); held out: QA {_fmt(best, 'qa_accuracy')}, tokens read "
-              f"{_fmt(best, 'tokens_read')}")
+              f"{best['train_qa_accuracy']:.3g} there); held out: QA {_fmt(best, 'qa_accuracy')}, tokens given "
+              f"{_fmt(best, 'tokens_given')} (retrieved {_fmt(best, 'tokens_read')})")
     for name, metrics in report["variants"].items():
         for dataset, summary in metrics["by_dataset"].items():
             print(f"{name} on {dataset} ({summary['n']}): accuracy {_fmt(summary, 'accuracy')}, gold "
@@ -414,7 +429,8 @@ def _print(report: dict) -> None:
     if "answers" in report:
         print(f"QA through the runtime: generator {report['served'].get('generator', '?')}; "
               f"{report['answers']['asked']} answers asked in this run, {report['answers']['resumed']} read back from "
-              f"an earlier one (qa_answers.jsonl)")
+              f"an earlier one (qa_answers.jsonl), {report['answers']['refreshed']} of them completed by retrieval "
+              f"alone ({report['answers']['refreshed_retrieval_differs']} of those now retrieve other chunks)")
     if report.get("n_unlabelled"):
         total = report["n_questions"] + report["n_unlabelled"]
         print(f"{report['n_unlabelled']} of the {total} planned questions have no label: every rate but accuracy and "

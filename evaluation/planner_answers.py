@@ -9,6 +9,10 @@ chunks (a document chunked otherwise is asked again); what else decides it (``k`
 generator, embedder and scorer the server reports) is recorded in ``qa_answers.settings.json``, and a rerun with other
 settings is refused with the keys that differ (``resume=false`` starts over). The answers still to be given are asked
 ``concurrency`` at a time (a batching server such as vLLM answers several at once), with a progress bar.
+
+An answer kept by an older version that lacks a figure the outcome now holds (``required``) is completed by
+``refresh``, which recomputes what retrieval alone gives (no generator call; the correctness kept stands) and appends
+the completed outcome: the last record of a key wins on reading. ``counts["refreshed"]`` says how many.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from overstory.serving.launch import served_models
 
 Row = Mapping[str, Any]
 Answerer = Callable[[Row, str, str], dict]
+Refresher = Callable[[Row, str, str, dict], dict]  # (row, low, high, kept outcome) -> the completed outcome
 
 
 def chunk_fingerprints(chunks: Iterable[Chunk]) -> dict[str, str]:
@@ -57,10 +62,11 @@ def answer_id(row: Row, low: str, high: str, fingerprint: str) -> str:
 
 class PlannerAnswers:
     """The answers of one eval planner run (see the module docstring): call it for one answer, ``answer_all`` to ask
-    many in parallel first; ``counts`` says how many were read back and how many asked in this run."""
+    many in parallel first; ``counts`` says how many were read back, asked and refreshed in this run."""
 
     def __init__(self, out: str | Path, settings: dict[str, Any], client: Client, answer: Answerer,
-                 fingerprints: Mapping[str, str], concurrency: int = 1, resume: bool = True):
+                 fingerprints: Mapping[str, str], concurrency: int = 1, resume: bool = True,
+                 required: tuple[str, ...] = (), refresh: Refresher | None = None):
         self.path = Path(out) / "qa_answers.jsonl"
         if not resume:
             self.path.unlink(missing_ok=True)
@@ -72,31 +78,41 @@ class PlannerAnswers:
                                           if self.path.exists() else {})
         self._writer = JsonlAppender(self.path)
         self._answer, self.fingerprints, self.concurrency = answer, fingerprints, concurrency
+        self.required, self._refresh = required, refresh
         self._lock = threading.Lock()
-        self.counts = {"resumed": len(self._answers), "asked": 0}
+        self.counts = {"resumed": len(self._answers), "asked": 0, "refreshed": 0}
 
     def key(self, row: Row, low: str, high: str) -> str:
         """The answer's key (``answer_id``), with the fingerprint of the row's document."""
         return answer_id(row, low, high, self.fingerprints[row["doc_id"]])
 
+    def complete(self, outcome: dict | None) -> bool:
+        """Whether a kept outcome holds every ``required`` figure (None: nothing kept)."""
+        return outcome is not None and all(name in outcome for name in self.required)
+
     def __call__(self, row: Row, low: str, high: str) -> dict:
-        """The outcome of answering ``row`` from ``low..high``: the one kept, or a new answer, kept at once."""
+        """The outcome of answering ``row`` from ``low..high``: the one kept, a kept one completed by ``refresh``, or
+        a new answer; a new or completed outcome is kept at once."""
         key = self.key(row, low, high)
         with self._lock:
-            if key in self._answers:
-                return self._answers[key]
-        outcome = self._answer(row, low, high)
+            kept = self._answers.get(key)
+        if self.complete(kept):
+            return kept
+        if kept is not None and self._refresh is None:
+            raise ValueError(f"{self.path}: the answer kept for {key} lacks "
+                             f"{', '.join(n for n in self.required if n not in kept)} and nothing can complete it")
+        outcome = self._answer(row, low, high) if kept is None else self._refresh(row, low, high, kept)
         with self._lock:
-            if key not in self._answers:  # another thread may have answered the same key meanwhile
+            if not self.complete(self._answers.get(key)):  # another thread may have answered the same key meanwhile
                 self._answers[key] = outcome
                 self._writer.write({"id": key, "outcome": outcome})
-                self.counts["asked"] += 1
+                self.counts["asked" if kept is None else "refreshed"] += 1
             return self._answers[key]
 
     def answer_all(self, wanted: Iterable[tuple[Row, str, str]], description: str) -> None:
-        """Answer every (row, low, high) of ``wanted`` not yet kept, ``concurrency`` at a time."""
+        """Answer every (row, low, high) of ``wanted`` not yet kept (or kept incomplete), ``concurrency`` at a time."""
         todo = {self.key(*item): item for item in wanted}
-        todo = {key: item for key, item in todo.items() if key not in self._answers}
+        todo = {key: item for key, item in todo.items() if not self.complete(self._answers.get(key))}
         if not todo:
             return
         with ThreadPoolExecutor(self.concurrency) as pool:

@@ -3,15 +3,16 @@ intervals, per dataset and overall, and the references a planner must beat.
 
 A planner is judged per question (``plan_outcomes``): exact range against the training label and against the
 gold levels where the dataset has them, both ends within one level, the two format rates and the completion
-length; through the SmartChunk runtime (``qa_outcome``) the QA score, recall@k, the tokens the generator read and
-the mean size of the chunks it read (the paper's Figure 4b). ``summarize`` turns a list of outcomes into
+length; through the SmartChunk runtime (``qa_outcome``) the QA score, recall@k, the tokens of the chunks retrieved,
+the tokens the generator was given (each chunk cut at ``READ_CHARS`` characters) and the mean size of the chunks
+retrieved (the paper's Figure 4b). ``summarize`` turns a list of outcomes into
 means with intervals (the differences here are a few points on a few hundred questions), and ``by_dataset``
 does so per dataset, a question's dataset being the prefix of its document id (``qasper/...``,
 ``narrativeqa/...``, ``squad/...``).
 
 The references, measured on the same questions: ``majority_baseline`` (always the training labels' most common
 range, per dataset and overall) for planning accuracy, and ``fixed_ranges`` (every fixed range with its QA score
-and tokens read, the best one chosen on training questions) for the end-to-end trade-off.
+and tokens, the best one chosen on training questions) for the end-to-end trade-off.
 """
 
 from __future__ import annotations
@@ -22,13 +23,15 @@ from collections.abc import Callable, Sequence
 from overstory.core.records import LEVEL_RANK, LEVELS, Chunk
 from overstory.evaluation.repairs import repair_counts
 from overstory.models.planner import parse_plan, strict_plan_valid
+from overstory.retrieval.answer import tokens_given
 from overstory.retrieval.metrics import bootstrap_interval, mean, percentile
+from overstory.retrieval.smartchunk import READ_CHARS
 
 # every range a planner can answer: (level_min, level_max) with level_min no larger than level_max
 ALL_RANGES = tuple((low, high) for low in LEVELS for high in LEVELS if LEVEL_RANK[low] <= LEVEL_RANK[high])
 # outcomes reported as a mean with its 95% bootstrap interval
 RATES = ("accuracy", "accuracy_gold", "within_one_level", "format_valid", "format_valid_strict", "over_length",
-         "qa_accuracy", "recall", "tokens_read", "chunk_tokens")
+         "qa_accuracy", "recall", "tokens_read", "tokens_given", "chunk_tokens")
 
 
 def dataset_of(row: dict) -> str:
@@ -76,9 +79,13 @@ def plan_outcomes(rows: Sequence[dict], replies: Sequence[str], lengths: Sequenc
 
 
 def qa_outcome(correct: bool, recall: float | None, read: Sequence[Chunk]) -> dict:
-    """The runtime's outcome for one question and range: QA score, recall@k, tokens read, mean chunk size read."""
+    """The runtime's outcome for one question and range: QA score, recall@k, the tokens of the chunks retrieved
+    (``tokens_read``), the tokens the generator was given of them (``tokens_given``: each cut at ``READ_CHARS``
+    characters, so a range of whole sections or documents costs less than its chunks hold) and the mean size of the
+    chunks retrieved."""
     tokens = [chunk.n_tokens for chunk in read]
     return {"qa_accuracy": float(correct), "recall": recall, "tokens_read": float(sum(tokens)),
+            "tokens_given": tokens_given(read, READ_CHARS),
             "chunk_tokens": float(sum(tokens) / len(tokens)) if tokens else None}
 
 
@@ -176,7 +183,7 @@ def fixed_ranges(train_rows: Sequence[dict], rows: Sequence[dict], ranges: Seque
                  answer: Callable[[dict, str, str], dict]) -> dict:
     """Every fixed range in ``ranges`` answered on the held-out ``rows`` (``answer(row, low, high)`` gives a
     ``qa_outcome``): QA score and tokens read with intervals, overall and per dataset; and ``best``, the range
-    with the highest QA score on ``train_rows`` (fewer tokens read breaks ties), chosen there and reported here.
+    with the highest QA score on ``train_rows`` (fewer tokens given breaks ties), chosen there and reported here.
     """
     report: dict = {"ranges": {}}
     for low, high in ranges:
@@ -188,7 +195,7 @@ def fixed_ranges(train_rows: Sequence[dict], rows: Sequence[dict], ranges: Seque
         chosen = {}
         for low, high in ranges:
             on_train = summarize([answer(r, low, high) for r in train_rows])
-            chosen[f"{low}..{high}"] = (on_train["qa_accuracy"] or 0.0, -(on_train["tokens_read"] or 0.0))
+            chosen[f"{low}..{high}"] = (on_train["qa_accuracy"] or 0.0, -(on_train["tokens_given"] or 0.0))
         best = max(chosen, key=chosen.__getitem__)
         report["best"] = {"range": best, "train_qa_accuracy": chosen[best][0], "selection_questions": len(train_rows),
                           **report["ranges"][best]}
@@ -196,5 +203,5 @@ def fixed_ranges(train_rows: Sequence[dict], rows: Sequence[dict], ranges: Seque
 
 
 def _qa_summary(summary: dict) -> dict:
-    keys = ("qa_accuracy", "recall", "tokens_read", "chunk_tokens")
+    keys = ("qa_accuracy", "recall", "tokens_read", "tokens_given", "chunk_tokens")
     return {"n": summary["n"], **{k: summary[k] for k in keys}, "ci95": {k: summary["ci95"][k] for k in keys}}

@@ -164,9 +164,10 @@ def plot_quality_vs_cost(systems: Mapping[str, Mapping], path: str | Path, quali
 
 
 def plot_qa_vs_tokens_by_dataset(report: Mapping, path: str | Path) -> Path:
-    """The trade-off the SmartChunk paper claims, one panel per dataset: QA score (95% interval) against tokens read
-    per question (log scale) for every fixed range (grey, labelled, the one chosen on training questions ringed)
-    and every planner (coloured): a planner worth training sits above and to the left of the fixed ranges."""
+    """The trade-off the SmartChunk paper claims, one panel per dataset: QA score (95% interval) against the tokens
+    the generator was given per question (log scale; the tokens retrieved in a report that predates that figure) for
+    every fixed range (grey, labelled, the one chosen on training questions ringed) and every planner (coloured): a
+    planner worth training sits above and to the left of the fixed ranges."""
     fixed = report.get("fixed_ranges", {})
     series = {f"fixed {name}": metrics.get("by_dataset", {}) for name, metrics in fixed.get("ranges", {}).items()}
     planners = {name: metrics.get("by_dataset", {}) for name, metrics in report["variants"].items()}
@@ -176,7 +177,7 @@ def plot_qa_vs_tokens_by_dataset(report: Mapping, path: str | Path) -> Path:
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
 
     def point(ax, summary: Mapping, **style) -> tuple[float, float] | None:
-        value, tokens = summary.get("qa_accuracy"), summary.get("tokens_read")
+        value, tokens = summary.get("qa_accuracy"), summary.get("tokens_given", summary.get("tokens_read"))
         if value is None or not tokens:
             return None
         interval = summary.get("ci95", {}).get("qa_accuracy")
@@ -198,10 +199,10 @@ def plot_qa_vs_tokens_by_dataset(report: Mapping, path: str | Path) -> Path:
         ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:,.0f}"))
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_ylim(-0.02, 1.02)
-        ax.set_xlabel("tokens read per question (log scale)")
+        ax.set_xlabel("tokens given to the generator per question (log scale)")
         ax.set_ylabel("QA score")
         ax.set_title(dataset)
     axes[0][0].legend(fontsize=8, title=f"planners; grey: fixed ranges{' (ringed: chosen)' if best else ''}",
                       title_fontsize=7)
-    fig.suptitle("QA score against tokens read: planners and every fixed range (95% bootstrap intervals)")
+    fig.suptitle("QA score against tokens given: planners and every fixed range (95% bootstrap intervals)")
     return save_figure(fig, path)

@@ -77,18 +77,20 @@ def _with_ci(summary: dict, key: str, digits: int = 3) -> str:
 
 def planner_by_dataset_table(report: dict) -> str:
     """``eval planner`` metrics.json, per dataset: each variant, the dataset's own majority range and every fixed
-    range, with 95% intervals (accuracy against gold levels and against the labels, QA score, tokens read, the mean
-    size of the chunks read: the SmartChunk paper's Figure 4b in numbers).
+    range, with 95% intervals (accuracy against gold levels and against the labels, QA score, the tokens the generator
+    was given and the tokens of the chunks retrieved (``-`` in a report that predates the first), the mean size of the
+    chunks retrieved: the SmartChunk paper's Figure 4b in numbers).
 
     >>> summary = {"n": 2, "accuracy": 0.5, "accuracy_gold": None, "qa_accuracy": 1.0, "tokens_read": 80.0,
-    ...            "chunk_tokens": 16.0, "ci95": {"accuracy": [0.0, 1.0], "qa_accuracy": [1.0, 1.0]}}
+    ...            "tokens_given": 72.0, "chunk_tokens": 16.0,
+    ...            "ci95": {"accuracy": [0.0, 1.0], "qa_accuracy": [1.0, 1.0]}}
     >>> print(planner_by_dataset_table({"variants": {"sft": {"by_dataset": {"squad": {**summary, "repairs": {}}}}},
     ...       "majority_baseline": {"by_dataset": {"squad": {"dataset_label": {"label": ["sentence", "sentence"],
     ...       "n": 2, "accuracy": 0.0, "accuracy_gold": None}}}}}))
-    | dataset | variant | n | accuracy vs gold | accuracy vs label | QA | tokens read | chunk tokens | repairs |
-    | --- | --- | --- | --- | --- | --- | --- | --- | --- |
-    | squad | sft | 2 | - | 0.500 [0.00, 1.00] | 1.000 [1.00, 1.00] | 80 | 16 | 0 |
-    | squad | reference: always sentence..sentence | 2 | - | 0.000 | - | - | - | - |
+    | dataset | variant | n | accuracy vs gold | accuracy vs label | QA | tokens given | tokens retrieved | ...
+    | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |
+    | squad | sft | 2 | - | 0.500 [0.00, 1.00] | 1.000 [1.00, 1.00] | 72 | 80 | 16 | 0 |
+    | squad | reference: always sentence..sentence | 2 | - | 0.000 | - | - | - | - | - |
     """
     rows = []
     datasets = dict.fromkeys(d for m in report["variants"].values() for d in m.get("by_dataset", {}))
@@ -107,10 +109,11 @@ def planner_by_dataset_table(report: dict) -> str:
         for i, (name, summary) in enumerate(entries):
             rows.append([dataset, name, _fmt(summary.get("n")), _with_ci(summary, "accuracy_gold"),
                          _with_ci(summary, "accuracy"), _with_ci(summary, "qa_accuracy"),
-                         _fmt(summary.get("tokens_read"), 0), _with_ci(summary, "chunk_tokens", 0),
+                         _fmt(summary.get("tokens_given"), 0), _fmt(summary.get("tokens_read"), 0),
+                         _with_ci(summary, "chunk_tokens", 0),
                          repairs_cell(summary.get("repairs")) if i < planned else "-"])
-    return _table(["dataset", "variant", "n", "accuracy vs gold", "accuracy vs label", "QA", "tokens read",
-                   "chunk tokens", _fallback_header(report)], rows)
+    return _table(["dataset", "variant", "n", "accuracy vs gold", "accuracy vs label", "QA", "tokens given",
+                   "tokens retrieved", "chunk tokens", _fallback_header(report)], rows)
 
 
 def _speedup(ratio: float | None) -> str:

@@ -77,6 +77,18 @@ def answer_messages(question: str, chunks: Sequence[Chunk], max_chunk_chars: int
     ]
 
 
+def tokens_given(chunks: Sequence[Chunk], max_chunk_chars: int) -> float:
+    """The tokens of the chunks' text an answer prompt carries (``answer_messages`` cuts each chunk at
+    ``max_chunk_chars``): a whole chunk counts its ``n_tokens``, a cut one the share of them its kept characters hold
+    (an estimate that takes a chunk's tokens as spread evenly over its characters).
+
+    >>> chunk = Chunk("d#0", "d", "sentence", "x" * 100, None, [], 0, 100, 20)
+    >>> tokens_given([chunk], 1500), tokens_given([chunk, chunk], 50)
+    (20.0, 20.0)
+    """
+    return float(sum(c.n_tokens * min(1.0, max_chunk_chars / len(c.text)) for c in chunks if c.text))
+
+
 def clean_answer(text: str) -> str:
     """First line of the model's reply, without a leading 'Answer:' the model sometimes repeats."""
     line = text.strip().splitlines()[0] if text.strip() else ""

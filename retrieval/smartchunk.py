@@ -52,6 +52,9 @@ from overstory.serving.client import ChatResult, Client, ClientError
 # sentence..document reads (whose top k can be whole documents).
 FALLBACK_RANGE: tuple[str, str] = ("sentence", "paragraph")
 SMARTCHUNK_KIND = "smartchunk"  # the kind a saved SmartChunk index's manifest names
+# each chunk retrieved for a (question, range) answer is cut at this many characters in the prompt (AnswerConfig's
+# default): what pseudo-labelling, the planner's QA reward and eval planner's answers read
+READ_CHARS = AnswerConfig.max_chunk_chars
 
 
 def check_fallback_range(value: Sequence[str], key: str) -> tuple[str, str]:
@@ -174,9 +177,10 @@ class SmartChunkRetriever:
 
     def answer(self, question: str, level_min: str, level_max: str, k: int = 5,
                max_tokens: int = 24) -> tuple[ChatResult, list[Chunk]]:
-        """Retrieve the top-k chunks of the range and let the generator answer from them."""
+        """Retrieve the top-k chunks of the range and let the generator answer from them (each cut at
+        ``READ_CHARS`` characters)."""
         chunks = [hit.chunk for hit in self.retrieve([question], level_min, level_max, k)[0]]
-        reply = self.client.chat("generator", answer_messages(question, chunks, max_chunk_chars=1500),
+        reply = self.client.chat("generator", answer_messages(question, chunks, max_chunk_chars=READ_CHARS),
                                  max_tokens=max_tokens, temperature=0)
         return reply, chunks
 

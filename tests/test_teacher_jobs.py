@@ -99,6 +99,7 @@ def test_eval_planner_fixed_ranges_with_the_teacher_resume_from_kept_answers(pla
     ranges = first["fixed_ranges"]["ranges"]
     assert set(ranges) == {"sentence..sentence", "paragraph..section"} and all(r["n"] == 2 for r in ranges.values())
     assert ranges["sentence..sentence"]["tokens_read"] < ranges["paragraph..section"]["tokens_read"]
+    assert 0 < ranges["paragraph..section"]["tokens_given"] <= ranges["paragraph..section"]["tokens_read"]
     assert first["fixed_ranges"]["best"]["selection_questions"] == 1
     # every (question, range) once: the 2 held-out and the 1 selection question under both ranges, and the plans'
     asked = first["answers"]["asked"]
@@ -106,7 +107,7 @@ def test_eval_planner_fixed_ranges_with_the_teacher_resume_from_kept_answers(pla
 
     assert evaluate() == 0
     again = json.loads((out / "metrics.json").read_text())
-    assert again["answers"] == {"asked": 0, "resumed": asked}
+    assert again["answers"] == {"asked": 0, "resumed": asked, "refreshed": 0, "refreshed_retrieval_differs": 0}
     assert again["fixed_ranges"] == first["fixed_ranges"]
 
     assert evaluate("k=3") != 0

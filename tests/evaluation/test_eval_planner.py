@@ -118,10 +118,11 @@ def test_majority_baseline_per_dataset_uses_each_datasets_own_majority() -> None
 
 def test_fixed_ranges_pick_the_best_on_training_questions_and_report_it_held_out() -> None:
     """A stand-in for the runtime (arithmetic, no model): a range answers correctly when it reaches the row's
-    label's level_max, and reads 10 tokens per level of its top; the best range is the cheapest correct one."""
+    label's level_max, and reads 10 tokens per level of its top (given whole: shorter than the prompt's cut); the
+    best range is the cheapest correct one."""
     def answer(row: dict, low: str, high: str) -> dict:
         correct = LEVEL_RANK[high] >= LEVEL_RANK[row["level_max"]]
-        read = [Chunk("c", row["doc_id"], high, "", None, [], 0, 1, 10 * (LEVEL_RANK[high] + 1))]
+        read = [Chunk("c", row["doc_id"], high, "x" * 40, None, [], 0, 40, 10 * (LEVEL_RANK[high] + 1))]
         return qa_outcome(correct, None, read)
 
     train = [_row("squad/a", "sentence", "paragraph")] * 4
@@ -129,7 +130,8 @@ def test_fixed_ranges_pick_the_best_on_training_questions_and_report_it_held_out
     report = fixed_ranges(train, held_out, [("sentence", "sentence"), ("sentence", "paragraph"),
                                             ("sentence", "section")], answer)
     assert report["best"]["range"] == "sentence..paragraph"  # as correct on training as ..section, reads less
-    assert report["best"]["qa_accuracy"] == 0.5 and report["best"]["tokens_read"] == 20.0
+    best = report["best"]
+    assert best["qa_accuracy"] == 0.5 and best["tokens_read"] == best["tokens_given"] == 20.0
     assert report["ranges"]["sentence..section"]["qa_accuracy"] == 1.0
     assert report["ranges"]["sentence..sentence"]["by_dataset"]["squad"]["chunk_tokens"] == 10.0
 
@@ -250,6 +252,7 @@ def test_eval_planner_compares_base_and_sft(planner_labels: Path, sft_planner: P
         assert metrics["format_valid_strict"] <= metrics["format_valid"]  # both over all 3 planned questions
         low, high = metrics["ci95"]["accuracy"]
         assert low <= metrics["accuracy"] <= high and metrics["tokens_read"] > 0 and metrics["chunk_tokens"] > 0
+        assert 0 < metrics["tokens_given"] <= metrics["tokens_read"]  # chunks longer than the prompt's cut count less
         # the question without a label is planned and answered too: in every rate but the label-based ones
         assert list(metrics["by_dataset"]) == ["squad"] and metrics["by_dataset"]["squad"]["n"] == 3
         assert metrics["accuracy"] in {0.0, 0.5, 1.0} and metrics["format_valid"] * 3 == round(
