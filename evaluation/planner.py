@@ -39,7 +39,8 @@ that served them (``served``) and how many were asked and read back (``answers``
 
 Writes ``metrics.json``, ``planner_comparison.png``, ``chunk_size_by_dataset.png`` (the mean size of the chunks
 each variant's plans read, per dataset: the SmartChunk paper's Figure 4b), ``qa_vs_tokens.png`` (per dataset, QA
-score against tokens read for every planner and every fixed range: the trade-off the paper claims) and
+score against the tokens given to the generator for every planner and every fixed range: the trade-off the paper
+claims) and
 ``training_curves.png``.
 """
 
