@@ -40,8 +40,7 @@ that served them (``served``) and how many were asked and read back (``answers``
 Writes ``metrics.json``, ``planner_comparison.png``, ``chunk_size_by_dataset.png`` (the mean size of the chunks
 each variant's plans read, per dataset: the SmartChunk paper's Figure 4b), ``qa_vs_tokens.png`` (per dataset, QA
 score against the tokens given to the generator for every planner and every fixed range: the trade-off the paper
-claims) and
-``training_curves.png``.
+claims) and ``training_curves.png``.
 """
 
 from __future__ import annotations
