@@ -300,11 +300,13 @@ def run(config: EvalPlannerConfig) -> dict:
                                                     timeout_s=config.request_timeout_s))
             retrievers = DocumentRetrievers(chunks, client)
 
+            def outcome(row: dict, correct: bool, read: list) -> dict:
+                return qa_outcome(correct, recall_at_k(read, evidence.get(row["example_id"], []), config.k), read)
+
             def answer(row: dict, low: str, high: str) -> dict:
                 reply, read = retrievers[row["doc_id"]].answer(row["question"], low, high, k=config.k)
-                correct = is_correct(clean_answer(reply.text), row["answers"], row["question"], config.correctness,
-                                     client)
-                return qa_outcome(correct, recall_at_k(read, evidence.get(row["example_id"], []), config.k), read)
+                return outcome(row, is_correct(clean_answer(reply.text), row["answers"], row["question"],
+                                               config.correctness, client), read)
 
             differs = []
 
@@ -313,11 +315,10 @@ def run(config: EvalPlannerConfig) -> dict:
                 call; its QA score stands); one whose retrieval no longer reads what it recorded is counted."""
                 read = [hit.chunk for hit in retrievers[row["doc_id"]].retrieve([row["question"]], low, high,
                                                                                  config.k)[0]]
-                outcome = qa_outcome(bool(kept["qa_accuracy"]),
-                                     recall_at_k(read, evidence.get(row["example_id"], []), config.k), read)
-                if (outcome["tokens_read"], outcome["recall"]) != (kept["tokens_read"], kept["recall"]):
+                completed = outcome(row, bool(kept["qa_accuracy"]), read)
+                if (completed["tokens_read"], completed["recall"]) != (kept["tokens_read"], kept["recall"]):
                     differs.append(answers.key(row, low, high))
-                return {**outcome, "qa_accuracy": kept["qa_accuracy"]}
+                return completed
 
             answers = PlannerAnswers(config.out, answer_settings(config), client, answer, chunk_fingerprints(chunks),
                                      config.concurrency, config.resume, required=("tokens_given",), refresh=refresh)
