@@ -10,6 +10,9 @@ The skeleton does the rest, the same way for every job:
   refused, naming the keys that differ, instead of appending results made another way;
 - todo: ids already in the output (or in another file of final outcomes, such as rejected traces) are skipped, so
   a killed run resumes; failed items are not, so a rerun retries them;
+- order: results are appended as they complete, and a finished run rewrites the output in the items' order (the
+  order ``todo`` was given them), so the same items give the same file whatever the concurrency, the runner or the
+  resumes: the trainers that read it (a dataset in file order, shuffled by a seed) then train the same model;
 - failures: an item whose work raises one of the job's failure types (a ``ClientError`` by default: a timeout, a
   server error, a refused request) is appended to ``<stem>.failures.jsonl`` with the reason and counted; once a
   later run writes it, it leaves that file, which therefore lists what is still missing;
@@ -232,6 +235,7 @@ class Fanout:
         self.attempted = 0
         self.failed_ids: list[str] = []  # this run's failed items, for jobs that count failures by kind
         self.also_done: list[Collection[str]] = []  # ids of final outcomes kept elsewhere (see ``todo``)
+        self.item_order: dict[str, int] = {}  # every item's id, in the order ``todo`` was given them (see ``finish``)
         self.session = ExitStack()  # the Ray session of the runs, joined at the first and left at ``__exit__``
         self.in_session = False
 
@@ -240,6 +244,8 @@ class Fanout:
         the rest are counted as ``skipped``. Failed items of earlier runs are in the todo: a rerun retries them."""
         items = list(items)
         self.also_done += also_done
+        for item in items:
+            self.item_order.setdefault(key(item), len(self.item_order))
         todo = [item for item in items if key(item) not in self.out and not any(key(item) in d for d in also_done)]
         self.counts["skipped"] += len(items) - len(todo)
         return todo
@@ -306,10 +312,12 @@ class Fanout:
         self.failed_ids.append(item_id)
 
     def finish(self) -> dict[str, int]:
-        """Close the files, drop the failures that have since been written (to the output, or as a final outcome
-        kept elsewhere), and return the counters (``failed``, ``skipped`` and ``resolved`` always among them)."""
+        """Close the files, put the output in the items' order, drop the failures that have since been written (to
+        the output, or as a final outcome kept elsewhere), and return the counters (``failed``, ``skipped`` and
+        ``resolved`` always among them)."""
         self.out.close()
         self.failures.close()
+        _in_item_order(self.out.path, self.item_order)
         self.counts["resolved"] = drop_records(self.failures.path, set(self.out.done).union(*self.also_done))
         _keep_last_per_id(self.failures.path)
         return {"failed": 0, "skipped": 0, **self.counts}
@@ -328,6 +336,23 @@ class Fanout:
         self.out.close()
         self.failures.close()
         self.session.close()
+
+
+def _in_item_order(path: Path, item_order: dict[str, int]) -> None:
+    """Rewrite the output (atomically, and only when it is out of order) with its records in the items' order;
+    records of items this run was not given (an earlier run's, over more items) follow, by id."""
+    if not path.exists():
+        return
+    records = list(read_jsonl(path))
+    last = len(item_order)
+
+    def position(record: dict) -> tuple[int, str]:
+        record_id = str(record.get("id"))
+        return item_order.get(record_id, last), record_id
+
+    ordered = sorted(records, key=position)  # stable: records of one id keep their order
+    if ordered != records:
+        write_jsonl(path, ordered)
 
 
 def _keep_last_per_id(path: Path) -> None:

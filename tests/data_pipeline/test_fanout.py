@@ -76,6 +76,34 @@ def test_a_failure_resolved_as_an_outcome_kept_elsewhere_leaves_the_failures_fil
     assert [r["id"] for r in read_jsonl(failures_path(out))] == ["b"]
 
 
+def test_a_finished_run_writes_its_output_in_the_items_order(tmp_path: Path) -> None:
+    """Results are appended as they complete; the finished run's file is in the items' order, also across a resume
+    (its earlier records take their items' places), so a trainer reading it sees the same data every run."""
+    out = tmp_path / "double.jsonl"
+    first_written = threading.Event()
+    written: list[str] = []
+
+    def work(item: int) -> dict:
+        if item == 1:  # the first item completes only once a later one is written
+            assert first_written.wait(timeout=60)
+        return _double(item)
+
+    def write(_: int, record: dict) -> None:
+        written.append(record["id"])
+        first_written.set()
+        fanout.write(record)
+
+    with Fanout("double", out, {"factor": 2}, concurrency=2) as fanout:
+        fanout.run(fanout.todo([1, 2], str), str, work, write, "doubling")
+        assert [r["id"] for r in read_jsonl(out)] == written == ["2", "1"]  # completion order until the end
+        fanout.finish()
+    assert [r["id"] for r in read_jsonl(out)] == ["1", "2"]
+    with Fanout("double", out, {"factor": 2}, concurrency=2) as fanout:
+        fanout.run(fanout.todo([0, 1, 2, 3], str), str, _double, lambda _, record: fanout.write(record), "doubling")
+        fanout.finish()
+    assert [r["id"] for r in read_jsonl(out)] == ["0", "1", "2", "3"]
+
+
 def test_the_failure_share_is_of_the_items_attempted(tmp_path: Path) -> None:
     assert _run(tmp_path / "a.jsonl", [1, 2, 3, -1], share=0.25)["failed"] == 1  # 1 of 4 is not more than 25 %
     with pytest.raises(TooManyFailures, match="2 of 4 items failed"):
