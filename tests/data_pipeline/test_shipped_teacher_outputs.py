@@ -1,7 +1,7 @@
 """The CPU teacher's outputs shipped in data/teacher/ (data/teacher/README.md): the HotpotQA tree holds every
 paragraph of the corpus it names, the QASPER train tree a branch per paper, the traces are the current slate schema's
 and complete, all were served by the teacher, and the jobs that read them (distill-scorer, eval lattice's recorded
-row) find what they need. No model runs: a stale or cut copy fails here instead of in an hour-long job."""
+row, eval planner's answers, the planner traces) find what they need. No model runs: a stale or cut copy fails here instead of in an hour-long job."""
 
 from __future__ import annotations
 
@@ -98,3 +98,37 @@ def test_the_shipped_narrativeqa_labels_are_the_teachers_and_resume_under_the_cu
     config = load_config(PseudoLabelsConfig, ROOT / "configs/data/pseudo_labels-narrativeqa-teacher.yaml")
     assert recorded.pop("served") == {"generator": QWEN_CODER, "scorer": QWEN_CODER}
     assert recorded == json.loads(json.dumps(job_settings(config)))
+
+
+def test_the_shipped_planner_answers_are_the_teachers_complete_and_resume_under_the_current_config() -> None:
+    """Every fixed range answered by the teacher for the 120 questions (90 held out, 30 the best range is chosen on),
+    each answer's latest record completed with the tokens given, under the settings the current config records, so
+    that eval planner reads them back instead of refusing or asking again."""
+    from overstory.core.records import read_jsonl
+    from overstory.evaluation.planner import EvalPlannerConfig, answer_settings
+
+    folder = SHIPPED / "planner/eval"
+    recorded = json.loads((folder / "qa_answers.settings.json").read_text())
+    assert recorded.pop("served")["generator"] == QWEN_CODER
+    config = load_config(EvalPlannerConfig, ROOT / "configs/eval/planner-teacher.yaml")
+    assert recorded == json.loads(json.dumps(answer_settings(config)))
+    latest = {record["id"]: record["outcome"] for record in read_jsonl(folder / "qa_answers.jsonl")}
+    questions = {answer_id.split("|")[0] for answer_id in latest}
+    ranges = {answer_id.split("|")[1] for answer_id in latest}
+    assert len(questions) == 120 and len(ranges) == 15 and len(latest) == 120 * 15
+    assert all(o["qa_accuracy"] in (0.0, 1.0) and 0 < o["tokens_given"] <= o["tokens_read"] for o in latest.values())
+    assert json.loads((folder / "metrics.json").read_text())["served"]["generator"] == QWEN_CODER
+
+
+def test_the_shipped_planner_traces_are_the_pools_and_served_by_the_teacher() -> None:
+    """The unfinished traces of the planner mix: one record per trace id, from the pool's teachers only, the LLM
+    teachers' served by the teacher, the template's by none."""
+    from overstory.core.records import PlannerTrace, read_jsonl
+
+    folder = SHIPPED / "planner"
+    settings = json.loads((folder / "traces.settings.json").read_text())
+    traces = list(read_jsonl(folder / "traces.jsonl", PlannerTrace))
+    assert len(traces) == len({t.id for t in traces}) > 0
+    assert {t.teacher for t in traces} <= set(settings["teachers"])
+    assert {t.served_model for t in traces if t.teacher != "template"} == {QWEN_CODER}
+    assert {t.served_model for t in traces if t.teacher == "template"} == {""}
