@@ -1,7 +1,8 @@
 """The CPU teacher's outputs shipped in data/teacher/ (data/teacher/README.md): the HotpotQA tree holds every
 paragraph of the corpus it names, the QASPER train tree a branch per paper, the traces are the current slate schema's
 and complete, all were served by the teacher, and the jobs that read them (distill-scorer, eval lattice's recorded
-row, eval planner's answers, the planner traces) find what they need. No model runs: a stale or cut copy fails here instead of in an hour-long job."""
+row, eval planner's answers, the planner traces) find what they need. No model runs: a stale or cut copy fails here
+instead of in an hour-long job."""
 
 from __future__ import annotations
 
