@@ -13,8 +13,9 @@
 #    the teacher's summaries of QASPER sections, the compressor's MSE targets (12 train papers) and summarize (all 48
 #    dev papers);
 # 6. the planner against the teacher (planner-*): the gold levels of QASPER and SQuAD and the mix with the teacher's
-#    NarrativeQA labels (no LLM), the teacher's traces of the mix, SFT (no LLM), GRPO and STITCH with R_QA answered
-#    by the teacher, and eval planner with the teacher as the generator (every fixed range and the planners).
+#    NarrativeQA labels (no LLM), the teacher's traces of the mix, SFT (no LLM; sft-gold: on the traces of the
+#    gold levels only, QASPER's and SQuAD's), GRPO and STITCH with R_QA answered by the teacher, and eval planner with
+#    the teacher as the generator (every fixed range and the planners).
 # Each job's config is configs/{data,eval,train}/*-teacher.yaml; docs/data.md#running-the-teacher-jobs says more.
 #
 # Stop: send the script TERM or INT (or run it under `timeout`): the running job stops, its invocation is recorded.
@@ -38,10 +39,10 @@
 #   TEACHER_MODEL    the model of every chat role (default the teacher; builtin:smollm2-135m-instruct with
 #                    TEACHER_SMOKE=1 and another TEACHER_RUNS checks the wiring in minutes)
 #   TEACHER_SMOKE    1: a few documents and questions per job (a wiring check, never the measured run)
-#   PLANNER_VARIANTS the planners planner-eval compares (default base,sft,grpo,stitch; `base` alone answers the fixed
-#                    ranges before any planner is trained: a later run asks only for what is new). Another set than
-#                    the default is its own job record (jobs/planner-eval.base.json), so the full comparison still
-#                    runs after it
+#   PLANNER_VARIANTS the planners planner-eval compares (default base,sft,grpo,stitch,gold; `base` alone answers the
+#                    fixed ranges before any planner is trained: a later run asks only for what is new). Another set
+#                    than the default is its own job record (jobs/planner-eval.base.json), so the full comparison
+#                    still runs after it
 set -euo pipefail
 ENGINE=${TEACHER_ENGINE:-embedded}
 THREADS=${TEACHER_THREADS:-$(nproc)}
@@ -53,7 +54,8 @@ SMOKE=${TEACHER_SMOKE:-0}
 KNOWN_JOBS="tree-hotpotqa tree-qasper_train traces-hotpotqa traces-qasper_train tree-qasper_dev \
 fable-hotpotqa fable-qasper_dev orion-hotpotqa orion-qasper_dev eval-hotpotqa eval-qasper_dev \
 labels-qasper_train labels-narrativeqa summaries-qasper_train summaries-qasper_dev \
-planner-gold planner-mix planner-heldout planner-traces planner-sft planner-grpo planner-stitch planner-eval"
+planner-gold planner-mix planner-heldout planner-traces planner-sft planner-sft-gold planner-grpo planner-stitch \
+planner-eval"
 JOBS=${TEACHER_JOBS:-$KNOWN_JOBS}
 PYTHON=${PYTHON:-$( [[ -x .venv/bin/python ]] && echo .venv/bin/python || echo python )}
 OVERSTORY=${OVERSTORY:-$( [[ -x .venv/bin/overstory ]] && echo .venv/bin/overstory || echo overstory )}
@@ -102,7 +104,7 @@ teacher_data_command() {  # the command line of the LATTICE, FABLE, Orion, eval 
 }
 
 planner_command() {  # the overstory command line of the planner chain's step $1 (every file under $DIR/planner); the
-  # steps that ask no LLM (gold, mix, heldout, sft) take no server_url
+  # steps that ask no LLM (gold, mix, heldout, sft, sft-gold) take no server_url
   local P=$DIR/planner sources
   sources=(sources.qasper="$P/gold/qasper_train.jsonl" sources.squad="$P/gold/squad.jsonl"
            sources.narrativeqa="$DIR/labels/narrativeqa.jsonl")
@@ -115,13 +117,16 @@ planner_command() {  # the overstory command line of the planner chain's step $1
       out="$P/traces.jsonl" "${FEW[@]}" server_url="$URL" ;;
     sft) echo train planner_sft --config configs/train/planner_sft-teacher.yaml traces="$P/traces.jsonl" \
       out="$P/sft" "${STEPS[@]/#/train.max_}" ;;
+    sft-gold) echo train planner_sft --config configs/train/planner_sft-teacher.yaml "datasets=[qasper,squad]" \
+      traces="$P/traces.jsonl" out="$P/sft-gold" "${STEPS[@]/#/train.max_}" ;;
     grpo) echo train planner_grpo --config configs/train/planner_grpo-teacher.yaml data.labels="$P/mix.jsonl" \
       model="$P/sft/final" out="$P/grpo" "${STEPS[@]/#/train.max_}" server_url="$URL" ;;
     stitch) echo train stitch --config configs/train/stitch-teacher.yaml data.labels="$P/mix.jsonl" \
       traces="$P/traces.jsonl" model="$P/sft/final" out="$P/stitch" "${STEPS[@]/#/stitch.}" server_url="$URL" ;;
     eval) echo eval planner --config configs/eval/planner-teacher.yaml data="$P/eval.jsonl" train_data="$P/mix.jsonl" \
       variants.sft="$P/sft/final" variants.grpo="$P/grpo/final" variants.stitch="$P/stitch/final" \
-      compare="${PLANNER_VARIANTS:-base,sft,grpo,stitch}" out="$P/eval" "${FIXED[@]}" server_url="$URL" ;;
+      variants.gold="$P/sft-gold/final" compare="${PLANNER_VARIANTS:-base,sft,grpo,stitch,gold}" out="$P/eval" \
+      "${FIXED[@]}" server_url="$URL" ;;
     *) echo "unknown planner step $1" >&2; return 2 ;;
   esac
 }
@@ -241,8 +246,9 @@ start_stack() {  # sets URL (for the jobs) and METRICS (where the counters are r
 
 record_name() {  # the name of job $1's records under $DIR/jobs: the job's, and for planner-eval comparing another
   # set of planners than the default, that set's too (planner-eval.base)
-  local variants=${PLANNER_VARIANTS:-base,sft,grpo,stitch}
-  if [[ $1 == planner-eval && $variants != base,sft,grpo,stitch ]]; then echo "$1.${variants//,/+}"; else echo "$1"; fi
+  local variants=${PLANNER_VARIANTS:-base,sft,grpo,stitch,gold}
+  if [[ $1 == planner-eval && $variants != base,sft,grpo,stitch,gold ]]; then echo "$1.${variants//,/+}"
+  else echo "$1"; fi
 }
 
 run_job() {

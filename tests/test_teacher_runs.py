@@ -38,14 +38,14 @@ def command_lines(**env: str) -> list[str]:
                                  {"TEACHER_ENGINE": "vllm"}], ids=["full", "smoke", "vllm"])
 def test_every_command_line_loads_its_config(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     lines = command_lines(TEACHER_RUNS="runs/teacher-check", **env)
-    assert len(lines) == 24  # the 23 jobs and the stack
+    assert len(lines) == 25  # the 24 jobs and the stack
     loaded = []
     monkeypatch.setattr(cli, "run_job", lambda g, n, config_path, overrides: loaded.append(
         load_config(job_config_class(g, n), ROOT / config_path, overrides)))
     monkeypatch.chdir(ROOT)
     for line in lines:
         assert cli.main(shlex.split(line)) == 0, line
-    assert len(loaded) == 24 and all("teacher-check" in str(config.out) for config in loaded[:-1])
+    assert len(loaded) == 25 and all("teacher-check" in str(config.out) for config in loaded[:-1])
     # every job that asks an LLM calls the stack; the planner chain's steps that ask none take no server_url
     asks = [config for config in loaded[:-1] if hasattr(config, "server_url")]
     assert all(config.server_url == "http://127.0.0.1:8000" for config in asks) and len(asks) == 19
@@ -53,8 +53,12 @@ def test_every_command_line_loads_its_config(env: dict[str, str], monkeypatch: p
     assert mix.grounded == ["narrativeqa"]
     assert mix.sources["narrativeqa"] == "runs/teacher-check/labels/narrativeqa.jsonl"
     planner_eval = loaded[-2]
-    assert planner_eval.compare == "base,sft,grpo,stitch" and planner_eval.variants["stitch"].startswith(
+    assert planner_eval.compare == "base,sft,grpo,stitch,gold" and planner_eval.variants["stitch"].startswith(
         "runs/teacher-check/planner/stitch")
+    # the planner trained on gold levels only: the same traces and recipe, the QASPER and SQuAD traces alone
+    sft, gold = (next(c for c in loaded if str(c.out).endswith(f"planner/{name}")) for name in ("sft", "sft-gold"))
+    assert (gold.traces, gold.datasets, sft.datasets) == (sft.traces, ["qasper", "squad"], [])
+    assert planner_eval.variants["gold"] == "runs/teacher-check/planner/sft-gold/final"
     stack = loaded[-1]
     model = env.get("TEACHER_MODEL", "builtin:qwen2.5-coder-1.5b-instruct")
     assert {role.model for name, role in stack.roles.items() if name != "embedder"} == {model}
@@ -94,7 +98,7 @@ def test_a_jobs_record_sums_its_invocations(tmp_path: Path) -> None:
 def test_planner_eval_of_another_planner_set_keeps_its_own_record(tmp_path: Path) -> None:
     """planner-eval run with base alone (the fixed ranges before any planner is trained) records under its own
     name, so its finished record does not make a later run of the full comparison skip the job."""
-    names = sourced('for v in "" base,sft,grpo,stitch base sft,stitch; do PLANNER_VARIANTS=$v record_name '
+    names = sourced('for v in "" base,sft,grpo,stitch,gold base sft,stitch; do PLANNER_VARIANTS=$v record_name '
                     'planner-eval; done; PLANNER_VARIANTS=base record_name planner-sft')
     assert names.returncode == 0, names.stderr
     assert names.stdout.split() == ["planner-eval", "planner-eval", "planner-eval.base", "planner-eval.sft+stitch",

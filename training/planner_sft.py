@@ -18,11 +18,12 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from overstory.core.config import to_dict
+from overstory.core.config import ConfigError, to_dict
 from overstory.core.records import PlannerTrace, read_jsonl
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.splits import split_by_document
@@ -44,9 +45,28 @@ class PlannerSftConfig:
     # TRL SFTConfig fields passed through after the train block (docs/training.md, "TRL's own settings")
     trl: dict[str, Any] = field(default_factory=dict)
     push_to_hub: str = ""  # a hub repo id: out/final and its model card are uploaded there at the end
+    # train on the traces of these datasets' documents only (a doc_id's prefix: qasper, squad, narrativeqa, ...);
+    # empty: every trace. [qasper, squad] is the planner trained on gold levels only, without pseudo-labels
+    datasets: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         check_sft_section(self.trl, self.train)
+
+
+def dataset_of(trace: PlannerTrace) -> str:
+    """The dataset a trace's document belongs to: its doc_id's prefix (``qasper/1601.03313`` -> ``qasper``)."""
+    return trace.doc_id.split("/", 1)[0]
+
+
+def select_datasets(traces: list[PlannerTrace], datasets: list[str]) -> list[PlannerTrace]:
+    """The traces of ``datasets`` (all of them when empty); a named dataset with no trace is a config error, so a
+    misspelt name cannot silently train on less."""
+    if not datasets:
+        return traces
+    present = {dataset_of(t) for t in traces}
+    if missing := [name for name in datasets if name not in present]:
+        raise ConfigError(f"datasets: {missing} have no trace in these traces (their datasets: {sorted(present)})")
+    return [t for t in traces if dataset_of(t) in datasets]
 
 
 def run(config: PlannerSftConfig) -> dict:
@@ -55,10 +75,11 @@ def run(config: PlannerSftConfig) -> dict:
 
     # --- setup -------------------------------------------------------------------------------------
     out = Path(config.out)
-    traces = list(read_jsonl(config.traces, PlannerTrace))
-    if not traces:
+    all_traces = list(read_jsonl(config.traces, PlannerTrace))
+    if not all_traces:
         raise ValueError(f"{config.traces} holds no traces (the teacher pool yielded nothing); "
                          f"run `overstory data traces` and check its yield table")
+    traces = select_datasets(all_traces, config.datasets)
     train_traces, val_traces = (split_by_document(traces, config.train.val_fraction)
                                 if config.train.val_fraction else (traces, []))
     if not train_traces:
@@ -85,6 +106,9 @@ def run(config: PlannerSftConfig) -> dict:
     # --- save --------------------------------------------------------------------------------------
     metrics = {"train_loss": result.training_loss, "steps": trainer.state.global_step,
                "n_train": len(train_traces), "n_val": len(val_traces),
+               "n_traces_by_dataset": dict(Counter(dataset_of(t) for t in traces)),
+               "n_left_out_by_dataset": dict(Counter(dataset_of(t) for t in all_traces)
+                                             - Counter(dataset_of(t) for t in traces)),
                "seconds": round(time.perf_counter() - started, 1),
                "tokens_seen": trainer.state.num_input_tokens_seen,  # non-padding, all processes, since step 0
                **size_metrics(trainer.model)}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,8 @@ import torch
 from safetensors.torch import load_file
 
 from overstory.cli import main
-from overstory.core.records import PlannerTrace, read_jsonl
+from overstory.core.config import ConfigError
+from overstory.core.records import PlannerTrace, read_jsonl, write_jsonl
 from overstory.models.planner import parse_plan
 from overstory.models.registry import load_causal_lm
 
@@ -25,12 +27,26 @@ def _sft(traces: Path, out: Path, *extra: str) -> int:
                  f"tracking.dir={out / 'tracking'}", *extra])
 
 
-def test_sft_trains_a_lora_adapter_saves_and_resumes(planner_traces: Path, tmp_path: Path) -> None:
+def with_other_dataset(traces: Path, out: Path) -> tuple[Path, int]:
+    """The SQuAD traces plus a copy of each under a NarrativeQA document id: the file and its SQuAD traces' count."""
+    records = list(read_jsonl(traces, PlannerTrace))
+    others = [replace(t, id=f"{t.id}/other", doc_id=f"narrativeqa/{t.doc_id}") for t in records]
+    write_jsonl(out, [*records, *others])
+    return out, len(records)
+
+
+def test_sft_trains_a_lora_adapter_on_the_datasets_named_saves_and_resumes(planner_traces: Path,
+                                                                           tmp_path: Path) -> None:
     out = tmp_path / "sft"
-    assert _sft(planner_traces, out, "train.max_steps=2") == 0
+    mixed, n_squad = with_other_dataset(planner_traces, tmp_path / "mixed.jsonl")
+    assert _sft(mixed, out, "train.max_steps=2", "datasets=[squad]") == 0
     final = out / "final"
     manifest = json.loads((final / "overstory.json").read_text())
     assert manifest["adapter"] and manifest["teachers"] == ["template"] and manifest["metrics"]["steps"] == 2
+    # the gold-levels-only planner's filter: the NarrativeQA copies left out and counted
+    assert manifest["metrics"]["n_traces_by_dataset"] == {"squad": n_squad}
+    assert manifest["metrics"]["n_left_out_by_dataset"] == {"narrativeqa": n_squad}
+    assert manifest["metrics"]["n_train"] + manifest["metrics"]["n_val"] == n_squad
     assert manifest["metrics"]["n_train"] > 0 and manifest["metrics"]["n_val"] > 0  # split by document
     # what `bench train` turns into tokens/s and MFU: non-padding tokens of 2 steps of 2 traces, and the adapter's
     # share of the parameters
@@ -43,7 +59,7 @@ def test_sft_trains_a_lora_adapter_saves_and_resumes(planner_traces: Path, tmp_p
     history = json.loads((out / "metrics.json").read_text())["history"]
     assert all(torch.isfinite(torch.tensor(row["loss"])) for row in history if "loss" in row)
 
-    assert _sft(planner_traces, out, "train.max_steps=3") == 0  # resumes from checkpoint-2
+    assert _sft(mixed, out, "train.max_steps=3", "datasets=[squad]") == 0  # resumes from checkpoint-2
     assert json.loads((final / "overstory.json").read_text())["metrics"]["steps"] == 3
     steps = [row["step"] for row in json.loads((out / "metrics.json").read_text())["history"] if "loss" in row]
     assert steps[-1:] == [3]
@@ -68,6 +84,12 @@ def test_empty_traces_are_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(ValueError, match="no traces"):
         _sft(tmp_path / "empty.jsonl", tmp_path / "x")
+
+
+def test_a_dataset_without_traces_is_a_config_error_naming_the_key(planner_traces: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"datasets: \['qasper'\] have no trace.*\['squad'\]"):
+        _sft(planner_traces, tmp_path / "sft", "datasets=[squad,qasper]", "train.max_steps=1")
+    assert not (tmp_path / "sft").exists()  # refused before loading a model or writing anything
 
 
 def test_a_max_length_that_cuts_every_completion_is_a_clear_error(planner_traces: Path, tmp_path: Path) -> None:
