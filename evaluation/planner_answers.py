@@ -8,7 +8,8 @@ them back instead of asking again. An answer is keyed by its question, its range
 chunks (a document chunked otherwise is asked again); what else decides it (``k``, the correctness rule, and the
 generator, embedder and scorer the server reports) is recorded in ``qa_answers.settings.json``, and a rerun with other
 settings is refused with the keys that differ (``resume=false`` starts over). The answers still to be given are asked
-``concurrency`` at a time (a batching server such as vLLM answers several at once), with a progress bar.
+``concurrency`` at a time (a batching server such as vLLM answers several at once), with a progress bar. R_QA keeps
+the RL recipes' answers in the same store (training/qa_judge.py).
 
 An answer kept by an older version that lacks a figure the outcome now holds (``required``) is completed by
 ``refresh``, which recomputes what retrieval alone gives (no generator call; the correctness kept stands) and appends
@@ -85,6 +86,11 @@ class PlannerAnswers:
     def key(self, row: Row, low: str, high: str) -> str:
         """The answer's key (``answer_id``), with the fingerprint of the row's document."""
         return answer_id(row, low, high, self.fingerprints[row["doc_id"]])
+
+    def has(self, row: Row, low: str, high: str) -> bool:
+        """Whether a complete answer of ``row`` from ``low..high`` is kept (read back, not asked, by a call)."""
+        with self._lock:
+            return self.complete(self._answers.get(self.key(row, low, high)))
 
     def complete(self, outcome: dict | None) -> bool:
         """Whether a kept outcome holds every ``required`` figure (None: nothing kept)."""

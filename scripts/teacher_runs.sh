@@ -120,9 +120,10 @@ planner_command() {  # the overstory command line of the planner chain's step $1
     sft-gold) echo train planner_sft --config configs/train/planner_sft-teacher.yaml "datasets=[qasper,squad]" \
       traces="$P/traces.jsonl" out="$P/sft-gold" "${STEPS[@]/#/train.max_}" ;;
     grpo) echo train planner_grpo --config configs/train/planner_grpo-teacher.yaml data.labels="$P/mix.jsonl" \
-      model="$P/sft/final" out="$P/grpo" "${STEPS[@]/#/train.max_}" server_url="$URL" ;;
+      model="$P/sft/final" out="$P/grpo" rewards.qa_answers="$P/rqa" "${STEPS[@]/#/train.max_}" server_url="$URL" ;;
     stitch) echo train stitch --config configs/train/stitch-teacher.yaml data.labels="$P/mix.jsonl" \
-      traces="$P/traces.jsonl" model="$P/sft/final" out="$P/stitch" "${STEPS[@]/#/stitch.}" server_url="$URL" ;;
+      traces="$P/traces.jsonl" model="$P/sft/final" out="$P/stitch" rewards.qa_answers="$P/rqa" \
+      "${STEPS[@]/#/stitch.}" server_url="$URL" ;;
     eval) echo eval planner --config configs/eval/planner-teacher.yaml data="$P/eval.jsonl" train_data="$P/mix.jsonl" \
       variants.sft="$P/sft/final" variants.grpo="$P/grpo/final" variants.stitch="$P/stitch/final" \
       variants.gold="$P/sft-gold/final" compare="${PLANNER_VARIANTS:-base,sft,grpo,stitch,gold}" out="$P/eval" \

@@ -59,6 +59,9 @@ def test_every_command_line_loads_its_config(env: dict[str, str], monkeypatch: p
     sft, gold = (next(c for c in loaded if str(c.out).endswith(f"planner/{name}")) for name in ("sft", "sft-gold"))
     assert (gold.traces, gold.datasets, sft.datasets) == (sft.traces, ["qasper", "squad"], [])
     assert planner_eval.variants["gold"] == "runs/teacher-check/planner/sft-gold/final"
+    # GRPO and STITCH keep R_QA's answers in one store: STITCH reads back what GRPO asked
+    rl = [c for c in loaded[:-1] if str(c.out).endswith(("planner/grpo", "planner/stitch"))]
+    assert len(rl) == 2 and {c.rewards.qa_answers for c in rl} == {"runs/teacher-check/planner/rqa"}
     stack = loaded[-1]
     model = env.get("TEACHER_MODEL", "builtin:qwen2.5-coder-1.5b-instruct")
     assert {role.model for name, role in stack.roles.items() if name != "embedder"} == {model}

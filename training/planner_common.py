@@ -3,9 +3,8 @@ weights, R_QA's judge, the GRPO settings and arguments, and SFT rows from teache
 
 ``GrpoUpdateSettings`` is what every GRPO update needs (rate, loss, sampling); ``GrpoSettings`` adds planner_grpo's
 batch shape and schedule (STITCH sets those per update). ``build_rewards`` returns the reward functions of
-``training/rewards.py`` with nonzero weight and their weights, in GRPOConfig's order. ``make_qa_judge`` is R_QA's
-backend: SmartChunk retrieval over the predicted range of the question's document plus the generator, judged by
-the same correctness rule as the pseudo-labels.
+``training/rewards.py`` with nonzero weight and their weights, in GRPOConfig's order; R_QA's backend, the judge it
+takes, is ``training/qa_judge.py``.
 """
 
 from __future__ import annotations
@@ -16,11 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from overstory.core.config import ConfigError
-from overstory.core.records import Chunk, PlannerTrace
-from overstory.retrieval.answer import clean_answer
-from overstory.retrieval.judge import CorrectnessConfig, is_correct
-from overstory.retrieval.smartchunk import DocumentRetrievers
-from overstory.serving.client import Client
+from overstory.core.records import PlannerTrace
 from overstory.training.distributed import process_group_backend, trainer_device_args
 from overstory.training.rewards import QAReward, align_reward, format_reward, make_cost_reward, make_length_reward
 from overstory.training.trl_args import HUB_OWNED, build_args
@@ -42,6 +37,10 @@ class RewardSettings:
     # answer's time limit (an answer past it is no signal: None)
     qa_concurrency: int = 1
     qa_request_timeout_s: float = 120.0
+    # a folder where R_QA's answers are kept (qa_answers.jsonl, training/qa_judge.py): a resumed run, and later runs
+    # on the same labels and stack (GRPO, then STITCH from the same SFT planner), read them back instead of asking
+    # again; empty: asked anew each run. One process only
+    qa_answers: str = ""
 
     def __post_init__(self) -> None:
         if self.qa_concurrency < 1 or self.qa_request_timeout_s <= 0:
@@ -155,21 +154,6 @@ def grpo_args(settings: GrpoUpdateSettings, output_dir: str | Path, reward_weigh
 def trace_rows(traces: list[PlannerTrace]) -> list[dict]:
     """TRL's conversational prompt-completion rows (the loss covers the completion only)."""
     return [{"prompt": t.prompt, "completion": [{"role": "assistant", "content": t.completion}]} for t in traces]
-
-
-def make_qa_judge(rows: list[dict], chunks: list[Chunk], client: Client, correctness: CorrectnessConfig,
-                  k: int, max_answer_tokens: int = 24) -> Callable[[str, str, str], bool]:
-    """answer_correct(example_id, level_min, level_max) for ``QAReward``."""
-    by_id = {r["example_id"]: r for r in rows}
-    retrievers = DocumentRetrievers(chunks, client)
-
-    def answer_correct(example_id: str, level_min: str, level_max: str) -> bool:
-        example = by_id[example_id]
-        reply, _ = retrievers[example["doc_id"]].answer(example["question"], level_min, level_max, k=k,
-                                                        max_tokens=max_answer_tokens)
-        return is_correct(clean_answer(reply.text), example["answers"], example["question"], correctness, client)
-
-    return answer_correct
 
 
 def build_rewards(settings: RewardSettings, qa_judge: Callable[[str, str, str], bool] | None = None

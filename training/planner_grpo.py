@@ -38,8 +38,8 @@ from overstory.training.planner_common import (
     RewardSettings,
     build_rewards,
     grpo_args,
-    make_qa_judge,
 )
+from overstory.training.qa_judge import QAJudge
 from overstory.training.trl_args import check_section
 
 
@@ -79,7 +79,9 @@ def run(config: PlannerGrpoConfig) -> dict:
         if config.rewards.qa:
             client = stack.enter_context(client_for(config.serve, config.server_url,
                                                     timeout_s=config.rewards.qa_request_timeout_s))
-            judge = make_qa_judge(train_rows, chunks, client, config.correctness, config.rewards.k)
+            judge = QAJudge(train_rows, chunks, client, config.correctness, config.rewards.k,
+                            kept=config.rewards.qa_answers)
+            stack.callback(judge.close)
         reward_funcs, weights = build_rewards(config.rewards, judge)
         args = grpo_args(config.train, out / "checkpoints", weights, config.trl, "trl")
         peft_config = None if isinstance(model, PeftModel) else lora_config(config.lora)  # an adapter keeps training
@@ -99,7 +101,8 @@ def run(config: PlannerGrpoConfig) -> dict:
     metrics = {"train_loss": result.training_loss, "steps": trainer.state.global_step, "n_prompts": len(train_rows),
                "n_val": len(val_rows), "final_reward": next((r["reward"] for r in reversed(history) if "reward" in r),
                                                             None),
-               "seconds": round(time.perf_counter() - started, 1)}
+               "seconds": round(time.perf_counter() - started, 1),
+               **({"qa_answers": judge.counts} if judge and judge.counts else {})}
     save_final(trainer, tokenizer, out, {
         "kind": "planner", "base_model": base, "adapter": isinstance(trainer.model, PeftModel),
         "recipe": "planner_grpo", "init": config.model, "config": to_dict(config),

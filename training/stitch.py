@@ -78,9 +78,9 @@ from overstory.training.planner_common import (
     RewardSettings,
     build_rewards,
     grpo_args,
-    make_qa_judge,
     trace_rows,
 )
+from overstory.training.qa_judge import QAJudge
 from overstory.training.stitch_ranks import CarryOptimizerState, RolloutFn, process_state
 from overstory.training.trl_args import HUB_OWNED, build_args, check_section
 
@@ -571,7 +571,8 @@ def run(config: StitchConfig) -> dict:
         if config.rewards.qa:
             client = stack.enter_context(client_for(config.serve, config.server_url,
                                                     timeout_s=config.rewards.qa_request_timeout_s))
-            judge = make_qa_judge(rows, chunks, client, config.correctness, config.rewards.k)
+            judge = QAJudge(rows, chunks, client, config.correctness, config.rewards.k, kept=config.rewards.qa_answers)
+            stack.callback(judge.close)
         rewards = build_rewards(config.rewards, judge)
         stitch_grpo_args(config, rewards[1], out, 1)  # TRL refuses a bad trl_grpo / trl_sft value here, not
         stitch_sft_args(config, out, 1)  # at the first update
@@ -587,4 +588,6 @@ def run(config: StitchConfig) -> dict:
     # --- save --------------------------------------------------------------------------------------
     return finish(policy, state, config, {"n_prompts": len(rows), "n_traces": len(traces),
                                           "traces_teacher": next(iter(traces.values())).teacher,
-                                          "seconds": round(time.perf_counter() - started, 1)}, tracker)
+                                          "seconds": round(time.perf_counter() - started, 1),
+                                          **({"qa_answers": judge.counts} if judge and judge.counts else {})},
+                  tracker)

@@ -69,12 +69,18 @@ def test_qa_reward_through_the_real_retrieval_and_generator_stack(sft_planner: P
     out = tmp_path / "grpo-qa"
     assert _grpo(planner_labels, out, f"model={sft_planner / 'final'}", "train.max_steps=1", "train.batch_size=2",
                  "train.max_completion_length=72", "data.metadata_tokens=96", "rewards.qa=1.0", "rewards.cost=0",
-                 "train.temperature=0.3", "serve.port=0") == 0
-    history = json.loads((out / "metrics.json").read_text())["history"]
+                 "train.temperature=0.3", "serve.port=0", f"rewards.qa_answers={tmp_path / 'rqa'}") == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    history = metrics["history"]
     logged = next(row for row in history if "rewards/qa_reward/mean" in row)
     assert logged["rewards/format_reward/mean"] > 0  # some rollouts held a plan: the judge answered for them
     assert math.isfinite(logged["rewards/qa_reward/mean"]) and 0 <= logged["rewards/qa_reward/mean"] <= 1
     assert logged["qa_none_share"] == 0.0  # the stack was up: every plan got an answer
+    # each distinct (question, range) answered once and kept, with the answer it was judged on
+    kept = [json.loads(line) for line in (tmp_path / "rqa" / "qa_answers.jsonl").read_text().splitlines()]
+    assert metrics["qa_answers"] == {"kept_before": 0, "read_back": 0, "asked": len(kept)} and kept
+    assert all(isinstance(r["outcome"]["correct"], bool) and "answer" in r["outcome"] for r in kept)
+    assert len({r["id"] for r in kept}) == len(kept)
     assert 0 <= logged["format_valid_strict"] <= logged["rewards/format_reward/mean"]
 
 
