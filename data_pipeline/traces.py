@@ -100,6 +100,9 @@ class TracesConfig:
     max_trace_tokens: int = 128
     rewrite: bool = True
     concurrency: int = 2
+    # each teacher request's time limit: a reply past it is a failure, retried by a rerun (the client's own default
+    # of 120 s is short for a CPU teacher with many requests in flight)
+    request_timeout_s: float = 120.0
     limit: int = 0  # at most this many labels (0 = all correct ones)
     max_failure_share: float = 0.0  # the job fails (exit 1) when more of its requests than this failed
     server_url: str = ""
@@ -113,6 +116,8 @@ class TracesConfig:
             raise ConfigError("teachers: the pool is empty; name at least one teacher")
         if self.max_trace_tokens < 8 or self.metadata_tokens < 1 or self.concurrency < 1:
             raise ConfigError("max_trace_tokens (>= 8), metadata_tokens and concurrency must be positive")
+        if self.request_timeout_s <= 0:
+            raise ConfigError(f"request_timeout_s must be positive, got {self.request_timeout_s}")
 
 
 class TraceRejected(Exception):
@@ -306,7 +311,8 @@ def traces_work(config: TracesConfig, clients: dict[str, Client], tracer: Callab
     pool = {name: client for name, client in clients.items() if name != "_job" and client is not job}
     roles = {f"teacher/{name}": config.teachers[name].role for name, client in clients.items()
              if name != "_job" and client is job}
-    return ServedWork(tracer, job, pool=pool, served_roles=roles | ({"planner": "planner"} if config.rewrite else {}))
+    return ServedWork(tracer, job, {"timeout_s": config.request_timeout_s}, pool=pool,
+                      served_roles=roles | ({"planner": "planner"} if config.rewrite else {}))
 
 
 def teacher_clients(config: TracesConfig, jobs: list[tuple[PseudoLabel, str]], stack: ExitStack) -> dict[str, Client]:
@@ -318,9 +324,11 @@ def teacher_clients(config: TracesConfig, jobs: list[tuple[PseudoLabel, str]], s
     spread = any(not config.teachers[name].server_url for name in llm) or config.rewrite or config.runner == "ray"
     if llm and spread:
         url, options = job_server(config.server_url, config.runner, config.ray)
-        clients["_job"] = stack.enter_context(client_for(config.serve, url, **options))
+        clients["_job"] = stack.enter_context(client_for(config.serve, url, timeout_s=config.request_timeout_s,
+                                                         **options))
     # on Ray, the key the workers send the teachers' own servers (ray.api_key_env's), so both are let in alike
     own_options = {"api_key": config.ray.api_key()} if config.runner == "ray" else {}
+    own_options["timeout_s"] = config.request_timeout_s
     for name in llm:
         url = config.teachers[name].server_url
         clients[name] = stack.enter_context(client_for(config.serve, url, **own_options)) if url else clients["_job"]
