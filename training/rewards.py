@@ -186,7 +186,7 @@ class QAReward:
     ``QARewardError`` (a None there would silently drop R_QA from every rollout), anything else as it is.
 
     ``answer_correct(example_id, level_min, level_max) -> bool`` runs SmartChunk retrieval and the
-    generator (``training/planner_common.py: make_qa_judge`` builds it); results are cached per (example, range), and
+    generator (``training/qa_judge.py: QAJudge``); results are cached per (example, range), and
     the distinct ones a call needs are asked ``concurrency`` at a time.
     ``calls`` and ``nones`` count the rewards returned and the Nones among them (``none_share``); each call also
     logs its batch's None share as ``qa_none_share`` through ``log_metric`` when TRL passes one.
