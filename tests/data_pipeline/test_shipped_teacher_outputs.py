@@ -121,15 +121,25 @@ def test_the_shipped_planner_answers_are_the_teachers_complete_and_resume_under_
     assert json.loads((folder / "metrics.json").read_text())["served"]["generator"] == QWEN_CODER
 
 
-def test_the_shipped_planner_traces_are_the_pools_and_served_by_the_teacher() -> None:
-    """The unfinished traces of the planner mix: one record per trace id, from the pool's teachers only, the LLM
-    teachers' served by the teacher, the template's by none."""
+def test_the_shipped_planner_traces_are_the_pools_finished_and_served_by_the_teacher() -> None:
+    """The finished traces of the planner mix: one record per trace id, from the pool's teachers only, the LLM
+    teachers' served by the teacher, the template's by none; every teacher answered every question (the template
+    teacher always yields, so its traces count the mix: each LLM teacher's kept and rejected replies add up to it),
+    no failure is left, and the job's record is finished, so a restored checkout skips the job."""
+    from collections import Counter
+
     from overstory.core.records import PlannerTrace, read_jsonl
 
     folder = SHIPPED / "planner"
     settings = json.loads((folder / "traces.settings.json").read_text())
     traces = list(read_jsonl(folder / "traces.jsonl", PlannerTrace))
     assert len(traces) == len({t.id for t in traces}) > 0
-    assert {t.teacher for t in traces} <= set(settings["teachers"])
+    assert {t.teacher for t in traces} == set(settings["teachers"])
     assert {t.served_model for t in traces if t.teacher != "template"} == {QWEN_CODER}
     assert {t.served_model for t in traces if t.teacher == "template"} == {""}
+    kept = Counter(t.teacher for t in traces)
+    rejected = Counter(json.loads(line)["id"].rsplit("/", 1)[1]
+                       for line in (folder / "traces.rejected.jsonl").read_text().splitlines())
+    assert all(kept[name] + rejected[name] == kept["template"] for name in settings["teachers"]), (kept, rejected)
+    assert not (folder / "traces.failures.jsonl").exists()
+    assert json.loads((SHIPPED / "jobs" / "planner-traces.json").read_text())["finished"] is True
