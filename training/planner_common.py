@@ -1,5 +1,5 @@
 """What the planner's RL recipes (planner_grpo, STITCH) and the verl export share: the reward set with its
-weights, R_QA's judge, the GRPO settings and arguments, and SFT rows from teacher traces.
+weights (R_QA's among them), the GRPO settings and arguments, and SFT rows from teacher traces.
 
 ``GrpoUpdateSettings`` is what every GRPO update needs (rate, loss, sampling); ``GrpoSettings`` adds planner_grpo's
 batch shape and schedule (STITCH sets those per update). ``build_rewards`` returns the reward functions of
