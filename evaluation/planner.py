@@ -33,7 +33,7 @@ With ``unlabelled``, the held-out documents' questions that the backbone never a
 score, tokens read and chunk size of their plans and of the fixed ranges (a NarrativeQA planner is judged on every
 question, not only the ones a 135M backbone could answer).
 
-The answers through the runtime are kept as they come (``evaluation/planner_answers.py``: ``qa_answers.jsonl``, one
+The answers through the runtime are kept as they come (``data_pipeline/planner_answers.py``: ``qa_answers.jsonl``, one
 per question and range, asked ``concurrency`` at a time), so a killed run resumes; ``metrics.json`` names the models
 that served them (``served``) and how many were asked and read back (``answers``).
 
@@ -64,7 +64,7 @@ from overstory.data_pipeline.planner_examples import (
     planner_rows,
     unlabelled_rows,
 )
-from overstory.evaluation.planner_answers import PlannerAnswers, chunk_fingerprints
+from overstory.data_pipeline.planner_answers import PlannerAnswers, chunk_fingerprints
 from overstory.evaluation.planner_metrics import (
     ALL_RANGES,
     by_dataset,

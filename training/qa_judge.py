@@ -6,7 +6,7 @@ asks the generator for a short answer and judges it by the same correctness rule
 
 With the CPU teacher as the generator each answer takes seconds, and an RL run is hours over several invocations, so
 the answers can be kept on disk (``kept``, a folder): each is appended to ``<kept>/qa_answers.jsonl`` as it comes,
-with eval planner's kept-answer store (``evaluation/planner_answers.py``: keyed by question, range and the document's
+with eval planner's kept-answer store (``data_pipeline/planner_answers.py``: keyed by question, range and the document's
 chunking; its settings and the models that served it recorded beside it, other settings refused naming the keys).
 A resumed run reads back the answers of the steps after its last checkpoint instead of asking again, and so does a
 later run on the same labels and stack: GRPO and STITCH start from the same SFT planner, so they plan many of the
@@ -22,7 +22,7 @@ from typing import Any
 
 from overstory.core.config import ConfigError, to_dict
 from overstory.core.records import Chunk
-from overstory.evaluation.planner_answers import PlannerAnswers, chunk_fingerprints
+from overstory.data_pipeline.planner_answers import PlannerAnswers, chunk_fingerprints
 from overstory.retrieval.answer import clean_answer
 from overstory.retrieval.judge import CorrectnessConfig, is_correct
 from overstory.retrieval.smartchunk import DocumentRetrievers

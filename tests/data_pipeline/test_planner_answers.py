@@ -1,5 +1,5 @@
-"""eval planner's kept answers (evaluation/planner_answers.py): an answer kept by an older version that lacks a figure
-the outcome now holds is completed by retrieval alone, once, without asking the generator again."""
+"""The kept answers of eval planner and R_QA (data_pipeline/planner_answers.py): an answer kept by an older version that
+lacks a figure the outcome now holds is completed by retrieval alone, once, without asking the generator again."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from overstory.evaluation.planner_answers import PlannerAnswers
+from overstory.data_pipeline.planner_answers import PlannerAnswers
 
 ROW = {"example_id": "q1", "doc_id": "d1", "question": "Who?"}
 # what the store reads of a client: the served models its server lists (GET /v1/models), recorded with the answers
