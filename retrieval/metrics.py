@@ -9,16 +9,24 @@ import re
 import string
 from collections import Counter
 from collections.abc import Sequence
+from functools import cache
 
 import numpy as np
-from rouge_score import rouge_scorer
 from scipy.stats import bootstrap
 
 from overstory.core.records import Chunk, Span
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = set(string.punctuation)
-_ROUGE = rouge_scorer.RougeScorer(["rougeL"])
+
+
+@cache
+def _rouge_scorer():
+    """Google's ROUGE-L scorer, made on first use: ``rouge_score`` imports nltk (about 4 s on 2 cores), which every
+    process importing these metrics paid, a Ray worker or a training rank that never scores NarrativeQA too."""
+    from rouge_score import rouge_scorer
+
+    return rouge_scorer.RougeScorer(["rougeL"])
 
 
 def normalize_answer(text: str) -> str:
@@ -83,7 +91,7 @@ def rouge_l(prediction: str, answers: Sequence[str]) -> float | None:
     """
     if not answers:
         return None
-    return max(_ROUGE.score(answer, prediction)["rougeL"].fmeasure for answer in answers)
+    return max(_rouge_scorer().score(answer, prediction)["rougeL"].fmeasure for answer in answers)
 
 
 def covers(chunk: Chunk, span: Span) -> bool:

@@ -18,7 +18,6 @@ import numpy as np
 import torch
 
 from overstory.core.config import ConfigError
-from overstory.models.compressor import load_compressor, pad_children
 from overstory.models.registry import load_causal_lm, load_sentence_encoder, resolve, resolve_device
 from overstory.models.text_compressor import checkpoint_kind, join_children, load_text_compressor
 from overstory.serving.batching import Batcher, Job, RowOutput, Sampling
@@ -180,9 +179,20 @@ class _CompressionModel:
         if self.kind == "text-compressor":
             self.model, self.encoder = None, load_text_compressor(folder)
         else:
+            # imported here, not with the engine: the set compressor subclasses transformers' PreTrainedModel, whose
+            # import costs 5-6 s on 2 cores, which a process that imports the engine without serving a compressor
+            # (a data job's client, each of its Ray workers) should not pay
+            from overstory.models.compressor import load_compressor
+
             self.model = load_compressor(folder)
             self.encoder = load_sentence_encoder(self.model.config.encoder)
         self.thread = ModelThread(folder)
+
+    def compress(self, children: list[torch.Tensor]) -> torch.Tensor:
+        """The set compressor's embedding of each group of child vectors."""
+        from overstory.models.compressor import pad_children  # loaded with the model: no import cost here
+
+        return self.model(*pad_children(children))
 
     def token_count(self, texts: list[str]) -> int:
         """The encoder tokens actually embedded (after truncation)."""
@@ -427,7 +437,7 @@ class EmbeddedEngine:
                 dim = comp.model.config.embedding_dim
                 if any(c.dim() != 2 or c.shape[1] != dim for c in children):
                     raise BadRequest(f"child embeddings must be {dim}-dimensional for this compressor")
-                return comp.model(*pad_children(children)), n_tokens
+                return comp.compress(children), n_tokens
 
         output, n_tokens = comp.thread.run(forward)
         return EmbeddingResult(output.numpy().astype(np.float32), n_tokens)
