@@ -61,6 +61,7 @@ from overstory.training import checkpoint_state
 from overstory.training.callbacks import StopOnNonFiniteLoss, TrackingCallback
 from overstory.training.common import (
     LoraSettings,
+    final_eval_loss,
     lora_config,
     newest_checkpoint,
     save_final,
@@ -238,7 +239,7 @@ def _train_llm(config: DistillScorerConfig, train: list[TracedSlate], heldout: l
                "seconds": round(time.perf_counter() - started, 1),
                "tokens_seen": trainer.state.num_input_tokens_seen, **size_metrics(trainer.model)}
     if val_rows:
-        metrics["eval_loss"] = trainer.evaluate()["eval_loss"]
+        metrics["eval_loss"] = final_eval_loss(trainer)
     save_final(trainer, tokenizer, config.out,
                {**manifest, "adapter": config.lora.enabled and not config.lora.merge,
                 "tracking_run": tracker.id if tracker else None},
@@ -303,7 +304,7 @@ def _train_cross_encoder(config: DistillScorerConfig, train: list[TracedSlate], 
                "n_train_rows": len(train_columns["query"]), "n_heldout_rows": len(val_columns["query"]),
                "seconds": round(time.perf_counter() - started, 1)}
     if evaluate:
-        metrics["eval_loss"] = trainer.evaluate()["eval_loss"]
+        metrics["eval_loss"] = final_eval_loss(trainer)
     final = Path(config.out) / "final"
     if trainer.is_world_process_zero():
         model.save(str(final))

@@ -29,7 +29,14 @@ from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.splits import split_by_document
 from overstory.models.registry import SMOLLM2, load_causal_lm
 from overstory.training.callbacks import StopOnNonFiniteLoss, TrackingCallback
-from overstory.training.common import LoraSettings, lora_config, newest_checkpoint, save_final, size_metrics
+from overstory.training.common import (
+    LoraSettings,
+    final_eval_loss,
+    lora_config,
+    newest_checkpoint,
+    save_final,
+    size_metrics,
+)
 from overstory.training.planner_common import trace_rows
 from overstory.training.sft import SftTrainSettings, check_sft_section, sft_args
 
@@ -113,7 +120,7 @@ def run(config: PlannerSftConfig) -> dict:
                "tokens_seen": trainer.state.num_input_tokens_seen,  # non-padding, all processes, since step 0
                **size_metrics(trainer.model)}
     if val_traces:
-        metrics["eval_loss"] = trainer.evaluate()["eval_loss"]
+        metrics["eval_loss"] = final_eval_loss(trainer)
     save_final(trainer, tokenizer, out, {
         "kind": "planner", "base_model": config.model, "adapter": config.lora.enabled and not config.lora.merge,
         "recipe": "planner_sft", "config": to_dict(config), "traces": config.traces,

@@ -1,13 +1,14 @@
-"""What the recipes share: the final save across ranks (training/common.py)."""
+"""What the recipes share (training/common.py): the final save across ranks, the final validation loss."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from overstory.training.common import save_final
+from overstory.training.common import final_eval_loss, save_final
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,3 +53,23 @@ def test_save_final_saves_the_model_on_every_rank_and_the_rest_on_the_main_one(t
         assert json.loads((tmp_path / "metrics.json").read_text())["history"] == [{"step": 1}]
     else:
         assert written == (False, False, False)
+
+
+class EvaluatingStandIn:
+    """A stand-in for a Trainer after training (not a Trainer): its state's log and a counted ``evaluate``."""
+
+    def __init__(self, log_history: list[dict], global_step: int):
+        self.state = SimpleNamespace(log_history=log_history, global_step=global_step)
+        self.passes = 0
+
+    def evaluate(self) -> dict:
+        self.passes += 1
+        return {"eval_loss": 9.0}
+
+
+def test_the_final_eval_loss_is_the_one_logged_at_the_last_step_else_a_new_pass() -> None:
+    logged = EvaluatingStandIn([{"step": 50, "eval_loss": 2.0}, {"step": 60, "loss": 1.5},
+                                {"step": 60, "eval_loss": 1.25}], global_step=60)
+    assert final_eval_loss(logged) == 1.25 and logged.passes == 0
+    stale = EvaluatingStandIn([{"step": 50, "eval_loss": 2.0}, {"step": 60, "loss": 1.5}], global_step=60)
+    assert final_eval_loss(stale) == 9.0 and stale.passes == 1  # the last evaluation was of older weights
