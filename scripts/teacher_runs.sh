@@ -17,6 +17,8 @@
 #    gold levels only, QASPER's and SQuAD's), GRPO and STITCH with R_QA answered by the teacher, and eval planner with
 #    the teacher as the generator (every fixed range and the planners).
 # Each job's config is configs/{data,eval,train}/*-teacher.yaml; docs/data.md#running-the-teacher-jobs says more.
+# The stack starts only when a job asks the teacher: TEACHER_JOBS="planner-sft planner-sft-gold" trains beside none
+# (their records name engine and model "none", with no calls).
 #
 # Stop: send the script TERM or INT (or run it under `timeout`): the running job stops, its invocation is recorded.
 # Resume: rerun the script. A job with <runs>/jobs/<job>.json is finished and skipped; any other job runs again and
@@ -138,6 +140,7 @@ planner_command() {  # the overstory command line of the planner chain's step $1
 # each job. A stack that no longer answers (a signal to the whole process group stopped it with the job) gives
 # {"unavailable": why}: the invocation is still recorded, with its counters marked missing.
 counters() {
+  if [[ $1 == none ]]; then echo '{}'; return; fi  # no stack: the jobs asked no model
   "$PYTHON" - "$1" <<'PY'
 import json, sys
 from prometheus_client.parser import text_string_to_metric_families
@@ -223,6 +226,12 @@ serve_command() {  # the overstory command line of the teacher stack on $ENGINE
     roles.planner.model="$MODEL"
 }
 
+needs_stack() {  # whether a job of $JOBS asks a model (its command takes server_url): SFT and the data steps do not
+  local job
+  for job in $JOBS; do [[ $(job_command "$job") == *server_url=* ]] && return 0; done
+  return 1
+}
+
 start_stack() {  # sets URL (for the jobs) and METRICS (where the counters are read)
   if [[ -n ${TEACHER_URL:-} ]]; then URL=$TEACHER_URL METRICS=$TEACHER_URL; return; fi
   URL=http://127.0.0.1:$PORT METRICS=$URL
@@ -286,7 +295,11 @@ main() {
   for job in $JOBS; do job_command "$job" > /dev/null; done  # an unknown job name stops before the stack starts
   serve_command > /dev/null
   mkdir -p "$DIR/logs" "$DIR/jobs"
-  start_stack
+  if needs_stack; then start_stack
+  else  # nothing to serve: the jobs' records say so (engine and model none, no calls)
+    echo "no job of '$JOBS' asks the teacher: no stack started"
+    URL="" METRICS=none ENGINE=none MODEL=none
+  fi
   for job in $JOBS; do run_job "$job"; done
   echo "all done: $DIR/jobs/*.json"
 }

@@ -127,6 +127,27 @@ def test_an_unknown_job_stops_the_script_before_it_starts_a_stack(tmp_path: Path
     assert not (tmp_path / "runs").exists()
 
 
+def test_jobs_that_ask_no_model_run_without_a_stack_and_are_recorded_so(tmp_path: Path) -> None:
+    """SFT asks no model: the script starts no stack (nothing answers on the port it would use) and records the job
+    with engine and model "none" and no calls. The job is a stand-in (a shell script that records its arguments):
+    this checks the runbook's own choice, planner_sft has its own tests."""
+    job = tmp_path / "overstory"
+    job.write_text(f'#!/usr/bin/env bash\necho "$@" >> {tmp_path}/args\n')
+    job.chmod(0o755)
+    done = subprocess.run(["bash", str(SCRIPT)], cwd=ROOT, text=True, capture_output=True, timeout=120,
+                          env={**os.environ, "TEACHER_RUNS": str(tmp_path / "runs"), "OVERSTORY": str(job),
+                               "TEACHER_JOBS": "planner-sft planner-sft-gold", "TEACHER_ENGINE": "vllm",
+                               "TEACHER_PORT": "9"})
+    assert done.returncode == 0, done.stderr
+    assert "no stack started" in done.stdout and "starting the" not in done.stdout
+    args = (tmp_path / "args").read_text().splitlines()
+    assert [line.split()[:2] for line in args] == [["train", "planner_sft"]] * 2 and "server_url" not in "".join(args)
+    for name in ("planner-sft", "planner-sft-gold"):
+        record = json.loads((tmp_path / "runs" / "jobs" / f"{name}.json").read_text())
+        assert record["engines"] == record["models"] == ["none"] and record["llm_calls"] == 0
+        assert record["invocations_without_counters"] == 0
+
+
 def test_a_stopped_script_stops_its_job_and_records_the_invocation(tmp_path: Path) -> None:
     """TERM to the script (a deadline, Ctrl-C) while a job runs: the job's process is stopped, the invocation is
     recorded (its wall time, exit 143, no finished-job record) and the script exits 143, so a rerun resumes it. The
