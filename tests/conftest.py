@@ -83,7 +83,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Mark the ``alone`` tests and the groups of ``SHARED_FIXTURE_GROUPS``; after every other plugin and conftest has
     marked its own, keep each module with a module-scoped fixture on one worker (``module_fixture_group``: only the
     tests left without a group, so none leaves the cpu-vllm stack's) and name the groups in the test ids on an xdist
-    worker (``name_groups_in_ids``)."""
+    worker (``name_groups_in_ids``); then put the long single tests first (``is_long_single``)."""
     for item in items:
         if item.nodeid.startswith(ALONE):
             item.add_marker(pytest.mark.alone)
@@ -95,7 +95,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(group))
     if getattr(config.option, "loadgroup", False):
         name_groups_in_ids(items)
+    items.sort(key=lambda item: not is_long_single(item))
     return result
+
+
+def is_long_single(item: pytest.Item) -> bool:
+    """A ``slow`` test outside every xdist group: these run first among the single tests. ``--dist loadgroup`` hands
+    out the groups (most tests first), then the single tests in collection order, so the quickstart's end-to-end test
+    (5 minutes, in tests/test_quickstart.py) started last of all and one worker ran it alone while the other had
+    finished (130 s of the two-worker phase); started early, the short tests left fill both workers to the end."""
+    return item.get_closest_marker("slow") is not None and item.get_closest_marker("xdist_group") is None
 
 
 @pytest.fixture
