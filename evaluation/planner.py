@@ -58,13 +58,13 @@ from rich.progress import track
 from overstory.core.config import ConfigError, to_dict
 from overstory.core.records import LEVELS, Chunk, PseudoLabel, read_jsonl
 from overstory.core.tracking import TrackingConfig, start_run
+from overstory.data_pipeline.planner_answers import PlannerAnswers, chunk_fingerprints
 from overstory.data_pipeline.planner_examples import (
     PlannerDataConfig,
     labelled_hierarchy,
     planner_rows,
     unlabelled_rows,
 )
-from overstory.data_pipeline.planner_answers import PlannerAnswers, chunk_fingerprints
 from overstory.evaluation.planner_metrics import (
     ALL_RANGES,
     by_dataset,
