@@ -131,7 +131,9 @@ def test_a_killed_question_is_searched_again_from_scratch(lattice_tree: Path, tm
     queries = tmp_path / "traces.queries.jsonl"
     first, second = queries.read_text().splitlines()
     queries.write_text(first + "\n")  # the second question's summary never written
-    orphan = {**json.loads(out.read_text().splitlines()[-1]), "id": "stale-slate-of-an-earlier-search"}
+    # The questions are searched concurrently: the last slate may be either one's, so copy the unlogged one's.
+    killed = [s for s in read_jsonl(out) if s["query_id"] == json.loads(second)["id"]][-1]
+    orphan = {**killed, "id": "stale-slate-of-an-earlier-search"}
     with out.open("a") as fh:
         fh.write(json.dumps(orphan) + "\n")
     assert _run(lattice_tree, out, "limit=2") == 0
