@@ -284,23 +284,21 @@ def _convert_once(name: str, folder: str, gguf_of: Callable[[Path], tuple[Path, 
 
 
 def _dequantise(name: str, gguf: Path, out: Path) -> None:
-    """Read a GGUF with transformers (which de-quantises it to float32) and save model and tokenizer to ``out``."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """Read a GGUF with transformers, de-quantised to float32, and save model and tokenizer to ``out``.
+
+    ``GgufConfig(dequantize=True)`` asks for plain float32 layers: without it transformers keeps the weights packed
+    wherever the ``kernels`` package offers a GGUF matmul, and a packed model cannot be saved as a plain checkpoint.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
+                                                     quantization_config=GgufConfig(dequantize=True))
     except ImportError as exc:
         raise ModelNotAvailable(f"reading the GGUF of {name} needs the 'gguf' package: pip install gguf") from exc
-    # transformers refuses to save a model loaded from GGUF; the weights are already de-quantised,
-    # so copy them into a plain model built from the same config and save that.
-    config = quantized.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.load_state_dict(quantized.state_dict())
-    model.generation_config = quantized.generation_config
-    del quantized
+    # de-quantised, the model carries no GGUF quantizer any more (transformers drops it after loading), so it saves
+    # as a plain checkpoint
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
 
