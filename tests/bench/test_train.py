@@ -16,6 +16,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_bench_train_short(summaries: Path, tmp_path: Path) -> None:
+    """The bench's two runs are also the check that DDP over gloo trains as one process does (accelerate's MULTI_CPU,
+    each rank a shard of the same epochs): the same validation split scored alike before training, and a training loss
+    that falls on two ranks. Not bit for bit, and not as far per epoch: each rank takes a batch of 8, so DDP makes
+    half the steps."""
     recipes = (f"recipes={{compressor: {{job: compressor, config: {ROOT / 'configs/train/compressor.yaml'}, "
                f"overrides: [data={summaries}, train.epochs=2, train.batch_size=8]}}}}")
     launchers = f"launchers={{one: '', ddp: {ROOT / 'configs/accelerate/cpu-2proc.yaml'}}}"
@@ -29,6 +33,11 @@ def test_bench_train_short(summaries: Path, tmp_path: Path) -> None:
         ddp["samples_per_s"] / one["samples_per_s"], rel=1e-2)
     assert ddp["peak_rss_mib"] > one["peak_rss_mib"] > 100  # two Python processes hold two copies
     assert (tmp_path / "bench.png").stat().st_size > 5_000
+    runs = {name: json.loads((tmp_path / "compressor" / name / "metrics.json").read_text()) for name in ("one", "ddp")}
+    assert runs["ddp"]["distributed_type"] == "DistributedType.MULTI_CPU"
+    before = runs["one"]["history"][0]["val_mse"]
+    assert runs["ddp"]["history"][0]["val_mse"] == pytest.approx(before, rel=1e-6)
+    assert runs["ddp"]["history"][-1]["train_loss"] < runs["ddp"]["history"][1]["train_loss"]
 
 
 def test_missing_launcher_config_is_named(tmp_path: Path) -> None:
