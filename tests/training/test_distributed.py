@@ -27,9 +27,9 @@ def launch(accelerate_config: str, job: list[str]) -> str:
     return done.stdout + done.stderr
 
 
-def compressor_job(summaries: Path, out: Path, epochs: int, batch_size: int = 8) -> list[str]:
+def compressor_job(summaries: Path, out: Path, epochs: int) -> list[str]:
     return ["train", "compressor", "--config", str(ROOT / "configs/train/compressor.yaml"), f"data={summaries}",
-            f"out={out}", f"train.epochs={epochs}", f"train.batch_size={batch_size}", "train.lr=1e-4",
+            f"out={out}", f"train.epochs={epochs}", "train.batch_size=8", "train.lr=1e-4",
             "tracking.backend=none"]
 
 
