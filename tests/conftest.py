@@ -29,11 +29,11 @@ os.environ.setdefault("VLLM_CACHE_ROOT", str(ROOT / ".cache" / "vllm"))
 
 SQUAD = ROOT / "data/squad/dev-v2.0-articles.json"
 
-# Tests that `make test` runs after the two-worker phase, one at a time: each holds several GiB beside its worker's
-# own models (the teacher's 7 GB conversion; DeepSpeed's two launched processes), which next to the other worker and
-# the cpu-vllm stack exhausted the 24 GiB CI machine; and STITCH's two launched ranks, which beside the other worker
-# (three busy processes on two cores, the ranks meeting at every collective) took 2.2-2.4 times as long: 314 s and
-# 195 s for its ZeRO-2 and ZeRO-3 tests in the two-worker phase, 130 s and 89 s alone (plus 82 s to make the SFT
+# Tests that `make test` runs after the two-worker phase, one at a time: each holds several GiB beside its worker's own
+# models (the teacher's conversion, 9 GB at its peak; DeepSpeed's two launched processes), which next to the other
+# worker and the cpu-vllm stack exhausted the 24 GiB CI machine; and STITCH's two launched ranks, which beside the other
+# worker (three busy processes on two cores, the ranks meeting at every collective) took 2.2-2.4 times as long: 314 s
+# and 195 s for its ZeRO-2 and ZeRO-3 tests in the two-worker phase, 130 s and 89 s alone (plus 82 s to make the SFT
 # planner they start from).
 ALONE = ("tests/models/test_teacher.py", "tests/test_teacher_jobs.py", "tests/training/test_distributed.py",
          "tests/training/test_stitch_distributed.py")
