@@ -243,8 +243,12 @@ start_stack() {  # sets URL (for the jobs) and METRICS (where the counters are r
   local command
   command=$(serve_command | tr '\n' ' ')
   echo "starting the $ENGINE teacher stack: overstory $command ($THREADS threads; log $DIR/logs/stack.log)"
+  # The stack runs in its own session: a signal to the script's process group (`timeout` sends its TERM to the
+  # whole group) stops the job but not the stack, whose counters are read for the stopped invocation's record; the
+  # EXIT trap stops the stack after that. (A background job of this non-interactive script leads no process group,
+  # so setsid makes the new session in place and $! is the stack's own pid.)
   # shellcheck disable=SC2086  # the command's words are serve_command's (no spaces inside a word)
-  "$OVERSTORY" $command >> "$DIR/logs/stack.log" 2>&1 &
+  setsid "$OVERSTORY" $command >> "$DIR/logs/stack.log" 2>&1 &
   STACK_PID=$!
   trap 'kill "$STACK_PID" 2> /dev/null; wait "$STACK_PID" 2> /dev/null || true' EXIT
   # the first start converts the teacher into the cache (minutes); vLLM then loads it

@@ -9,7 +9,10 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
+import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -174,6 +177,54 @@ def test_a_stopped_script_stops_its_job_and_records_the_invocation(tmp_path: Pat
                      .read_text().splitlines()]
     assert invocation["exit"] == 143 and invocation["wall_s"] >= 0
     assert not (tmp_path / "jobs" / "traces-hotpotqa.json").exists()
+
+
+def test_a_signal_to_the_scripts_process_group_leaves_the_stack_up_for_the_counters(tmp_path: Path) -> None:
+    """`timeout` sends its TERM to the script's whole process group: the job stops, but the stack (in its own
+    session) still answers when the stopped invocation's counters are read, and the script stops it on exit. Job and
+    stack are stand-ins (a shell script that sleeps, and a Python HTTP server answering /health): this checks the
+    runbook's own process handling."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    health = ("import http.server, sys\n"
+              "class Health(http.server.BaseHTTPRequestHandler):\n"
+              "    def do_GET(self):\n        self.send_response(200); self.end_headers()\n"
+              "    def log_message(self, *args):\n        pass\n"
+              "http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), Health).serve_forever()\n")
+    (tmp_path / "health.py").write_text(health)
+    stand_in = tmp_path / "overstory"
+    stand_in.write_text(f"#!/usr/bin/env bash\nif [[ $1 == serve ]]; then echo $$ > {tmp_path}/stack.pid\n"
+                        f"  exec {shlex.quote(sys.executable)} {tmp_path}/health.py {port}; fi\n"
+                        f"echo $$ > {tmp_path}/job.pid\nexec sleep 60\n")
+    stand_in.chmod(0o755)
+    # the counters say whether the stack's server still answered when they were read
+    snippet = (f"source {shlex.quote(str(SCRIPT))}\n"
+               f"counters() {{ if curl -sf \"$URL/health\" > /dev/null; then echo '{counters(0, 0, 0, 0)}'; "
+               "else echo '{\"unavailable\": \"the stack did not answer\"}'; fi; }\nmain")
+    env = {**os.environ, "TEACHER_RUNS": str(tmp_path / "runs"), "OVERSTORY": str(stand_in),
+           "TEACHER_JOBS": "traces-hotpotqa", "TEACHER_PORT": str(port)}
+    script = subprocess.Popen(["bash", "-c", snippet], cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, start_new_session=True)
+    job_pid_file = tmp_path / "job.pid"
+    for _ in range(300):
+        if job_pid_file.exists() and job_pid_file.read_text().strip():
+            break
+        subprocess.run(["sleep", "0.1"])
+    os.killpg(script.pid, signal.SIGTERM)  # what `timeout` does
+    _, stderr = script.communicate(timeout=30)
+    assert script.returncode == 143 and "traces-hotpotqa stopped (signal)" in stderr
+    (invocation,) = [json.loads(line) for line in (tmp_path / "runs" / "jobs" / "traces-hotpotqa.invocations.jsonl")
+                     .read_text().splitlines()]
+    assert invocation["exit"] == 143 and "counters_unavailable" not in invocation
+    stack_pid = int((tmp_path / "stack.pid").read_text())
+    for _ in range(50):  # the EXIT trap's TERM reaches the stack; the server then exits
+        if subprocess.run(["kill", "-0", str(stack_pid)], capture_output=True).returncode != 0:
+            break
+        subprocess.run(["sleep", "0.1"])
+    else:
+        os.kill(stack_pid, signal.SIGKILL)
+        raise AssertionError("the stack outlived the script")
 
 
 def test_an_invocation_whose_stack_was_gone_is_recorded_without_counts(tmp_path: Path) -> None:
