@@ -27,6 +27,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import shlex
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -248,13 +249,17 @@ def start_server(command: list[str], url: str, log_path: Path, timeout_s: float 
     until ``url``/health answers 200.
 
     Returns the ``subprocess.Popen``; a process that exits first, or a timeout, raises ``ServerDied`` with
-    the log's last lines (the model's error is usually there)."""
+    the log's last lines (the model's error is usually there). Each start appends to ``log_path`` after a line
+    with the time and the command."""
     import time
 
     import httpx
 
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("w") as log:
+    # appended, not replaced: a restarted stack keeps the log of the server it replaces (why that one died)
+    with log_path.open("a") as log:
+        log.write(f"== {time.strftime('%Y-%m-%dT%H:%M:%S')} {shlex.join(command)}\n")
+        log.flush()
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_stop_with_parent,
                                    env={**os.environ, **{k: str(v) for k, v in (env or {}).items()}})
     deadline = time.monotonic() + timeout_s

@@ -37,6 +37,9 @@ class RewardSettings:
     # answer's time limit (an answer past it is no signal: None)
     qa_concurrency: int = 1
     qa_request_timeout_s: float = 120.0
+    # the share of one reward call's completions that may lack R_QA (transient failures: None) before the run stops
+    # (QARewardError): above it the stack is down or overloaded, and the steps after would train without R_QA
+    qa_max_none_share: float = 0.5
     # a folder where R_QA's answers are kept (qa_answers.jsonl, training/qa_judge.py): a resumed run, and later runs
     # on the same labels and stack (GRPO, then STITCH from the same SFT planner), read them back instead of asking
     # again; empty: asked anew each run. One process only
@@ -46,6 +49,8 @@ class RewardSettings:
         if self.qa_concurrency < 1 or self.qa_request_timeout_s <= 0:
             raise ConfigError(f"rewards.qa_concurrency must be >= 1 and rewards.qa_request_timeout_s positive, got "
                               f"{self.qa_concurrency} and {self.qa_request_timeout_s}")
+        if not 0 <= self.qa_max_none_share <= 1:
+            raise ConfigError(f"rewards.qa_max_none_share must be within [0, 1], got {self.qa_max_none_share}")
 
 
 @dataclass(frozen=True)
@@ -165,7 +170,7 @@ def build_rewards(settings: RewardSettings, qa_judge: Callable[[str, str, str], 
     if settings.qa:
         if qa_judge is None:
             raise ConfigError("rewards.qa > 0 needs the generator for R_QA (a served stack)")
-        candidates.append((settings.qa, QAReward(qa_judge, settings.qa_concurrency)))
+        candidates.append((settings.qa, QAReward(qa_judge, settings.qa_concurrency, settings.qa_max_none_share)))
     chosen = [(weight, fn) for weight, fn in candidates if weight]
     if not chosen:
         raise ConfigError("rewards: every weight is 0; give at least one reward a weight")

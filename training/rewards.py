@@ -18,7 +18,9 @@ cannot divide by zero in ``read_share``).
 - ``QAReward``: 1 when SmartChunk retrieval over the predicted range plus the generator answers correctly
   (R_QA), cached by (example, range) so repeated rollouts of one question cost one retrieval each. Only
   transient failures (timeouts, transport errors, 5xx after the client's retries) give None; a 4xx (a wrong
-  role or model name, a malformed request) raises ``QARewardError``. Each call logs ``qa_none_share``.
+  role or model name, a malformed request) raises ``QARewardError``, and so does a call whose share of None is
+  above ``max_none_share`` (the stack is down: training on would be a run without R_QA). Each call logs
+  ``qa_none_share``.
 """
 
 from __future__ import annotations
@@ -183,7 +185,10 @@ class QAReward:
     """R_QA: 1.0 when answering from the predicted range is correct, 0.0 when wrong or when there is no
     plan, None when the answer could not be obtained for a transient reason (``transient``: the generator
     timed out, the server is down or overloaded: no signal). Any other failure raises: a 4xx as
-    ``QARewardError`` (a None there would silently drop R_QA from every rollout), anything else as it is.
+    ``QARewardError`` (a None there would silently drop R_QA from every rollout), anything else as it is. A call
+    whose rewards are None for more than ``max_none_share`` of its completions raises ``QARewardError`` too, with the
+    last failure: a stack that stopped answering (a vLLM server killed for memory) would otherwise turn every later
+    step into a run without R_QA while the job carries on; stopped, it resumes from its last checkpoint.
 
     ``answer_correct(example_id, level_min, level_max) -> bool`` runs SmartChunk retrieval and the
     generator (``training/qa_judge.py: QAJudge``); results are cached per (example, range), and
@@ -208,11 +213,13 @@ class QAReward:
 
     __name__ = "qa_reward"  # TRL names each reward's logged column after __name__
 
-    def __init__(self, answer_correct: Callable[[str, str, str], bool], concurrency: int = 1):
-        self.answer_correct, self.concurrency = answer_correct, concurrency
+    def __init__(self, answer_correct: Callable[[str, str, str], bool], concurrency: int = 1,
+                 max_none_share: float = 0.5):
+        self.answer_correct, self.concurrency, self.max_none_share = answer_correct, concurrency, max_none_share
         self.cache: dict[tuple[str, str, str], bool | None] = {}
         self.calls = 0  # rewards returned
         self.nones = 0  # of which None (no signal)
+        self.last_failure = ""  # the latest transient failure, for the error that stops a run
         self._lock = threading.Lock()
 
     @property
@@ -228,6 +235,8 @@ class QAReward:
             result: bool | None = bool(self.answer_correct(*key))
         except Exception as exc:
             if transient(exc):
+                with self._lock:
+                    self.last_failure = f"{type(exc).__name__}: {exc}"
                 return None  # not cached: a later rollout may get through
             if isinstance(exc, ClientError):
                 raise QARewardError(f"R_QA: the retrieval/generator stack refused the request for {key[0]!r} with "
@@ -254,4 +263,9 @@ class QAReward:
             self.nones += nones
         if log_metric is not None and rewards:
             log_metric("qa_none_share", nones / len(rewards))
+        if rewards and nones / len(rewards) > self.max_none_share:
+            raise QARewardError(f"R_QA: no answer for {nones} of {len(rewards)} completions of this call, above "
+                                f"rewards.qa_max_none_share ({self.max_none_share}); the last failure: "
+                                f"{self.last_failure}. The retrieval/generator stack is down or overloaded: check its "
+                                f"log, then rerun to resume from the last checkpoint")
         return rewards

@@ -117,6 +117,13 @@ def test_a_server_that_dies_during_start_up_shows_its_log_tail(tmp_path: Path) -
     command = [sys.executable, "-c", "import sys; print('loading weights'); print('CUDA out of memory'); sys.exit(3)"]
     with pytest.raises(ServerDied, match="(?s)exited with code 3.*CUDA out of memory"):
         start_server(command, "http://127.0.0.1:9", tmp_path / "vllm.log", timeout_s=30, poll_s=0.05)
+    # a restart on the same log keeps what the first start wrote (why it died), after a line naming each start
+    again = [sys.executable, "-c", "import sys; print('second start'); sys.exit(4)"]
+    with pytest.raises(ServerDied, match="exited with code 4"):
+        start_server(again, "http://127.0.0.1:9", tmp_path / "vllm.log", timeout_s=30, poll_s=0.05)
+    log = (tmp_path / "vllm.log").read_text()
+    assert log.index("CUDA out of memory") < log.index("second start")
+    assert sum(line.startswith("== ") for line in log.splitlines()) == 2
 
 
 def test_a_background_stack_shares_one_server_per_base_model_on_free_ports() -> None:

@@ -54,7 +54,7 @@ def test_degenerate_documents_and_failing_judges_give_no_nan() -> None:
     def judge(example_id: str, low: str, high: str) -> bool:
         raise TimeoutError("generator timed out")
 
-    assert QAReward(judge)([plan], example_id=["q"]) == [None]  # no signal, not a wrong answer
+    assert QAReward(judge, max_none_share=1.0)([plan], example_id=["q"]) == [None]  # no signal, not a wrong answer
 
 
 def test_length_reward_needs_token_ids() -> None:
@@ -86,7 +86,7 @@ def test_qa_reward_raises_on_client_errors_that_retrying_cannot_fix(status: int)
                                    TimeoutError("generator timed out"), ConnectionError("reset")])
 def test_qa_reward_gives_none_on_transient_failures_and_counts_them(error: Exception) -> None:
     logged: list[tuple[str, float]] = []
-    qa = QAReward(_failing_judge(error))
+    qa = QAReward(_failing_judge(error), max_none_share=0.75)
     assert qa([PLAN, "no plan", PLAN, PLAN], example_id=["q1", "q1", "q2", "q3"],
               log_metric=lambda name, value: logged.append((name, value))) == [None, 0.0, None, None]
     assert (qa.calls, qa.nones, qa.none_share) == (4, 3, 0.75)
@@ -105,11 +105,29 @@ def test_qa_reward_other_errors_propagate_and_share_accumulates() -> None:
             raise answer
         return answer
 
-    qa = QAReward(flaky)
+    qa = QAReward(flaky, max_none_share=1.0)
     assert qa.none_share is None
     assert qa([PLAN], example_id=["q"]) == [None]
     assert qa([PLAN, PLAN], example_id=["q", "q"]) == [1.0, 1.0]  # retried, then cached
     assert qa.none_share == pytest.approx(1 / 3)
+
+
+def test_qa_reward_stops_the_run_when_most_of_a_call_has_no_answer() -> None:
+    """A stack that stopped answering (its vLLM server killed for memory) makes every answer a transient failure:
+    the call whose None share is above the limit raises, naming the count and the last failure, instead of letting
+    the steps after train without R_QA."""
+    answers = {"q1": True, "q2": ClientError(0, "ConnectError calling http://127.0.0.1:8001", 3)}
+
+    def judge(example_id: str, low: str, high: str) -> bool:
+        answer = answers[example_id]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    qa = QAReward(judge, max_none_share=0.5)
+    assert qa([PLAN, PLAN], example_id=["q1", "q2"]) == [1.0, None]  # half: at the limit, not above it
+    with pytest.raises(QARewardError, match=r"no answer for 2 of 3 completions.*0\.5.*ConnectError"):
+        qa([PLAN, PLAN, PLAN], example_id=["q1", "q2", "q2"])
 
 
 def test_format_reward_logs_the_strict_rate_without_changing_its_values() -> None:
