@@ -38,6 +38,9 @@
 #   TEACHER_JOBS     the jobs to run, in order (default: all, as listed in KNOWN_JOBS below)
 #   TEACHER_RUNS     where everything goes (default runs/teacher)
 #   TEACHER_PORT     the stack's port (default 8000); TEACHER_URL uses a running stack instead of starting one
+#   TEACHER_KV_GIB   vLLM's KV cache in GiB (default 4, about 74,000 tokens; 2 when planner-grpo or planner-stitch
+#                    trains beside the stack: with 4 the trainer's peak left the 24 GiB machine short and the kernel
+#                    killed the vLLM worker; 2 still holds R_QA's 16 answers in flight)
 #   TEACHER_MODEL    the model of every chat role (default the teacher; builtin:smollm2-135m-instruct with
 #                    TEACHER_SMOKE=1 and another TEACHER_RUNS checks the wiring in minutes)
 #   TEACHER_SMOKE    1: a few documents and questions per job (a wiring check, never the measured run)
@@ -214,11 +217,17 @@ if failed:  # a job may finish on fallbacks for refused requests: say so beside 
 PY
 }
 
+kv_gib() {  # vLLM's KV cache in GiB: TEACHER_KV_GIB, else 2 when a job of $JOBS trains beside the stack, else 4
+  if [[ -n ${TEACHER_KV_GIB:-} ]]; then echo "$TEACHER_KV_GIB"
+  elif [[ " $JOBS " == *" planner-grpo "* || " $JOBS " == *" planner-stitch "* ]]; then echo 2
+  else echo 4; fi
+}
+
 serve_command() {  # the overstory command line of the teacher stack on $ENGINE
   case $ENGINE in
     embedded) echo serve --config configs/serve/cpu-teacher.yaml ;;
     vllm) echo serve --config configs/serve/cpu-teacher-vllm.yaml \
-      vllm_python="${OVERSTORY_VLLM_PYTHON:-.venv-vllm/bin/python}" vllm_env.VLLM_CPU_KVCACHE_SPACE=4 \
+      vllm_python="${OVERSTORY_VLLM_PYTHON:-.venv-vllm/bin/python}" vllm_env.VLLM_CPU_KVCACHE_SPACE="$(kv_gib)" \
       vllm_env.VLLM_CPU_OMP_THREADS_BIND="0-$((THREADS - 1))" ;;
     *) echo "TEACHER_ENGINE=$ENGINE: embedded or vllm" >&2; return 2 ;;
   esac
@@ -265,6 +274,17 @@ record_name() {  # the name of job $1's records under $DIR/jobs: the job's, and 
   else echo "$1"; fi
 }
 
+watch_stack() {  # in the background while job $1 (pid $2) runs: a stack (pid $3) that exits (a vLLM server killed
+  # for memory takes the stack down with it) stops the job, whose every later request would fail
+  [[ -n $3 ]] || return 0
+  while kill -0 "$2" 2> /dev/null; do
+    if ! kill -0 "$3" 2> /dev/null; then
+      echo "the teacher stack exited: stopping $1" >&2; kill -TERM "$2" 2> /dev/null; return 0
+    fi
+    sleep "${WATCH_S:-5}"
+  done
+}
+
 run_job() {
   local job=$1 name command before after started status=0
   command=$(job_command "$job")
@@ -280,6 +300,10 @@ run_job() {
   # shellcheck disable=SC2086  # the command's words are job_command's (no spaces inside a word)
   "$OVERSTORY" $command >> "$DIR/logs/$job.log" 2>&1 &
   JOB_PID=$!
+  # The watcher runs in its own session, out of reach of a TERM to the script's process group: a background child
+  # dying of that TERM while the trap below runs tripped bash ("pop_var_context: head of shell_variables not a
+  # function context") and the script exited 1 instead of 143. It ends by itself when the job does.
+  setsid bash -c "$(declare -f watch_stack); watch_stack \"\$@\"" watch_stack "$job" "$JOB_PID" "${STACK_PID:-}" &
   trap 'STOPPED=1; kill -TERM "$JOB_PID" 2> /dev/null' TERM INT
   wait "$JOB_PID" || status=$?
   while kill -0 "$JOB_PID" 2> /dev/null; do wait "$JOB_PID" || true; done  # a signal cut the wait short
@@ -288,6 +312,10 @@ run_job() {
   record "$name" "$status" "$(awk "BEGIN {print $(date +%s.%N) - $started}")" "$before" "$after"
   if [[ ${STOPPED:-0} == 1 ]]; then
     echo "$job stopped (signal): rerun the script to resume it" >&2; exit 143
+  fi
+  if [[ -n ${STACK_PID:-} ]] && ! kill -0 "$STACK_PID" 2> /dev/null; then
+    echo "the teacher stack exited while $job ran (see $DIR/logs/stack.log and $DIR/serve): the job was stopped;" \
+      "rerun the script to resume it" >&2; exit 1
   fi
   if [[ $status != 0 ]]; then
     echo "$job failed (exit $status): see $DIR/logs/$job.log; rerun the script to resume it" >&2; exit "$status"

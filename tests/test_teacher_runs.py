@@ -70,7 +70,17 @@ def test_every_command_line_loads_its_config(env: dict[str, str], monkeypatch: p
     assert {role.model for name, role in stack.roles.items() if name != "embedder"} == {model}
     assert stack.engine == env.get("TEACHER_ENGINE", "embedded")
     if stack.engine == "vllm":
-        assert stack.vllm_env["VLLM_CPU_KVCACHE_SPACE"] == "4" and "VLLM_CPU_OMP_THREADS_BIND" in stack.vllm_env
+        # every job is listed, GRPO and STITCH among them: the smaller KV cache that leaves their trainer room
+        assert stack.vllm_env["VLLM_CPU_KVCACHE_SPACE"] == "2" and "VLLM_CPU_OMP_THREADS_BIND" in stack.vllm_env
+
+
+@pytest.mark.parametrize(("env", "gib"), [({"TEACHER_JOBS": "labels-narrativeqa planner-eval"}, "4"),
+                                          ({"TEACHER_JOBS": "planner-grpo planner-eval"}, "2"),
+                                          ({"TEACHER_JOBS": "planner-stitch"}, "2"),
+                                          ({"TEACHER_JOBS": "planner-stitch", "TEACHER_KV_GIB": "6"}, "6")])
+def test_the_kv_cache_shrinks_when_a_trainer_runs_beside_the_stack(env: dict[str, str], gib: str) -> None:
+    done = sourced("kv_gib", **env)
+    assert done.returncode == 0 and done.stdout.strip() == gib, done.stderr
 
 
 def counters(calls: int, prompt: int, completion: int, embedded: int, failed: int = 0) -> str:
@@ -179,52 +189,91 @@ def test_a_stopped_script_stops_its_job_and_records_the_invocation(tmp_path: Pat
     assert not (tmp_path / "jobs" / "traces-hotpotqa.json").exists()
 
 
-def test_a_signal_to_the_scripts_process_group_leaves_the_stack_up_for_the_counters(tmp_path: Path) -> None:
-    """`timeout` sends its TERM to the script's whole process group: the job stops, but the stack (in its own
-    session) still answers when the stopped invocation's counters are read, and the script stops it on exit. Job and
-    stack are stand-ins (a shell script that sleeps, and a Python HTTP server answering /health): this checks the
-    runbook's own process handling."""
+HEALTH_SERVER = """import http.server, sys, threading
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+    def log_message(self, *args):
+        pass
+server = http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health)
+if len(sys.argv) > 2:  # a lifetime: the server stops answering and exits, as a stack killed for memory does
+    threading.Timer(float(sys.argv[2]), server.shutdown).start()
+server.serve_forever()
+"""
+
+
+def stand_in_runbook(tmp_path: Path, lifetime_s: float | None = None) -> subprocess.Popen:
+    """The runbook's ``main`` for one job that asks the teacher, with stand-ins for ``overstory`` (a stack that is a
+    Python HTTP server answering /health, for ``lifetime_s`` if given; a job that sleeps) and for the counters (they
+    say whether the stack still answered when they were read); in its own process group, as under `timeout`."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    health = ("import http.server, sys\n"
-              "class Health(http.server.BaseHTTPRequestHandler):\n"
-              "    def do_GET(self):\n        self.send_response(200); self.end_headers()\n"
-              "    def log_message(self, *args):\n        pass\n"
-              "http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), Health).serve_forever()\n")
-    (tmp_path / "health.py").write_text(health)
+    (tmp_path / "health.py").write_text(HEALTH_SERVER)
     stand_in = tmp_path / "overstory"
+    lifetime = "" if lifetime_s is None else f" {lifetime_s}"
     stand_in.write_text(f"#!/usr/bin/env bash\nif [[ $1 == serve ]]; then echo $$ > {tmp_path}/stack.pid\n"
-                        f"  exec {shlex.quote(sys.executable)} {tmp_path}/health.py {port}; fi\n"
+                        f"  exec {shlex.quote(sys.executable)} {tmp_path}/health.py {port}{lifetime}; fi\n"
                         f"echo $$ > {tmp_path}/job.pid\nexec sleep 60\n")
     stand_in.chmod(0o755)
-    # the counters say whether the stack's server still answered when they were read
     snippet = (f"source {shlex.quote(str(SCRIPT))}\n"
                f"counters() {{ if curl -sf \"$URL/health\" > /dev/null; then echo '{counters(0, 0, 0, 0)}'; "
                "else echo '{\"unavailable\": \"the stack did not answer\"}'; fi; }\nmain")
     env = {**os.environ, "TEACHER_RUNS": str(tmp_path / "runs"), "OVERSTORY": str(stand_in),
-           "TEACHER_JOBS": "traces-hotpotqa", "TEACHER_PORT": str(port)}
-    script = subprocess.Popen(["bash", "-c", snippet], cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, start_new_session=True)
-    job_pid_file = tmp_path / "job.pid"
+           "TEACHER_JOBS": "traces-hotpotqa", "TEACHER_PORT": str(port), "WATCH_S": "0.2"}
+    return subprocess.Popen(["bash", "-c", snippet], cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+
+
+def wait_for_file(path: Path) -> None:
     for _ in range(300):
-        if job_pid_file.exists() and job_pid_file.read_text().strip():
-            break
+        if path.exists() and path.read_text().strip():
+            return
         subprocess.run(["sleep", "0.1"])
+    raise AssertionError(f"{path} never appeared")
+
+
+def gone(pid: int) -> bool:
+    """Whether process ``pid`` has exited (waiting up to 5 s)."""
+    for _ in range(50):
+        if subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode != 0:
+            return True
+        subprocess.run(["sleep", "0.1"])
+    os.kill(pid, signal.SIGKILL)
+    return False
+
+
+def only_invocation(tmp_path: Path) -> dict:
+    (row,) = [json.loads(line) for line in (tmp_path / "runs" / "jobs" / "traces-hotpotqa.invocations.jsonl")
+              .read_text().splitlines()]
+    return row
+
+
+def test_a_signal_to_the_scripts_process_group_leaves_the_stack_up_for_the_counters(tmp_path: Path) -> None:
+    """`timeout` sends its TERM to the script's whole process group: the job stops, but the stack (in its own
+    session) still answers when the stopped invocation's counters are read, and the script stops it on exit."""
+    script = stand_in_runbook(tmp_path)
+    wait_for_file(tmp_path / "job.pid")
     os.killpg(script.pid, signal.SIGTERM)  # what `timeout` does
     _, stderr = script.communicate(timeout=30)
     assert script.returncode == 143 and "traces-hotpotqa stopped (signal)" in stderr
-    (invocation,) = [json.loads(line) for line in (tmp_path / "runs" / "jobs" / "traces-hotpotqa.invocations.jsonl")
-                     .read_text().splitlines()]
+    invocation = only_invocation(tmp_path)
     assert invocation["exit"] == 143 and "counters_unavailable" not in invocation
-    stack_pid = int((tmp_path / "stack.pid").read_text())
-    for _ in range(50):  # the EXIT trap's TERM reaches the stack; the server then exits
-        if subprocess.run(["kill", "-0", str(stack_pid)], capture_output=True).returncode != 0:
-            break
-        subprocess.run(["sleep", "0.1"])
-    else:
-        os.kill(stack_pid, signal.SIGKILL)
-        raise AssertionError("the stack outlived the script")
+    assert gone(int((tmp_path / "stack.pid").read_text())), "the stack outlived the script"
+
+
+def test_a_stack_that_exits_under_a_job_stops_the_job_and_the_script(tmp_path: Path) -> None:
+    """The stack exits while a job runs (its vLLM server killed for memory takes it down): the job is stopped at
+    once rather than left to fail every later request, its invocation is recorded (without counters: nothing
+    answers), and the script exits 1 saying so, with no finished-job record, so a rerun resumes the job."""
+    script = stand_in_runbook(tmp_path, lifetime_s=8)  # past the stack start-up poll (5 s)
+    wait_for_file(tmp_path / "job.pid")
+    _, stderr = script.communicate(timeout=60)
+    assert script.returncode == 1 and "the teacher stack exited while traces-hotpotqa ran" in stderr, stderr
+    assert gone(int((tmp_path / "job.pid").read_text())), "the job outlived the stack"
+    invocation = only_invocation(tmp_path)
+    assert invocation["exit"] == 143 and invocation["counters_unavailable"] == "the stack did not answer"
+    assert not (tmp_path / "runs" / "jobs" / "traces-hotpotqa.json").exists()
 
 
 def test_an_invocation_whose_stack_was_gone_is_recorded_without_counts(tmp_path: Path) -> None:

@@ -175,3 +175,10 @@ def build_rewards(settings: RewardSettings, qa_judge: Callable[[str, str, str], 
     if not chosen:
         raise ConfigError("rewards: every weight is 0; give at least one reward a weight")
     return [fn for _, fn in chosen], [weight for weight, _ in chosen]
+
+
+def qa_reward_counts(reward_funcs: list[Callable]) -> dict[str, dict[str, int]]:
+    """R_QA's rewards given this invocation and how many of them were missing (None: a transient failure), for a
+    run's metrics beside the reward they affect; empty when R_QA is off."""
+    qa = next((fn for fn in reward_funcs if isinstance(fn, QAReward)), None)
+    return {} if qa is None else {"qa_rewards": {"given": qa.calls, "missing": qa.nones}}

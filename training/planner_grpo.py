@@ -38,6 +38,7 @@ from overstory.training.planner_common import (
     RewardSettings,
     build_rewards,
     grpo_args,
+    qa_reward_counts,
 )
 from overstory.training.qa_judge import QAJudge
 from overstory.training.trl_args import check_section
@@ -102,7 +103,7 @@ def run(config: PlannerGrpoConfig) -> dict:
                "n_val": len(val_rows), "final_reward": next((r["reward"] for r in reversed(history) if "reward" in r),
                                                             None),
                "seconds": round(time.perf_counter() - started, 1),
-               **({"qa_answers": judge.counts} if judge and judge.counts else {})}
+               **({"qa_answers": judge.counts} if judge and judge.counts else {}), **qa_reward_counts(reward_funcs)}
     save_final(trainer, tokenizer, out, {
         "kind": "planner", "base_model": base, "adapter": isinstance(trainer.model, PeftModel),
         "recipe": "planner_grpo", "init": config.model, "config": to_dict(config),

@@ -78,6 +78,7 @@ from overstory.training.planner_common import (
     RewardSettings,
     build_rewards,
     grpo_args,
+    qa_reward_counts,
     trace_rows,
 )
 from overstory.training.qa_judge import QAJudge
@@ -589,5 +590,6 @@ def run(config: StitchConfig) -> dict:
     return finish(policy, state, config, {"n_prompts": len(rows), "n_traces": len(traces),
                                           "traces_teacher": next(iter(traces.values())).teacher,
                                           "seconds": round(time.perf_counter() - started, 1),
-                                          **({"qa_answers": judge.counts} if judge and judge.counts else {})},
+                                          **({"qa_answers": judge.counts} if judge and judge.counts else {}),
+                                          **qa_reward_counts(rewards[0])},
                   tracker)

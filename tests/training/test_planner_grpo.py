@@ -79,6 +79,7 @@ def test_qa_reward_through_the_real_retrieval_and_generator_stack(sft_planner: P
     # each distinct (question, range) answered once and kept, with the answer it was judged on
     kept = [json.loads(line) for line in (tmp_path / "rqa" / "qa_answers.jsonl").read_text().splitlines()]
     assert metrics["qa_answers"] == {"kept_before": 0, "read_back": 0, "asked": len(kept)} and kept
+    assert metrics["qa_rewards"] == {"given": 2, "missing": 0}  # the step's two rollouts, none without an answer
     assert all(isinstance(r["outcome"]["correct"], bool) and "answer" in r["outcome"] for r in kept)
     assert len({r["id"] for r in kept}) == len(kept)
     assert 0 <= logged["format_valid_strict"] <= logged["rewards/format_reward/mean"]
