@@ -191,6 +191,8 @@ def test_stitch_steps_on_the_real_model_update_inject_sft_and_refuse_other_setti
     after = load_file(out / "final" / "adapter_model.safetensors")
     assert set(before) == set(after) and any((before[k] != after[k]).any() for k in before)
     assert json.loads((out / "final" / "overstory.json").read_text())["recipe"] == "stitch"
+    qa = json.loads((out / "metrics.json").read_text())["qa_rewards"]  # the embedded stack answered every plan
+    assert qa["missing"] == 0 and qa["given"] >= 2
 
     # a resume with other settings (another hint mode, R_QA off) is refused by name; only stitch.steps may grow
     assert main([*args, "stitch.steps=2", "stitch.hint=fixed"]) == 2
