@@ -31,6 +31,12 @@ from overstory.serving.client import Client
 MAX_ANSWER_TOKENS = 24  # a short answer: token F1 against short gold answers, and a cheap call
 
 
+def judge_settings(k: int, correctness: CorrectnessConfig, max_answer_tokens: int = MAX_ANSWER_TOKENS
+                   ) -> dict[str, Any]:
+    """The settings R_QA's kept answers are recorded under (and a store with others is refused by)."""
+    return {"purpose": "R_QA", "k": k, "max_answer_tokens": max_answer_tokens, "correctness": to_dict(correctness)}
+
+
 class QAJudge:
     """``judge(example_id, level_min, level_max) -> bool`` over ``rows`` (the planner rows: example_id, doc_id,
     question, answers) and their documents' ``chunks``; ``counts`` says how many answers were read back from
@@ -52,8 +58,7 @@ class QAJudge:
 
     def settings(self) -> dict[str, Any]:
         """What decides an answer beside the served models (which the store records itself)."""
-        return {"purpose": "R_QA", "k": self.k, "max_answer_tokens": self.max_answer_tokens,
-                "correctness": to_dict(self.correctness)}
+        return judge_settings(self.k, self.correctness, self.max_answer_tokens)
 
     def answer(self, row: dict, level_min: str, level_max: str) -> dict:
         """Ask the generator from the range's retrieved chunks; the cleaned answer and whether it is correct."""

@@ -105,7 +105,7 @@ def test_the_shipped_planner_answers_are_the_teachers_complete_and_resume_under_
     """Every fixed range answered by the teacher for 121 questions (90 held out, the 30 the best range is chosen on,
     and the one NarrativeQA question an earlier mix chose instead of one of them), each answer's latest record
     completed with the tokens given, under the settings the current config records, so that eval planner reads them
-    back instead of refusing or asking again; the base and SFT planners' comparison is their metrics."""
+    back instead of refusing or asking again; the base, SFT and GRPO planners' comparison is their metrics."""
     from overstory.core.records import read_jsonl
     from overstory.evaluation.planner import EvalPlannerConfig, answer_settings
 
@@ -120,7 +120,7 @@ def test_the_shipped_planner_answers_are_the_teachers_complete_and_resume_under_
     assert len(questions) == 121 and len(ranges) == 15 and len(latest) == 121 * 15
     assert all(o["qa_accuracy"] in (0.0, 1.0) and 0 < o["tokens_given"] <= o["tokens_read"] for o in latest.values())
     metrics = json.loads((folder / "metrics.json").read_text())
-    assert metrics["served"]["generator"] == QWEN_CODER and set(metrics["variants"]) == {"base", "sft"}
+    assert metrics["served"]["generator"] == QWEN_CODER and set(metrics["variants"]) == {"base", "sft", "grpo"}
 
 
 def test_the_shipped_sft_planner_is_the_finished_run_on_the_shipped_traces() -> None:
@@ -141,6 +141,32 @@ def test_the_shipped_sft_planner_is_the_finished_run_on_the_shipped_traces() -> 
     metrics = json.loads((folder / "metrics.json").read_text())
     assert metrics["steps"] == 235 and metrics["eval_loss"] < metrics["history"][0]["loss"]
     assert json.loads((SHIPPED / "jobs/planner-sft.json").read_text())["finished"] is True
+
+
+def test_the_shipped_grpo_planner_trained_on_every_r_qa_reward_from_the_sft_planner() -> None:
+    """The GRPO planner (R_QA from the teacher on the runbook's stack): 30 steps from the shipped SFT adapter, no R_QA
+    reward missing in the invocation that finished it, its job finished; and R_QA's kept answers, each judged, under
+    the settings the current config's judge records, so STITCH reads them back instead of refusing or asking again."""
+    from overstory.core.records import read_jsonl
+    from overstory.training.planner_grpo import PlannerGrpoConfig
+    from overstory.training.qa_judge import judge_settings
+
+    folder = SHIPPED / "planner/grpo"
+    record = json.loads((folder / "final" / "overstory.json").read_text())
+    assert (record["recipe"], record["base_model"], record["adapter"]) == ("planner_grpo", SMOLLM2, True)
+    assert record["init"] == "runs/teacher/planner/sft/final" and record["config"]["rewards"]["qa"] == 1.0
+    metrics = json.loads((folder / "metrics.json").read_text())
+    assert metrics["steps"] == 30 and metrics["qa_rewards"]["missing"] == 0 and metrics["qa_rewards"]["given"] > 0
+    assert all(row["qa_none_share"] == 0 for row in metrics["history"] if "qa_none_share" in row)
+    assert json.loads((SHIPPED / "jobs/planner-grpo.json").read_text())["finished"] is True
+
+    kept = SHIPPED / "planner/rqa"
+    recorded = json.loads((kept / "qa_answers.settings.json").read_text())
+    assert recorded.pop("served")["generator"] == QWEN_CODER
+    config = load_config(PlannerGrpoConfig, ROOT / "configs/train/planner_grpo-teacher.yaml")
+    assert recorded == json.loads(json.dumps(judge_settings(config.rewards.k, config.correctness)))
+    answers = list(read_jsonl(kept / "qa_answers.jsonl"))
+    assert len(answers) >= 100 and all(isinstance(a["outcome"]["correct"], bool) for a in answers)
 
 
 def test_the_shipped_planner_traces_are_the_pools_finished_and_served_by_the_teacher() -> None:
