@@ -84,14 +84,28 @@ def plot_planner_comparison(variants: Mapping[str, Mapping], path: str | Path,
     return save_figure(fig, path)
 
 
+def qa_reward_mean(row: Mapping) -> float | None:
+    """A step's mean R_QA: TRL's logged column (GRPO) or STITCH's per-reward means; None when R_QA was off.
+
+    >>> qa_reward_mean({"rewards/qa_reward/mean": 0.5}), qa_reward_mean({"rewards": {"qa_reward": 0.25}})
+    (0.5, 0.25)
+    """
+    value = row.get("rewards/qa_reward/mean")
+    return value if value is not None else (row.get("rewards") or {}).get("qa_reward")
+
+
 def plot_training_curves(histories: Mapping[str, Sequence[Mapping]], path: str | Path) -> Path:
-    """Reward (GRPO, STITCH) and training loss / solve rate over steps; dashed lines mark SFT injections."""
+    """Reward (GRPO, STITCH) with its R_QA part when R_QA was on, and training loss / solve rate over steps; dotted
+    lines mark SFT injections."""
     fig, (ax_reward, ax_other) = plt.subplots(1, 2, figsize=(12, 4.5))
     for i, (name, rows) in enumerate(histories.items()):
         colour = f"C{i}"
         rewards = [(r["step"], r["reward"]) for r in rows if r.get("reward") is not None]
         if rewards:
             ax_reward.plot(*zip(*rewards), "o-", color=colour, label=name, markersize=3)
+        qa = [(r["step"], qa_reward_mean(r)) for r in rows if qa_reward_mean(r) is not None]
+        if qa:
+            ax_reward.plot(*zip(*qa), "^:", color=colour, label=f"{name}: R_QA (mean, unweighted)", markersize=3)
         solve = [(r["step"], r["success_rate"]) for r in rows if "success_rate" in r]
         losses = [(r["step"], r["loss"]) for r in rows if r.get("loss") is not None]
         if solve:
@@ -102,7 +116,7 @@ def plot_training_curves(histories: Mapping[str, Sequence[Mapping]], path: str |
             if r.get("sft_injection"):
                 for ax in (ax_reward, ax_other):
                     ax.axvline(r["step"], color=colour, linestyle=":", alpha=0.6)
-    ax_reward.set_title("reward per step (dotted: SFT injections)")
+    ax_reward.set_title("reward per step (vertical lines: SFT injections)")
     ax_other.set_title("solve rate / training loss per step")
     for ax in (ax_reward, ax_other):
         ax.set_xlabel("step")

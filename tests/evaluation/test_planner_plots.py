@@ -1,12 +1,15 @@
-"""eval planner's trade-off plot (QA score against tokens read) drawn from a metrics.json-shaped report."""
+"""eval planner's plots: the trade-off (QA score against tokens read) drawn from a metrics.json-shaped report, and
+the training curves from the recipes' histories."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from PIL import Image
 
-from overstory.evaluation.plots import plot_qa_vs_tokens_by_dataset
+from overstory.evaluation import plots
+from overstory.evaluation.plots import plot_qa_vs_tokens_by_dataset, plot_training_curves
 
 
 def _summary(qa: float, tokens: float) -> dict:
@@ -28,3 +31,24 @@ def test_one_panel_per_dataset_with_every_fixed_range_and_planner(tmp_path: Path
                                               for k, v in ranges.items()}}}
     one = Image.open(plot_qa_vs_tokens_by_dataset(one_report, tmp_path / "one.png"))
     assert two.width > 1.8 * one.width and two.height == one.height
+
+
+def test_training_curves_draw_r_qa_beside_the_reward_for_grpo_and_stitch(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """GRPO logs R_QA as TRL's column, STITCH inside its step's reward means: both get an R_QA line beside their
+    reward; a run without R_QA (SFT's loss history) gets none."""
+    drawn = {}
+
+    def keep(fig, path):
+        drawn.update({line.get_label(): list(line.get_ydata()) for ax in fig.axes for line in ax.get_lines()})
+        return path
+
+    monkeypatch.setattr(plots, "save_figure", keep)
+    histories = {"grpo": [{"step": 1, "reward": 2.0, "rewards/qa_reward/mean": 0.5},
+                          {"step": 2, "reward": 2.5, "rewards/qa_reward/mean": 0.75}],
+                 "stitch": [{"step": 1, "reward": 1.0, "rewards": {"qa_reward": 0.25}, "sft_injection": True}],
+                 "sft": [{"step": 5, "loss": 1.0}, {"step": 10, "loss": 0.8}]}
+    plot_training_curves(histories, tmp_path / "curves.png")
+    assert drawn["grpo: R_QA (mean, unweighted)"] == [0.5, 0.75] and drawn["grpo"] == [2.0, 2.5]
+    assert drawn["stitch: R_QA (mean, unweighted)"] == [0.25]
+    assert not any(label.startswith("sft: R_QA") for label in drawn) and drawn["sft: training loss"] == [1.0, 0.8]
