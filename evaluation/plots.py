@@ -95,15 +95,15 @@ def qa_reward_mean(row: Mapping) -> float | None:
 
 
 def plot_training_curves(histories: Mapping[str, Sequence[Mapping]], path: str | Path) -> Path:
-    """Reward (GRPO, STITCH) with its R_QA part when R_QA was on, and training loss / solve rate over steps; dotted
-    lines mark SFT injections."""
+    """Reward (GRPO, STITCH) with its R_QA part when R_QA was on, and training loss / solve rate over steps;
+    vertical lines mark SFT injections."""
     fig, (ax_reward, ax_other) = plt.subplots(1, 2, figsize=(12, 4.5))
     for i, (name, rows) in enumerate(histories.items()):
         colour = f"C{i}"
         rewards = [(r["step"], r["reward"]) for r in rows if r.get("reward") is not None]
         if rewards:
             ax_reward.plot(*zip(*rewards), "o-", color=colour, label=name, markersize=3)
-        qa = [(r["step"], qa_reward_mean(r)) for r in rows if qa_reward_mean(r) is not None]
+        qa = [(r["step"], mean) for r in rows if (mean := qa_reward_mean(r)) is not None]
         if qa:
             ax_reward.plot(*zip(*qa), "^:", color=colour, label=f"{name}: R_QA (mean, unweighted)", markersize=3)
         solve = [(r["step"], r["success_rate"]) for r in rows if "success_rate" in r]

@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -174,10 +175,7 @@ def test_a_stopped_script_stops_its_job_and_records_the_invocation(tmp_path: Pat
                "run_job traces-hotpotqa")
     script = subprocess.Popen(["bash", "-c", snippet], cwd=ROOT, env=env, text=True, stderr=subprocess.PIPE)
     pid_file = tmp_path / "job.pid"
-    for _ in range(100):
-        if pid_file.exists() and pid_file.read_text().strip():
-            break
-        subprocess.run(["sleep", "0.1"])
+    wait_for_file(pid_file)
     script.terminate()
     _, stderr = script.communicate(timeout=30)
     assert script.returncode == 143 and "traces-hotpotqa stopped (signal)" in stderr
@@ -226,10 +224,11 @@ def stand_in_runbook(tmp_path: Path, lifetime_s: float | None = None) -> subproc
 
 
 def wait_for_file(path: Path) -> None:
+    """Wait (up to 30 s) until the stand-in job has written its pid to ``path``."""
     for _ in range(300):
         if path.exists() and path.read_text().strip():
             return
-        subprocess.run(["sleep", "0.1"])
+        time.sleep(0.1)
     raise AssertionError(f"{path} never appeared")
 
 
@@ -238,7 +237,7 @@ def gone(pid: int) -> bool:
     for _ in range(50):
         if subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode != 0:
             return True
-        subprocess.run(["sleep", "0.1"])
+        time.sleep(0.1)
     os.kill(pid, signal.SIGKILL)
     return False
 
