@@ -259,7 +259,7 @@ start_stack() {  # sets URL (for the jobs) and METRICS (where the counters are r
   # shellcheck disable=SC2086  # the command's words are serve_command's (no spaces inside a word)
   setsid "$OVERSTORY" $command >> "$DIR/logs/stack.log" 2>&1 &
   STACK_PID=$!
-  trap 'kill "$STACK_PID" 2> /dev/null; wait "$STACK_PID" 2> /dev/null || true' EXIT
+  trap 'kill "$STACK_PID" 2> /dev/null || true; wait "$STACK_PID" 2> /dev/null || true' EXIT
   # the first start converts the teacher into the cache (minutes); vLLM then loads it
   until curl -sf "$URL/health" > /dev/null && [[ -e $METRICS || $METRICS == http* ]]; do
     kill -0 "$STACK_PID" 2> /dev/null || { echo "the stack exited: see $DIR/logs/stack.log" >&2; exit 1; }
@@ -300,11 +300,13 @@ run_job() {
   # shellcheck disable=SC2086  # the command's words are job_command's (no spaces inside a word)
   "$OVERSTORY" $command >> "$DIR/logs/$job.log" 2>&1 &
   JOB_PID=$!
-  # The watcher runs in its own session, out of reach of a TERM to the script's process group: a background child
-  # dying of that TERM while the trap below runs tripped bash ("pop_var_context: head of shell_variables not a
-  # function context") and the script exited 1 instead of 143. It ends by itself when the job does.
+  # The watcher runs in its own session, out of reach of a TERM to the script's process group. It ends by itself
+  # when the job does.
   setsid bash -c "$(declare -f watch_stack); watch_stack \"\$@\"" watch_stack "$job" "$JOB_PID" "${STACK_PID:-}" &
-  trap 'STOPPED=1; kill -TERM "$JOB_PID" 2> /dev/null' TERM INT
+  # `|| true`: a TERM to the whole group has often killed the job (and bash reaped it) before this trap runs; the
+  # failed kill would then make set -e leave the trap with status 1 (bash also printing "pop_var_context: head of
+  # shell_variables not a function context") instead of recording the stopped invocation and exiting 143.
+  trap 'STOPPED=1; kill -TERM "$JOB_PID" 2> /dev/null || true' TERM INT
   wait "$JOB_PID" || status=$?
   while kill -0 "$JOB_PID" 2> /dev/null; do wait "$JOB_PID" || true; done  # a signal cut the wait short
   trap - TERM INT
