@@ -105,7 +105,7 @@ def test_the_shipped_planner_answers_are_the_teachers_complete_and_resume_under_
     """Every fixed range answered by the teacher for 121 questions (90 held out, the 30 the best range is chosen on,
     and the one NarrativeQA question an earlier mix chose instead of one of them), each answer's latest record
     completed with the tokens given, under the settings the current config records, so that eval planner reads them
-    back instead of refusing or asking again; the base, SFT and GRPO planners' comparison is their metrics."""
+    back instead of refusing or asking again; the base, SFT, GRPO and STITCH planners' comparison is their metrics."""
     from overstory.core.records import read_jsonl
     from overstory.evaluation.planner import EvalPlannerConfig, answer_settings
 
@@ -120,7 +120,8 @@ def test_the_shipped_planner_answers_are_the_teachers_complete_and_resume_under_
     assert len(questions) == 121 and len(ranges) == 15 and len(latest) == 121 * 15
     assert all(o["qa_accuracy"] in (0.0, 1.0) and 0 < o["tokens_given"] <= o["tokens_read"] for o in latest.values())
     metrics = json.loads((folder / "metrics.json").read_text())
-    assert metrics["served"]["generator"] == QWEN_CODER and set(metrics["variants"]) == {"base", "sft", "grpo"}
+    assert metrics["served"]["generator"] == QWEN_CODER
+    assert set(metrics["variants"]) == {"base", "sft", "grpo", "stitch"}
 
 
 def test_the_shipped_sft_planner_is_the_finished_run_on_the_shipped_traces() -> None:
@@ -167,6 +168,26 @@ def test_the_shipped_grpo_planner_trained_on_every_r_qa_reward_from_the_sft_plan
     assert recorded == json.loads(json.dumps(judge_settings(config.rewards.k, config.correctness)))
     answers = list(read_jsonl(kept / "qa_answers.jsonl"))
     assert len(answers) >= 100 and all(isinstance(a["outcome"]["correct"], bool) for a in answers)
+
+
+def test_the_shipped_stitch_planner_finished_every_step_from_the_sft_planner_with_every_r_qa_reward() -> None:
+    """The STITCH planner (R_QA from the teacher, hints from the template traces): every configured step from the
+    shipped SFT adapter, each step's R_QA mean logged, SFT injected at least once, no hint leaking the label and no R_QA
+    reward missing in the invocation that finished it; its job finished so a restored checkout skips it."""
+    from overstory.training.stitch import StitchConfig
+
+    folder = SHIPPED / "planner/stitch"
+    record = json.loads((folder / "final" / "overstory.json").read_text())
+    assert (record["recipe"], record["base_model"], record["adapter"]) == ("stitch", SMOLLM2, True)
+    assert record["init"] == "runs/teacher/planner/sft/final" and record["config"]["rewards"]["qa"] == 1.0
+    config = load_config(StitchConfig, ROOT / "configs/train/stitch-teacher.yaml")
+    metrics = json.loads((folder / "metrics.json").read_text())
+    assert metrics["steps"] == config.stitch.steps == len(metrics["history"])
+    assert [row["step"] for row in metrics["history"]] == list(range(1, config.stitch.steps + 1))
+    assert all("qa_reward" in row["rewards"] for row in metrics["history"])
+    assert metrics["sft_injections"] >= 1 and metrics["hint_leaks"] == 0
+    assert metrics["qa_rewards"]["missing"] == 0 and metrics["qa_rewards"]["given"] > 0
+    assert json.loads((SHIPPED / "jobs/planner-stitch.json").read_text())["finished"] is True
 
 
 def test_the_shipped_planner_traces_are_the_pools_finished_and_served_by_the_teacher() -> None:
