@@ -159,12 +159,12 @@ def run(config: DistillScorerConfig) -> dict:
 
 def resume_settings(config: DistillScorerConfig, traces_sha256: str) -> dict:
     """What decides what a run trains: the config but its length (``train.epochs``, ``train.max_steps``, which a
-    resume may extend), its logging cadence, output folder and tracking; the traces by their content (a traces job
-    that resumed appends to the same file, and a moved file is the same data)."""
+    resume may extend), its logging and evaluation cadence, output folder and tracking; the traces by their content
+    (a traces job that resumed appends to the same file, and a moved file is the same data)."""
     settings = to_dict(config)
     for key in ("out", "tracking", "traces", "push_to_hub"):
         settings.pop(key)
-    for key in ("epochs", "max_steps", "logging_steps"):
+    for key in ("epochs", "max_steps", "logging_steps", "eval_at"):
         settings["train"].pop(key)
     return {**settings, "traces_sha256": traces_sha256}
 
@@ -277,19 +277,15 @@ def _train_cross_encoder(config: DistillScorerConfig, train: list[TracedSlate], 
             "lambdaloss": lambda: losses.LambdaLoss(model, activation_fn=head,
                                                     mini_batch_size=config.train.batch_size)}[config.loss]()
     settings = config.train
-    every_epoch = settings.save_steps <= 0
     evaluate = bool(val_columns["query"])
     args = CrossEncoderTrainingArguments(
         output_dir=str(Path(config.out) / "checkpoints"), num_train_epochs=settings.epochs,
         max_steps=settings.max_steps, learning_rate=settings.lr, per_device_train_batch_size=settings.batch_size,
         per_device_eval_batch_size=settings.batch_size, gradient_accumulation_steps=settings.grad_accum,
         warmup_steps=settings.warmup_ratio, weight_decay=settings.weight_decay,  # a float < 1 is a ratio
-        logging_steps=settings.logging_steps, save_strategy="epoch" if every_epoch else "steps",
-        save_steps=settings.save_steps or 500,
-        eval_strategy=("epoch" if every_epoch else "steps") if evaluate else "no",
-        eval_steps=None if every_epoch else settings.save_steps, save_total_limit=2, seed=settings.seed,
-        data_seed=settings.seed, bf16=settings.bf16, deepspeed=settings.deepspeed or None, report_to="none",
-        logging_nan_inf_filter=False, **{checkpointing_field(): settings.gradient_checkpointing})
+        logging_steps=settings.logging_steps, **settings.save_and_eval_kwargs(evaluate), save_total_limit=2,
+        seed=settings.seed, data_seed=settings.seed, bf16=settings.bf16, deepspeed=settings.deepspeed or None,
+        report_to="none", logging_nan_inf_filter=False, **{checkpointing_field(): settings.gradient_checkpointing})
     tracker = start_run(config.tracking, "train distill-scorer", config) if args.process_index == 0 else None
     trainer = CrossEncoderTrainer(
         model=model, args=args, loss=loss, train_dataset=Dataset.from_dict(train_columns),

@@ -25,7 +25,10 @@ class SftTrainSettings:
     weight_decay: float = 0.0
     val_fraction: float = 0.2
     logging_steps: int = 5
-    save_steps: int = 0  # 0: save (and evaluate) once per epoch
+    save_steps: int = 0  # 0: save once per epoch
+    # when the validation split is evaluated: "save" (with each save) or "epoch" (once per epoch, however often it
+    # saves: a long epoch checkpointed often, so a killed run resumes, without paying an evaluation each time)
+    eval_at: str = "save"
     seed: int = 0
     bf16: bool = False
     gradient_checkpointing: bool = False
@@ -38,15 +41,17 @@ class SftTrainSettings:
             raise ConfigError(f"train.warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
         if self.lr <= 0 or self.batch_size < 1 or self.grad_accum < 1:
             raise ConfigError("train.lr, train.batch_size and train.grad_accum must be positive")
+        if self.eval_at not in ("save", "epoch"):
+            raise ConfigError(f"train.eval_at must be 'save' or 'epoch', got {self.eval_at!r}")
 
     def trl_aliases(self, prefix: str = "train.") -> dict[str, str]:
         """The TRL SFTConfig field each short name sets (field -> its config key); a ``trl`` section may not set
-        them too. ``save_steps`` also picks the save and evaluation strategy (0: every epoch)."""
+        them too. ``save_steps`` picks the save strategy (0: every epoch), ``eval_at`` the evaluation's."""
         sets = {"epochs": ["num_train_epochs"], "max_steps": ["max_steps"], "lr": ["learning_rate"],
                 "batch_size": ["per_device_train_batch_size", "per_device_eval_batch_size"],
                 "grad_accum": ["gradient_accumulation_steps"], "max_length": ["max_length"],
                 "warmup_ratio": ["warmup_steps"], "weight_decay": ["weight_decay"], "logging_steps": ["logging_steps"],
-                "save_steps": ["save_strategy", "save_steps", "eval_strategy", "eval_steps"],
+                "save_steps": ["save_strategy", "save_steps"], "eval_at": ["eval_strategy", "eval_steps"],
                 "seed": ["seed", "data_seed"], "bf16": ["bf16"],
                 "gradient_checkpointing": ["activation_checkpointing", "gradient_checkpointing"],
                 "deepspeed": ["deepspeed"]}
@@ -54,17 +59,23 @@ class SftTrainSettings:
 
     def trl_kwargs(self, evaluate: bool) -> dict[str, Any]:
         """SFTConfig's arguments from the short names (``trl_aliases``); ``evaluate``: there is validation data."""
-        every_epoch = self.save_steps <= 0
         return dict(
             num_train_epochs=self.epochs, max_steps=self.max_steps, learning_rate=self.lr,
             per_device_train_batch_size=self.batch_size, per_device_eval_batch_size=self.batch_size,
             gradient_accumulation_steps=self.grad_accum, max_length=self.max_length,
             warmup_steps=self.warmup_ratio, weight_decay=self.weight_decay,  # a float < 1 is a ratio
-            logging_steps=self.logging_steps, save_strategy="epoch" if every_epoch else "steps",
-            save_steps=self.save_steps or 500,
-            eval_strategy=("epoch" if every_epoch else "steps") if evaluate else "no",
-            eval_steps=None if every_epoch else self.save_steps, seed=self.seed, data_seed=self.seed, bf16=self.bf16,
-            deepspeed=self.deepspeed or None, **{checkpointing_field(): self.gradient_checkpointing})
+            logging_steps=self.logging_steps, **self.save_and_eval_kwargs(evaluate), seed=self.seed,
+            data_seed=self.seed, bf16=self.bf16, deepspeed=self.deepspeed or None,
+            **{checkpointing_field(): self.gradient_checkpointing})
+
+    def save_and_eval_kwargs(self, evaluate: bool) -> dict[str, Any]:
+        """The TrainingArguments that say when a run saves and when it evaluates (``save_steps``, ``eval_at``), for
+        the SFT recipes and the cross-encoder student alike; ``evaluate``: there is validation data."""
+        save_each_epoch = self.save_steps <= 0
+        eval_each_epoch = save_each_epoch or self.eval_at == "epoch"
+        return dict(save_strategy="epoch" if save_each_epoch else "steps", save_steps=self.save_steps or 500,
+                    eval_strategy=("epoch" if eval_each_epoch else "steps") if evaluate else "no",
+                    eval_steps=None if eval_each_epoch else self.save_steps)
 
 
 def checkpointing_field() -> str:

@@ -177,8 +177,8 @@ def _rerun(traces: Path, out: Path, *overrides: str) -> int:
 def test_a_rerun_that_changes_what_is_trained_is_refused(lattice_oracle_traces: Path, tmp_path: Path,
                                                          capsys) -> None:
     """Two steps with a checkpoint after each, then reruns from those checkpoints: another activation, loss or set
-    of traces is refused naming the keys before anything in out changes; a longer run (max_steps) resumes; and
-    checkpoints without a record of their settings are refused too."""
+    of traces is refused naming the keys before anything in out changes; a longer run (max_steps), evaluated at
+    another cadence (eval_at), resumes; and checkpoints without a record of their settings are refused too."""
     out = tmp_path / "ce"
     assert _rerun(lattice_oracle_traces, out, "train.max_steps=2") == 0
     assert (out / "checkpoints" / "checkpoint-2").is_dir()
@@ -195,7 +195,7 @@ def test_a_rerun_that_changes_what_is_trained_is_refused(lattice_oracle_traces: 
         assert f"{out / 'checkpoints'} was trained with other settings ({keys})" in capsys.readouterr().err
         assert (out / "resume_settings.json").read_text() == recorded
         assert (out / "heldout_queries.json").read_text() == held
-    assert _rerun(lattice_oracle_traces, out, "train.max_steps=3") == 0
+    assert _rerun(lattice_oracle_traces, out, "train.max_steps=3", "train.eval_at=epoch") == 0
     assert "resuming from" in capsys.readouterr().out
     assert json.loads((out / "metrics.json").read_text())["steps"] == 3
     (out / "resume_settings.json").unlink()

@@ -73,7 +73,8 @@ def test_a_misspelt_trl_field_is_refused_with_the_closest_name(tmp_path: Path) -
 
 @pytest.mark.parametrize(("cls", "path", "override", "message"), [
     (PlannerSftConfig, SFT_YAML, "trl.learning_rate=0.1", "trl.learning_rate is what train.lr sets"),
-    (PlannerSftConfig, SFT_YAML, "trl.eval_strategy=steps", "trl.eval_strategy is what train.save_steps sets"),
+    (PlannerSftConfig, SFT_YAML, "trl.eval_strategy=steps", "trl.eval_strategy is what train.eval_at sets"),
+    (PlannerSftConfig, SFT_YAML, "trl.save_strategy=steps", "trl.save_strategy is what train.save_steps sets"),
     # either name of activation checkpointing, whichever the installed transformers calls it
     (PlannerSftConfig, SFT_YAML, "trl.gradient_checkpointing=true", "is what train.gradient_checkpointing sets"),
     (PlannerGrpoConfig, GRPO_YAML, "trl.per_device_train_batch_size=4", "is what train.batch_size sets"),
@@ -99,6 +100,27 @@ def test_vllm_fields_belong_to_vllm_server_url_only_when_it_is_set(tmp_path: Pat
     config = load_config(PlannerGrpoConfig, GRPO_YAML, [f"out={tmp_path}", "train.vllm_server_url=http://h:8000"])
     args = grpo_args(config.train, tmp_path, [1.0])
     assert (args.use_vllm, args.vllm_mode, args.vllm_server_base_url) == (True, "server", "http://h:8000")
+
+
+@pytest.mark.parametrize(("save_steps", "eval_at", "saves", "evaluates"), [
+    (0, "save", ("epoch", 500), ("epoch", None)), (0, "epoch", ("epoch", 500), ("epoch", None)),
+    (20, "save", ("steps", 20), ("steps", 20)), (20, "epoch", ("steps", 20), ("epoch", None))])
+def test_a_run_saves_often_and_evaluates_once_an_epoch_when_asked(
+        save_steps: int, eval_at: str, saves: tuple, evaluates: tuple, tmp_path: Path) -> None:
+    """``train.eval_at=epoch`` lets a long epoch checkpoint every ``save_steps`` (a killed run resumes) without an
+    evaluation at each save; the LLM student and the cross-encoder get the same strategies from the same keys."""
+    overrides = [f"out={tmp_path}", f"train.save_steps={save_steps}", f"train.eval_at={eval_at}"]
+    args = sft_args(load_config(PlannerSftConfig, SFT_YAML, overrides), evaluate=True)
+    assert (args.save_strategy, args.save_steps) == saves and (args.eval_strategy, args.eval_steps) == evaluates
+    student = load_config(DistillScorerConfig, None, ["traces=t.jsonl", "student=cross_encoder", *overrides])
+    kwargs = student.train.save_and_eval_kwargs(evaluate=True)
+    assert (kwargs["eval_strategy"], kwargs["eval_steps"]) == evaluates
+    assert student.train.save_and_eval_kwargs(evaluate=False)["eval_strategy"] == "no"
+
+
+def test_an_unknown_eval_at_names_the_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="train.eval_at must be 'save' or 'epoch', got 'steps'"):
+        load_config(PlannerSftConfig, SFT_YAML, [f"out={tmp_path}", "train.eval_at=steps"])
 
 
 def test_the_cross_encoder_student_takes_no_trl_section(tmp_path: Path) -> None:
