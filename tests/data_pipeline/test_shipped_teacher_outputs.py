@@ -1,5 +1,5 @@
 """The CPU teacher's outputs shipped in data/teacher/ (data/teacher/README.md): the HotpotQA tree holds every
-paragraph of the corpus it names, the QASPER train tree a branch per paper, the traces are the current slate schema's
+paragraph of the corpus it names, the QASPER trees a branch per paper, the traces are the current slate schema's
 and complete, all were served by the teacher, and the jobs that read them (distill-scorer, eval lattice's recorded
 row, eval planner's answers, the planner traces) find what they need. No model runs: a stale or cut copy fails here
 instead of in an hour-long job."""
@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+
+import pytest
 
 from overstory.core.config import load_config
 from overstory.data_pipeline.lattice_tree import LatticeTreeConfig, corpus_leaves
@@ -69,19 +71,24 @@ def test_the_shipped_qasper_traces_cover_the_questions_with_paragraph_evidence_o
     assert all({record["expanded"], *record["node_ids"]} <= set(tree.nodes) for record in records)
 
 
-def test_the_shipped_qasper_tree_keeps_its_papers_and_was_named_by_the_teacher() -> None:
-    """The corpus (QASPER train, the team's copy) is not in the repository, so the tree is checked against its own
-    build record: every leaf a paragraph of one of the 10 papers under the root, every internal node named by the
-    teacher, none by the fallback."""
-    config = load_config(LatticeTreeConfig, ROOT / "configs/data/lattice_tree-qasper_train-teacher.yaml",
+@pytest.mark.parametrize("split", ["train", "dev"])
+def test_the_shipped_qasper_tree_keeps_its_papers_and_was_named_by_the_teacher(split: str) -> None:
+    """The corpus (QASPER, the team's copy) is not in the repository, so each tree (the train papers the traces
+    search, the dev papers eval pipeline searches) is checked against its own build record: every leaf a paragraph
+    of one of the configured papers under the root, every internal node named by the teacher, none by the fallback."""
+    config = load_config(LatticeTreeConfig, ROOT / f"configs/data/lattice_tree-qasper_{split}-teacher.yaml",
                          ["out=unused"])
-    tree = Tree.load(QASPER / "tree.json")
+    folder = SHIPPED / f"lattice/qasper_{split}"
+    tree = Tree.load(folder / "tree.json")
     tree.validate(max_branching=config.clustering.m_max)
-    build = _named_by_the_teacher(QASPER, tree)
+    build = _named_by_the_teacher(folder, tree)
     assert build["method"] == config.method == "hybrid" and tree.stats()["leaves"] == build["stats"]["leaves"]
-    papers = [{leaf.doc_id for leaf in tree.leaves(child)} for child in tree.nodes[tree.root].children]
-    assert len(papers) == config.corpus.limit_docs and all(len(paper) == 1 for paper in papers)  # a branch a paper
-    assert json.loads((SHIPPED / "jobs/tree-qasper_train.json").read_text())["finished"] is True
+    # every paper whole under one branch of the root: a branch a paper, or (more papers than a node's m_max
+    # children: the 12 dev papers) a branch a cluster of whole papers
+    branches = [{leaf.doc_id for leaf in tree.leaves(child)} for child in tree.nodes[tree.root].children]
+    papers = [paper for branch in branches for paper in branch]
+    assert len(papers) == len(set(papers)) == config.corpus.limit_docs and len(branches) <= config.clustering.m_max
+    assert json.loads((SHIPPED / f"jobs/tree-qasper_{split}.json").read_text())["finished"] is True
 
 
 def test_the_shipped_narrativeqa_labels_are_the_teachers_and_resume_under_the_current_config() -> None:
