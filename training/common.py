@@ -51,8 +51,8 @@ def newest_checkpoint(output_dir: str | Path) -> str | None:
 
 def final_eval_loss(trainer) -> float:
     """The trained model's validation loss: the one the Trainer logged at its last step where it evaluated there (at
-    the end of training, and with each ``save_steps`` save), else a new pass. The same weights give the same figure;
-    the pass made again cost the teacher's planner SFT 200 s of CPU."""
+    each epoch's end, and with each save under ``train.eval_at: save``), else a new pass. The same weights give the
+    same figure; the pass made again cost the teacher's planner SFT 200 s of CPU."""
     state = trainer.state
     logged = [r["eval_loss"] for r in state.log_history if "eval_loss" in r and r.get("step") == state.global_step]
     return logged[-1] if logged else trainer.evaluate()["eval_loss"]
