@@ -1,8 +1,8 @@
 """The CPU teacher's outputs shipped in data/teacher/ (data/teacher/README.md): the HotpotQA tree holds every
-paragraph of the corpus it names, the QASPER trees a branch per paper, the traces are the current slate schema's
-and complete, all were served by the teacher, and the jobs that read them (distill-scorer, eval lattice's recorded
-row, eval planner's answers, the planner traces) find what they need. No model runs: a stale or cut copy fails here
-instead of in an hour-long job."""
+paragraph of the corpus it names, the QASPER trees each paper whole under one branch, the traces are the current
+slate schema's and complete, all were served by the teacher, and the jobs that read them (distill-scorer, eval
+lattice's recorded row, eval planner's answers, the planner traces) find what they need. No model runs: a stale or
+cut copy fails here instead of in an hour-long job."""
 
 from __future__ import annotations
 
@@ -151,6 +151,20 @@ def test_the_shipped_sft_planner_is_the_finished_run_on_the_shipped_traces() -> 
     assert json.loads((SHIPPED / "jobs/planner-sft.json").read_text())["finished"] is True
 
 
+def _rl_planner_from_the_sft_planner(name: str, recipe: str) -> dict:
+    """Check what GRPO and STITCH share: ``planner/<name>`` is a LoRA on SmolLM2 trained by ``recipe`` from the
+    shipped SFT adapter with R_QA on, no R_QA reward missing in the invocation that finished it, and its job
+    finished (so a restored checkout skips it); return its metrics."""
+    folder = SHIPPED / f"planner/{name}"
+    record = json.loads((folder / "final" / "overstory.json").read_text())
+    assert (record["recipe"], record["base_model"], record["adapter"]) == (recipe, SMOLLM2, True)
+    assert record["init"] == "runs/teacher/planner/sft/final" and record["config"]["rewards"]["qa"] == 1.0
+    metrics = json.loads((folder / "metrics.json").read_text())
+    assert metrics["qa_rewards"]["missing"] == 0 and metrics["qa_rewards"]["given"] > 0
+    assert json.loads((SHIPPED / f"jobs/planner-{name}.json").read_text())["finished"] is True
+    return metrics
+
+
 def test_the_shipped_grpo_planner_trained_on_every_r_qa_reward_from_the_sft_planner() -> None:
     """The GRPO planner (R_QA from the teacher on the runbook's stack): 30 steps from the shipped SFT adapter, no R_QA
     reward missing in the invocation that finished it, its job finished; and R_QA's kept answers, each judged, under
@@ -159,14 +173,9 @@ def test_the_shipped_grpo_planner_trained_on_every_r_qa_reward_from_the_sft_plan
     from overstory.training.planner_grpo import PlannerGrpoConfig
     from overstory.training.qa_judge import judge_settings
 
-    folder = SHIPPED / "planner/grpo"
-    record = json.loads((folder / "final" / "overstory.json").read_text())
-    assert (record["recipe"], record["base_model"], record["adapter"]) == ("planner_grpo", SMOLLM2, True)
-    assert record["init"] == "runs/teacher/planner/sft/final" and record["config"]["rewards"]["qa"] == 1.0
-    metrics = json.loads((folder / "metrics.json").read_text())
-    assert metrics["steps"] == 30 and metrics["qa_rewards"]["missing"] == 0 and metrics["qa_rewards"]["given"] > 0
+    metrics = _rl_planner_from_the_sft_planner("grpo", "planner_grpo")
+    assert metrics["steps"] == 30
     assert all(row["qa_none_share"] == 0 for row in metrics["history"] if "qa_none_share" in row)
-    assert json.loads((SHIPPED / "jobs/planner-grpo.json").read_text())["finished"] is True
 
     kept = SHIPPED / "planner/rqa"
     recorded = json.loads((kept / "qa_answers.settings.json").read_text())
@@ -183,18 +192,12 @@ def test_the_shipped_stitch_planner_finished_every_step_from_the_sft_planner_wit
     reward missing in the invocation that finished it; its job finished so a restored checkout skips it."""
     from overstory.training.stitch import StitchConfig
 
-    folder = SHIPPED / "planner/stitch"
-    record = json.loads((folder / "final" / "overstory.json").read_text())
-    assert (record["recipe"], record["base_model"], record["adapter"]) == ("stitch", SMOLLM2, True)
-    assert record["init"] == "runs/teacher/planner/sft/final" and record["config"]["rewards"]["qa"] == 1.0
+    metrics = _rl_planner_from_the_sft_planner("stitch", "stitch")
     config = load_config(StitchConfig, ROOT / "configs/train/stitch-teacher.yaml")
-    metrics = json.loads((folder / "metrics.json").read_text())
     assert metrics["steps"] == config.stitch.steps == len(metrics["history"])
     assert [row["step"] for row in metrics["history"]] == list(range(1, config.stitch.steps + 1))
     assert all("qa_reward" in row["rewards"] for row in metrics["history"])
     assert metrics["sft_injections"] >= 1 and metrics["hint_leaks"] == 0
-    assert metrics["qa_rewards"]["missing"] == 0 and metrics["qa_rewards"]["given"] > 0
-    assert json.loads((SHIPPED / "jobs/planner-stitch.json").read_text())["finished"] is True
 
 
 def test_the_shipped_planner_traces_are_the_pools_finished_and_served_by_the_teacher() -> None:
