@@ -12,6 +12,7 @@ Both record requests, failures, retries, tokens and latency per role.
 from __future__ import annotations
 
 import json
+import os
 import random
 import threading
 import time
@@ -23,6 +24,26 @@ from typing import Any, Protocol
 import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
+
+BACKOFF_ENV = "OVERSTORY_HTTP_BACKOFF_S"
+DEFAULT_BACKOFF_S = 0.5
+
+
+def default_backoff_s() -> float:
+    """The wait before a client's first retry (doubling for each next one) when its caller names none:
+    ``$OVERSTORY_HTTP_BACKOFF_S``, else 0.5 s. Jobs build their clients through layers that pass no backoff (the
+    fan-out's threads, Ray's workers, a job's own stack); a variable reaches them all, on every node, so a deployment
+    whose servers recover slowly can wait longer, and the tests of failure paths need not sleep through retries."""
+    raw = os.environ.get(BACKOFF_ENV, "").strip()
+    if not raw:
+        return DEFAULT_BACKOFF_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # also refuses nan
+        raise ValueError(f"${BACKOFF_ENV} must be a number of seconds >= 0, got {raw!r}")
+    return value
 
 
 class ClientError(RuntimeError):
@@ -144,17 +165,21 @@ class HttpBackend:
     """httpx with timeouts and bounded retries with exponential backoff and jitter.
 
     ``base_url`` is one server for every role, or a mapping role -> server for stacks that serve
-    roles from different processes (one vLLM per model); URLs are given without the /v1 suffix.
+    roles from different processes (one vLLM per model); URLs are given without the /v1 suffix. ``backoff_s``:
+    the wait before the first retry, ``default_backoff_s()`` when not given.
     """
 
     RETRY_STATUS = {429, 500, 502, 503, 504}
 
     def __init__(self, base_url: str | Mapping[str, str], timeout_s: float = 120.0, max_retries: int = 3,
-                 backoff_s: float = 0.5, api_key: str | None = None):
+                 backoff_s: float | None = None, api_key: str | None = None):
         if max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+        if backoff_s is not None and not backoff_s >= 0:
+            raise ValueError(f"backoff_s must be >= 0, got {backoff_s}")
         self.urls = _strip(base_url) if isinstance(base_url, str) else {r: _strip(u) for r, u in base_url.items()}
-        self.max_retries, self.backoff_s = max_retries, backoff_s
+        self.max_retries = max_retries
+        self.backoff_s = default_backoff_s() if backoff_s is None else backoff_s
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(timeout=timeout_s, headers=headers)
 

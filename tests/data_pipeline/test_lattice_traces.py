@@ -99,6 +99,7 @@ def _llm_run(tree: Path, out: Path, url: str) -> int:
                  "request_timeout_s=0.2", "max_attempts=1", "tracking.backend=none"])
 
 
+@pytest.mark.usefixtures("quick_retries")
 def test_a_timed_out_slate_fails_its_question_for_a_rerun(lattice_tree: Path, tmp_path: Path, capsys) -> None:
     """A server that never answers a slate: with ``request_timeout_s=0.2`` each request times out, the question is
     not logged as done but listed as failed (a rerun searches it again), and the job exits 1 naming the count."""

@@ -24,6 +24,7 @@ CORPUS = [{"id": "nile", "title": "Nile", "text": "The Nile is the longest river
 # job -> (config, the file its finished items go to, the file its failures file is named after)
 JOBS = {"fable-forest": ("configs/data/fable_forest.yaml", "trees.jsonl", "trees.jsonl"),
         "orion-tags": ("configs/data/orion_tags.yaml", "chunks.jsonl", "chunks.jsonl")}
+pytestmark = pytest.mark.usefixtures("quick_retries")  # the 503s' retries, without their waits
 
 
 def with_embeddings(app: FastAPI) -> FastAPI:

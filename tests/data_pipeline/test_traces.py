@@ -44,6 +44,7 @@ def _traces(labels: Path, out: Path, *extra: str) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("quick_retries")  # the offline teacher's retries
 def test_teacher_pool_keeps_matching_traces_records_failures_and_resumes(labels: Path, tmp_path: Path) -> None:
     out = tmp_path / "traces.jsonl"
     teachers = ("teachers={template: {kind: template}, smollm2: {kind: llm, style: concise, max_tokens: 48}, "

@@ -13,7 +13,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from overstory.serving.client import Client, ClientError
+from overstory.serving.client import BACKOFF_ENV, DEFAULT_BACKOFF_S, Client, ClientError, HttpBackend
 from overstory.serving.launch import serve_in_background
 from overstory.serving.ports import free_port
 
@@ -98,6 +98,27 @@ def test_gives_up_after_max_retries(flaky, sleeps: list[float]) -> None:
     assert calls["down"] == 3 and len(sleeps) == 2  # no backoff after the last attempt
     stats = client.stats.summary()["down"]
     assert stats["failures"] == 1 and stats["retries"] == 2
+
+
+def test_the_backoff_a_caller_does_not_name_comes_from_the_environment(flaky, sleeps: list[float],
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Jobs' clients name no backoff: ``$OVERSTORY_HTTP_BACKOFF_S`` sets it (0.5 s without it); a value that is not
+    a number of seconds >= 0 is refused naming the variable."""
+    url, calls = flaky
+    monkeypatch.delenv(BACKOFF_ENV, raising=False)
+    assert HttpBackend(url).backoff_s == DEFAULT_BACKOFF_S == 0.5
+    monkeypatch.setenv(BACKOFF_ENV, "0.02")
+    client = Client.from_url(url, max_retries=2)
+    assert client.chat("flaky-1", MESSAGES).text == "ok" and calls["flaky-1"] == 2
+    assert len(sleeps) == 1 and 0.01 <= sleeps[0] < 0.03
+    assert HttpBackend(url, backoff_s=0.3).backoff_s == 0.3  # a caller's own value wins
+    for bad in ("soon", "-1", "nan"):
+        monkeypatch.setenv(BACKOFF_ENV, bad)
+        refused = rf"\$OVERSTORY_HTTP_BACKOFF_S must be a number of seconds >= 0, got '{bad}'"
+        with pytest.raises(ValueError, match=refused):
+            HttpBackend(url)
+    with pytest.raises(ValueError, match="backoff_s must be >= 0, got -0.1"):
+        HttpBackend(url, backoff_s=-0.1)
 
 
 def test_client_errors_are_not_retried(flaky) -> None:
