@@ -17,11 +17,7 @@ export PIP_CACHE_DIR := $(CURDIR)/.cache/pip
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: quickstart test env vllm-env lint lock clean
-
-# The two environments install side by side (`make test` needs both): 66 s for both from nothing on the 2-core CI
-# machine, against 99 s one after the other (downloads and unpacking overlap).
-MAKEFLAGS += --jobs=2
+.PHONY: quickstart test envs env vllm-env lint lock clean
 
 # Installs resolve from the lock files in requirements/ (exact versions with hashes, --no-deps: the lock is the
 # whole environment), so a release tomorrow changes nothing until `make lock` is run and its diff committed.
@@ -51,6 +47,11 @@ $(VLLM_VENV)/.installed: requirements/vllm.lock
 
 vllm-env: $(VLLM_VENV)/.installed
 
+# Both environments, installed side by side (`make test` needs both): 66 s from nothing on the 2-core CI machine,
+# against 99 s one after the other. Only these two run in parallel: the rest of the file stays serial.
+envs:
+	@$(MAKE) --no-print-directory --jobs=2 env vllm-env
+
 # Refresh the lock files from pyproject.toml and requirements/*.in (needs the package index), then review the diff.
 lock:
 	python3 -m venv $(LOCK_TOOLS)
@@ -71,7 +72,7 @@ quickstart: env
 # own files only (collecting the whole suite to deselect the rest took 26 s). TEST_WORKERS=0 runs the first phase
 # serially.
 TEST_WORKERS ?= 2
-test: env vllm-env
+test: envs
 	OMP_NUM_THREADS=1 $(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --max-worker-restart=0 \
 		-m "not alone" --durations=25
 	$(VENV)/bin/python -m pytest -q -m alone --durations=10 $$($(VENV)/bin/python -c \

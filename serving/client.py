@@ -32,8 +32,9 @@ DEFAULT_BACKOFF_S = 0.5
 def default_backoff_s() -> float:
     """The wait before a client's first retry (doubling for each next one) when its caller names none:
     ``$OVERSTORY_HTTP_BACKOFF_S``, else 0.5 s. Jobs build their clients through layers that pass no backoff (the
-    fan-out's threads, Ray's workers, a job's own stack); a variable reaches them all, on every node, so a deployment
-    whose servers recover slowly can wait longer, and the tests of failure paths need not sleep through retries."""
+    fan-out's threads, Ray's workers, a job's own stack); a variable reaches them all (on each node, as set there),
+    so a deployment whose servers recover slowly can wait longer, and the tests of failure paths need not sleep
+    through retries."""
     raw = os.environ.get(BACKOFF_ENV, "").strip()
     if not raw:
         return DEFAULT_BACKOFF_S
