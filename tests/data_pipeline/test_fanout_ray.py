@@ -31,7 +31,7 @@ from overstory.data_pipeline.ray_runner import RayConfig, import_ray, ray_map
 from overstory.data_pipeline.summaries import SummariesConfig
 from overstory.data_pipeline.traces import TracesConfig, rejected_path
 from overstory.retrieval.lattice.tree import Tree
-from overstory.serving.client import Client
+from overstory.serving.client import BACKOFF_ENV, Client
 from overstory.serving.config import ServeConfig
 from overstory.serving.launch import serve_in_background
 
@@ -42,10 +42,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[None]:
-    """A local Ray cluster of two CPUs for the module (the job joins it: ``ray.address`` is left empty)."""
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+    """A local Ray cluster of two CPUs for the module (the job joins it: ``ray.address`` is left empty). Its workers
+    start with this process's environment, in which the client's retries wait 0.01 s, as under the ``quick_retries``
+    fixture (one test takes a server of the fleet down on purpose)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(BACKOFF_ENV, "0.01")
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        yield
+        ray.shutdown()
 
 
 @pytest.fixture(scope="module")
