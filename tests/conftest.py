@@ -129,7 +129,9 @@ def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
     """The client's retries without their waits (``$OVERSTORY_HTTP_BACKOFF_S`` 0.01 s, not 0.5 s doubling), for the
     tests whose jobs meet a server that fails on purpose: every failed request's retries slept 3.5 s on average (one
     timed-out-slate test idled 31 of its 32 s). The retries themselves still happen, and are counted."""
-    monkeypatch.setenv("OVERSTORY_HTTP_BACKOFF_S", "0.01")
+    from overstory.serving.client import BACKOFF_ENV
+
+    monkeypatch.setenv(BACKOFF_ENV, "0.01")
 
 
 @pytest.fixture(scope="session")
