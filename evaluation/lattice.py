@@ -32,9 +32,10 @@ Each scorer system gets a stack of its own (``serve`` with the ``scorer`` role r
 ``server_url``. With ``agreement_traces`` (teacher slates from ``overstory data lattice-traces``: one file or a list,
 as the students were trained on), each system whose ``model`` is a distilled student also scores the teacher's slates
 of the student's held-out questions in every file (``heldout_queries.json`` beside ``model``): Kendall tau with the
-teacher's scores and top-1 agreement. Several students can be rows of one table (the cross-encoder's losses and
-activations side by side): every student whose folder has a ``heldout_queries.json`` must have held out each question
-searched, or the run is refused naming it.
+teacher's scores and top-1 agreement, beside top-1's chance and first-candidate references
+(``evaluation/lattice_agreement.py``; each slate's scores in ``agreement/<system>.jsonl``). Several students can be
+rows of one table (the cross-encoder's losses and activations side by side): every student whose folder has a
+``heldout_queries.json`` must have held out each question searched, or the run is refused naming it.
 The ratio columns (nDCG@10 as a share of the teacher's, times faster) compare each row with the row named
 ``teacher``, searched or recorded. Writes ``metrics.json``, ``table.md``, ``rankings/<system>.jsonl`` and
 ``quality_vs_cost.png``; and for each search (or recorded) row, where it loses the gold, depth by depth
@@ -55,11 +56,11 @@ import numpy as np
 from rich.progress import Progress
 
 from overstory.core.config import ConfigError, path_list, to_dict
-from overstory.core.records import read_jsonl
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
 from overstory.data_pipeline.hierarchy import HierarchyConfig
 from overstory.data_pipeline.lattice_leaves import gold_leaves, tree_leaf_chunks
+from overstory.evaluation.lattice_agreement import agreement, agreement_cell, heldout_slates
 from overstory.evaluation.lattice_recorded import RecordedSearch, job_wall_seconds, load_recorded, recorded_row
 from overstory.evaluation.lattice_routing import ScoredSlate, gold_routing, plot_routing, routing_table
 from overstory.evaluation.plots import plot_quality_vs_cost
@@ -72,7 +73,6 @@ from overstory.retrieval.lattice.scorers import (
     CrossEncoderSlateScorer,
     LLMSlateScorer,
     OracleSlateScorer,
-    Slate,
     SlateScorer,
 )
 from overstory.retrieval.lattice.search import SearchConfig, check_reach, search
@@ -189,35 +189,6 @@ def retrieval_metrics(rankings: dict[str, list[tuple[str, float]]], gold: dict[s
     return out
 
 
-def agreement(student: SlateScorer, teacher_slates: list[dict]) -> dict:
-    """The student's scores on the teacher's slates, over the candidates both scored, on slates where the teacher
-    has a preference (not every score equal; such slates are counted in ``tau_undefined``, since any choice would
-    agree with them): mean Kendall tau (also undefined, and counted, when the student's scores are all equal) and
-    top-1 agreement (the student's best candidate is among the teacher's best)."""
-    from scipy.stats import kendalltau
-
-    slates = [Slate(s["query_id"], s["query"], s["node_ids"], s["texts"], bool(s["leaf"])) for s in teacher_slates]
-    scored = student.score(slates)
-    taus, top1, undefined = [], [], 0
-    for record, reply in zip(teacher_slates, scored, strict=True):
-        both = [i for i, t in enumerate(record["raw_scores"]) if t is not None and i in reply.scores]
-        if not both:
-            continue
-        teacher = [record["raw_scores"][i] for i in both]
-        student_scores = [reply.scores[i] for i in both]
-        if len(set(teacher)) < 2:
-            undefined += 1
-            continue
-        top1.append(float(teacher[int(np.argmax(student_scores))] == max(teacher)))
-        if len(set(student_scores)) < 2:
-            undefined += 1
-            continue
-        taus.append(float(kendalltau(teacher, student_scores).statistic))
-    return {"kendall_tau": round(float(np.mean(taus)), 4) if taus else None,
-            "top1_agreement": round(float(np.mean(top1)), 4) if top1 else None,
-            "n_slates": len(teacher_slates), "n_tau": len(taus), "tau_undefined": undefined}
-
-
 # --- systems -----------------------------------------------------------------------------------------------
 
 def _scorer_role(config: LatticeEvalConfig, system: SystemConfig) -> RoleConfig:
@@ -272,16 +243,6 @@ def check_students(config: LatticeEvalConfig, question_ids: list[str]) -> None:
             raise ConfigError(f"systems.{name}.model: {system.model} was trained on {len(trained)} of the "
                               f"{len(question_ids)} questions searched (e.g. {trained[0]}); set heldout_from to its "
                               "folder, or train every student on the same traces with the same val_fraction")
-
-
-def heldout_slates(paths: list[str], model: str) -> list[dict]:
-    """The parsed slates of the student's held-out questions, from every traces file in order."""
-    heldout_file = Path(model).parent / "heldout_queries.json"
-    if not heldout_file.exists():
-        raise ConfigError(f"{heldout_file} not found: agreement needs the student's held-out queries "
-                          f"(written by `overstory train distill-scorer`)")
-    held = set(json.loads(heldout_file.read_text()))
-    return [r for path in paths for r in read_jsonl(path) if r["query_id"] in held and r.get("parsed", True)]
 
 
 def check_recorded(config: LatticeEvalConfig, tree: Tree,
@@ -369,7 +330,7 @@ def run(config: LatticeEvalConfig) -> dict:
             if system.kind in ("search", "recorded"):
                 row.update(calibration=system.calibration)
             if config.agreement_files and system.kind == "search" and system.model:
-                row["agreement"] = _run_agreement(config, system, tree, gold)
+                row["agreement"] = _run_agreement(config, name, tree, gold)
             results[name] = row
             with open(out / "rankings" / f"{name}.jsonl", "w") as handle:
                 for qid, ranking in rankings[name].items():
@@ -428,12 +389,16 @@ def _run_fusion(system: SystemConfig, rankings, results, queries, flat_index):
                                        "failed_slates", "repairs") if key in base}, fused
 
 
-def _run_agreement(config: LatticeEvalConfig, system: SystemConfig, tree: Tree, gold) -> dict:
+def _run_agreement(config: LatticeEvalConfig, name: str, tree: Tree, gold) -> dict:
+    """``name``'s agreement with the teacher (``evaluation/lattice_agreement.py``), its slates' scores kept in
+    ``agreement/<name>.jsonl``."""
+    system = config.systems[name]
     slates = heldout_slates(config.agreement_files, system.model)
     if not slates:
-        return {"kendall_tau": None, "top1_agreement": None, "n_slates": 0, "n_tau": 0, "tau_undefined": 0}
+        return {"kendall_tau": None, "top1_agreement": None, "n_slates": 0}
     with ExitStack() as stack:
-        return agreement(_slate_scorer(config, system, stack, tree, gold), slates)
+        return agreement(_slate_scorer(config, system, stack, tree, gold), slates,
+                         record=Path(config.out) / "agreement" / f"{name}.jsonl")
 
 
 def markdown_table(report: dict) -> str:
@@ -470,14 +435,11 @@ def markdown_table(report: dict) -> str:
 
     for name, row in report["systems"].items():
         label = name + ("" if row.get("calibration", True) else " (calibration off)")
-        agree = row.get("agreement")
-        agree_cell = "-" if not agree else (
-            f"{agree['kendall_tau'] if agree['kendall_tau'] is not None else '-'} / "
-            f"{agree['top1_agreement'] if agree['top1_agreement'] is not None else '-'} ({agree['n_slates']} slates)")
         slates = f"{row['failed_slates']}/{row['slates_total']}" if "slates_total" in row else "-"
         cells = [label, cell(row, "ndcg@10"), cell(row, "recall@10"), cell(row, "recall@100"), f"{row['llm_calls']:g}",
                  f"{row['input_tokens']:g} / {row['output_tokens']:g}", f"{row['seconds']:.3f}", slates,
-                 repairs_cell(row.get("repairs")), agree_cell, *relative(row), row.get("note", "")]
+                 repairs_cell(row.get("repairs")), agreement_cell(row.get("agreement")), *relative(row),
+                 row.get("note", "")]
         lines.append("| " + " | ".join(cells) + " |")
     if any(row.get("routing") for row in report["systems"].values()):
         lines += ["", "Where each search loses the gold (evaluation/lattice_routing.py): per depth of the node "

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from overstory.cli import main
-from overstory.evaluation.lattice import agreement, markdown_table, retrieval_metrics
+from overstory.evaluation.lattice import markdown_table, retrieval_metrics
+from overstory.evaluation.lattice_agreement import agreement, agreement_cell
 from overstory.retrieval.lattice.fusion import lattice_pp, weighted_fusion
 from overstory.retrieval.lattice.scorers import OracleSlateScorer, SlateScore
 from overstory.retrieval.lattice.tree import Tree
@@ -70,6 +71,43 @@ def test_agreement_with_the_teacher(lattice_tree: Path, lattice_oracle_traces: P
     opposite = agreement(_Reversed(oracle), slates)
     assert opposite["top1_agreement"] == 0.0 and opposite["kendall_tau"] == pytest.approx(-1.0)
     assert same["n_slates"] == len(slates) and same["tau_undefined"] > 0  # all-0 slates have no order
+
+
+class _Fixed:
+    """A student whose scores per slate are given (a flat one scores every candidate alike)."""
+
+    listwise = False
+
+    def __init__(self, scores: list[list[float]]):
+        self.scores = scores
+
+    def score(self, slates):
+        return [SlateScore(scores=dict(enumerate(row))) for row in self.scores[: len(slates)]]
+
+
+def test_top1_breaks_a_students_ties_fairly_and_shows_its_references(tmp_path: Path) -> None:
+    """A student that scores every candidate alike must not inherit the slate order's bias (``argmax`` took the first
+    of a tie, and the teacher's best is often first): its top-1 is a random pick's, it has no tau, and it is counted
+    flat; the references (chance, always the first candidate) sit beside the figure, and each slate's scores are
+    kept."""
+    def slate(qid: str, teacher: list[float | None]) -> dict:
+        ids = [f"n{i}" for i in range(len(teacher))]
+        return {"query_id": qid, "query": "q", "node_ids": ids, "texts": ids, "leaf": False, "raw_scores": teacher}
+
+    slates = [slate("a", [90, 10, 10, 10]), slate("b", [10, 90, 90, 10]), slate("c", [50, 50, 50, 50])]
+    flat = agreement(_Fixed([[5, 5, 5, 5]] * 3), slates, record=tmp_path / "flat.jsonl")
+    assert flat["top1_agreement"] == pytest.approx((1 / 4 + 2 / 4) / 2)  # not 0.5, the first candidate's record
+    assert flat["top1_chance"] == flat["top1_agreement"] and flat["top1_first_candidate"] == 0.5
+    assert (flat["student_flat"], flat["teacher_ties"], flat["n_top1"], flat["n_tau"]) == (2, 1, 2, 0)
+    assert flat["kendall_tau"] is None and flat["tau_undefined"] == 3
+    kept = [json.loads(line) for line in (tmp_path / "flat.jsonl").read_text().splitlines()]
+    assert [k["student"] for k in kept] == [[5.0] * 4] * 3 and kept[1]["teacher"] == [10, 90, 90, 10]
+
+    tied = agreement(_Fixed([[9, 9, 1, 1], [1, 9, 9, 1], [1, 2, 3, 4]]), slates)  # half, then all of its best
+    assert tied["top1_agreement"] == pytest.approx(0.75) and tied["student_flat"] == 0 and tied["n_tau"] == 2
+    cell = agreement_cell(tied)
+    assert cell.startswith(f"{tied['kendall_tau']} / 0.75 (3 slates; top-1 by chance 0.375, first candidate 0.5")
+    assert cell.endswith("flat on 0 of 2)") and agreement_cell(None) == "-"
 
 
 def _eval(out: Path, *overrides: str) -> dict:

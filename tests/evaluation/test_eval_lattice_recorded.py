@@ -14,7 +14,8 @@ import pytest
 
 from overstory.cli import main
 from overstory.core.config import ConfigError, load_config
-from overstory.evaluation.lattice import LatticeEvalConfig, heldout_slates
+from overstory.evaluation.lattice import LatticeEvalConfig
+from overstory.evaluation.lattice_agreement import heldout_slates
 from overstory.models.scorer import SLATE_SCHEMA
 from tests.conftest import HOTPOTQA_150, ROOT
 
