@@ -160,6 +160,7 @@ def level_prompts(questions: list[str], level_index: int, n: int) -> list[list[d
 
 
 def run(config: ServeBenchConfig) -> dict:
+    config = replace(config, serve=config.serve.without_embedding_cache())  # the load plan repeats its texts
     questions = load_questions(config.questions)
     warm_up = [{"role": "user", "content": questions[0]}]
     out = Path(config.out)

@@ -104,7 +104,8 @@ class Target(NamedTuple):
 def serve_here(config: RetrievalBenchConfig) -> Iterator[Target]:
     """The saved retriever served in this process as ``overstory serve --retriever`` serves it: on the embedded
     engine's app (its roles called in-process), or on a vLLM stack's front door."""
-    serve = dataclasses.replace(config.serve, retriever=config.retriever)
+    # the plan repeats its queries: each is embedded every time, as a benchmark of the retriever, not of the cache
+    serve = dataclasses.replace(config.serve.without_embedding_cache(), retriever=config.retriever)
     with ExitStack() as owned:
         if serve.engine == "vllm":
             stack = owned.enter_context(vllm_stack(serve, retrieval=lambda client: owned.enter_context(

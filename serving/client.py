@@ -11,9 +11,11 @@ Both record requests, failures, retries, tokens and latency per role.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
+import ssl
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -45,6 +47,14 @@ def default_backoff_s() -> float:
     if not value >= 0:  # also refuses nan
         raise ValueError(f"${BACKOFF_ENV} must be a number of seconds >= 0, got {raw!r}")
     return value
+
+
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """httpx's default certificate verification (its CA bundle, SSL_CERT_FILE and SSL_CERT_DIR as at the first
+    client), made once per process: httpx builds a context for every client it makes, loading the bundle each time,
+    even for plain http URLs, and jobs make a client per worker thread, per Ray task and per stage."""
+    return httpx.create_ssl_context()
 
 
 class ClientError(RuntimeError):
@@ -182,7 +192,7 @@ class HttpBackend:
         self.max_retries = max_retries
         self.backoff_s = default_backoff_s() if backoff_s is None else backoff_s
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.Client(timeout=timeout_s, headers=headers)
+        self._http = httpx.Client(timeout=timeout_s, headers=headers, verify=_tls_context())
 
     def _url(self, role: str) -> str:
         if isinstance(self.urls, str):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, get_args
 
 from overstory.core.config import ConfigError
@@ -34,6 +34,9 @@ class RoleConfig:
     batch_max_wait_ms: float = 250.0
     # cross-encoder: the most documents one /score or /v1/rerank request may send (more is a 400)
     max_documents: int = 1000
+    # embedded engine, embedding roles: MiB of embeddings kept by text and reused while the process lives, shared by
+    # every engine serving the same encoder weights (serving/embedding_cache.py); 0: embed every text every time
+    embedding_cache_mib: float = 256.0
     # engine vllm: extra flags for this role's vLLM server (roles sharing a port must agree)
     vllm_args: list[str] = field(default_factory=list)
     dtype: Dtype = "float32"
@@ -63,6 +66,8 @@ class RoleConfig:
             raise ConfigError(f"max_new_tokens must be positive, got {self.max_new_tokens}")
         if self.max_model_len < 0:
             raise ConfigError(f"max_model_len must be >= 0, got {self.max_model_len}")
+        if not self.embedding_cache_mib >= 0:
+            raise ConfigError(f"embedding_cache_mib must be >= 0, got {self.embedding_cache_mib}")
         if min(self.max_batch_size, self.max_batch_tokens, self.max_documents) < 1:
             raise ConfigError("max_batch_size, max_batch_tokens and max_documents must be >= 1")
         if not 0 <= self.batch_window_ms <= self.batch_max_wait_ms:
@@ -139,6 +144,12 @@ class ServeConfig:
         chat = RoleConfig(model=SMOLLM2)
         return cls(port=port, roles={"generator": chat, "planner": chat, "scorer": chat,
                                      "embedder": RoleConfig(model=MINILM, kind="embedding")})
+
+    def without_embedding_cache(self) -> ServeConfig:
+        """These settings with every embedding role's cache off: what a benchmark serves, so that texts its load
+        plan repeats are embedded each time and the figures are the encoder's, not the cache's."""
+        return replace(self, roles={name: replace(role, embedding_cache_mib=0) if role.kind == "embedding" else role
+                                    for name, role in self.roles.items()})
 
 
 def with_checkpoint_roles(roles: dict[str, RoleConfig], model: str, adapter: str) -> dict[str, RoleConfig]:

@@ -23,6 +23,7 @@ from overstory.models.text_compressor import checkpoint_kind, join_children, loa
 from overstory.serving.batching import Batcher, Job, RowOutput, Sampling
 from overstory.serving.config import RoleConfig, ServeConfig
 from overstory.serving.cross_encoder import CrossEncoderModel
+from overstory.serving.embedding_cache import shared_cache
 from overstory.serving.errors import BadRequest, RequestTooLarge, UnknownModel
 from overstory.serving.model_thread import ModelThread, limit_malloc_arenas
 from overstory.serving.structured import GrammarCompilerCache, GrammarLogitsProcessor, grammar_spec
@@ -165,9 +166,12 @@ class _ChatModel:
 
 
 class _EmbeddingModel:
+    """A sentence encoder, its thread, and the process's cache of what that encoder embedded (None when off)."""
+
     def __init__(self, name: str, role: RoleConfig):
         self.encoder = load_sentence_encoder(name, device=resolve_device(role.device))
         self.thread = ModelThread(name)
+        self.cache = shared_cache(resolve(name), role.embedding_cache_mib)
 
 
 class _CompressionModel:
@@ -389,20 +393,28 @@ class EmbeddedEngine:
 
     def embed(self, role: str, texts: list[str]) -> EmbeddingResult:
         """L2-normalised embeddings (as OpenAI's); texts longer than the encoder's max_seq_length are
-        truncated by sentence-transformers, exactly as when the encoder is used directly."""
+        truncated by sentence-transformers, exactly as when the encoder is used directly. Texts this process embedded
+        before with the same encoder are read back from its cache (``serving/embedding_cache.py``), with their
+        token counts, unless the role's ``embedding_cache_mib`` is 0."""
         model = self._get(role, _EmbeddingModel)
         if not texts:
             return EmbeddingResult(np.zeros((0, model.encoder.get_embedding_dimension()), np.float32), 0)
 
-        def forward() -> tuple[np.ndarray, dict]:
-            with torch.inference_mode():
-                return (model.encoder.encode(list(texts), normalize_embeddings=True, convert_to_numpy=True,
-                                             show_progress_bar=False),
-                        model.encoder.tokenizer(list(texts), truncation=True, max_length=model.encoder.max_seq_length))
+        def compute(batch: list[str]) -> tuple[np.ndarray, list[int]]:
+            def forward() -> tuple[np.ndarray, list[int]]:
+                with torch.inference_mode():
+                    vectors = model.encoder.encode(batch, normalize_embeddings=True, convert_to_numpy=True,
+                                                   show_progress_bar=False)
+                encoded = model.encoder.tokenizer(batch, truncation=True, max_length=model.encoder.max_seq_length)
+                return vectors, [len(ids) for ids in encoded["input_ids"]]  # the tokens actually embedded
 
-        vectors, encoded = model.thread.run(forward)
-        n_tokens = sum(len(ids) for ids in encoded["input_ids"])  # the tokens actually embedded
-        return EmbeddingResult(np.asarray(vectors, dtype=np.float32), n_tokens)
+            return model.thread.run(forward)
+
+        if model.cache is None:
+            vectors, counts = compute(list(texts))
+            return EmbeddingResult(np.asarray(vectors, dtype=np.float32), sum(counts))
+        vectors, n_tokens = model.cache.embed(list(texts), compute)
+        return EmbeddingResult(vectors, n_tokens)
 
     def compress(self, role: str, groups: list[list[str]] | None = None,
                  embedding_groups: list[list[list[float]]] | None = None) -> EmbeddingResult:
