@@ -100,8 +100,9 @@ def test_quickstart_end_to_end(tmp_path: Path, port_8000_taken) -> None:
     for key in ("recall@5", "exact_match", "token_f1"):
         assert 0.0 <= rag[key] <= 1.0
     assert rag["recall@5"] > 0.5  # hybrid retrieval reaches most gold paragraphs (measured 0.86 on all 40)
-    # answering, within the stage's wall time
-    assert 0 < rag["seconds_per_question"] * RAG_QUESTIONS < rag["seconds"]
+    # answering, within the stage's wall time: each question's (the mean of the questions' times; they are answered
+    # concurrently, so their sum may pass the wall time once the stage's indexes reuse the kept embeddings)
+    assert 0 < rag["seconds_per_question"] < rag["seconds"]
     assert rag["usage_total"]["generator"]["calls"] == RAG_QUESTIONS and rag["costs_add_up"]["match"]
     assert rag["usage_total"]["generator"]["completion_tokens"] > 0
 
