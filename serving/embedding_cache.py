@@ -49,7 +49,8 @@ class EmbeddingCache:
         found = dict(kept)
         if missing:
             vectors, counts = compute(missing)
-            found |= {text: (np.asarray(vector, dtype=np.float32), int(count))
+            # copies: a row view would keep its whole batch alive, past what the byte bound counts
+            found |= {text: (np.array(vector, dtype=np.float32), int(count))
                       for text, vector, count in zip(missing, vectors, counts, strict=True)}
         with self._lock:
             self.hits += len(texts) - len(missing)
