@@ -36,11 +36,10 @@ from overstory.core.config import ConfigError, to_dict
 from overstory.core.plots import plt, save_figure
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.serving.client import Client
-from overstory.serving.config import ServeConfig
+from overstory.serving.config import ServeConfig, resolve_api_key
 from overstory.serving.engine import EmbeddedEngine
 from overstory.serving.in_process import in_process_client
 from overstory.serving.launch import serve_in_background, vllm_stack
-from overstory.serving.operations import resolve_api_key
 from overstory.serving.ports import free_port
 
 ENGINES = ("in_process", "embedded", "vllm")

@@ -44,7 +44,7 @@ from overstory.retrieval.fable.builder import DocumentTree, ForestBuilder, Fores
 from overstory.retrieval.fable.forest import Forest
 from overstory.serving.client import Client
 from overstory.serving.config import ServeConfig
-from overstory.serving.launch import client_for, served_models
+from overstory.serving.job_client import client_for, served_models
 
 TREES_FILE, FALLBACKS_FILE = "trees.jsonl", "fallbacks.jsonl"
 

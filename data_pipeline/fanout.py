@@ -50,7 +50,7 @@ from overstory.core.failures import check_failure_share, raise_if_too_many
 from overstory.core.records import FailureRecord, JsonlAppender, drop_records, read_jsonl, write_jsonl
 from overstory.data_pipeline.ray_runner import RayConfig, endpoint_urls, import_ray, make_work, ray_map, ray_session
 from overstory.serving.client import Client, ClientError
-from overstory.serving.launch import served_models
+from overstory.serving.job_client import served_models
 
 T = TypeVar("T")
 

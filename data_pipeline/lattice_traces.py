@@ -48,7 +48,7 @@ from overstory.retrieval.lattice.search import SearchConfig, SearchResult, check
 from overstory.retrieval.lattice.tree import Tree
 from overstory.serving.client import Client
 from overstory.serving.config import ServeConfig
-from overstory.serving.launch import client_for, served_models
+from overstory.serving.job_client import client_for, served_models
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,7 @@ from overstory.retrieval.lattice.top_down import TopDownBuilder
 from overstory.retrieval.lattice.tree import Node, Tree
 from overstory.serving.client import Client
 from overstory.serving.config import ServeConfig
-from overstory.serving.launch import client_for, served_models
+from overstory.serving.job_client import client_for, served_models
 
 SUMMARIES_FILE = "summaries.jsonl"  # bottom-up / hybrid node summaries (with .settings.json and .failures.jsonl)
 KEYWORDS_FILE = "keywords.jsonl"  # top-down leaf keywords (with .settings.json and .failures.jsonl)

@@ -45,7 +45,7 @@ from overstory.retrieval.orion.strategy import OrionConfig, OrionStrategy
 from overstory.retrieval.orion.tagger import ChunkingConfig, Tagged, Tagger, TaggingConfig, chunk_document
 from overstory.retrieval.orion.tags import CHUNKS_FILE, MASTERS_FILE, ChunkTags, DocumentTags
 from overstory.serving.client import Client
-from overstory.serving.launch import served_models
+from overstory.serving.job_client import served_models
 
 FALLBACKS_FILE, REPORT_FILE = "fallbacks.jsonl", "build.json"
 GENERATOR = "generator"  # the role that writes the tags

@@ -36,7 +36,7 @@ from overstory.retrieval.orion.tagger import ChunkingConfig, TaggingConfig
 from overstory.retrieval.orion.tags import MASTERS_FILE, DocumentTags, load_tags
 from overstory.serving.client import Client
 from overstory.serving.config import RoleConfig, ServeConfig
-from overstory.serving.launch import client_for
+from overstory.serving.job_client import client_for
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from rich.progress import track
 from overstory.core.records import Chunk, JsonlAppender, read_jsonl
 from overstory.data_pipeline.fanout import SettingsRecord, settings_path
 from overstory.serving.client import Client
-from overstory.serving.launch import served_models
+from overstory.serving.job_client import served_models
 
 Row = Mapping[str, Any]
 Answerer = Callable[[Row, str, str], dict]

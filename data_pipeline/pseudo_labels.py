@@ -52,7 +52,7 @@ from overstory.retrieval.judge import CorrectnessConfig, is_correct
 from overstory.retrieval.smartchunk import DocumentRetrievers
 from overstory.serving.client import Client
 from overstory.serving.config import ServeConfig
-from overstory.serving.launch import client_for, served_models
+from overstory.serving.job_client import client_for, served_models
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ from overstory.data_pipeline.ray_runner import RayConfig
 from overstory.data_pipeline.summarize import SummaryFailed, summarise
 from overstory.serving.client import Client, ClientError
 from overstory.serving.config import ServeConfig
-from overstory.serving.launch import client_for, served_models
+from overstory.serving.job_client import client_for, served_models
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,7 @@ from overstory.models.planner import (
 )
 from overstory.serving.client import Client, ClientError
 from overstory.serving.config import CHAT_ROLES, ServeConfig
-from overstory.serving.launch import client_for, served_models
+from overstory.serving.job_client import client_for, served_models
 
 STYLES = {
     "concise": ("You are writing the reply of a retrieval planner. The correct choice for this question is "

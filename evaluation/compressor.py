@@ -74,7 +74,8 @@ from overstory.retrieval.index import DenseIndex, Hit, chunk_text_for_index
 from overstory.retrieval.metrics import bootstrap_interval, mean, recall_at_k
 from overstory.serving.client import Client
 from overstory.serving.config import RoleConfig, ServeConfig
-from overstory.serving.launch import client_for, serve_in_background, served_models
+from overstory.serving.job_client import client_for, served_models
+from overstory.serving.launch import serve_in_background
 
 BASELINES = ("compressor", "mean_pool", "direct_encode", "summarize")
 EMBED_BATCH = 256  # children embedded per request when groups are built here

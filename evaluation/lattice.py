@@ -80,7 +80,7 @@ from overstory.retrieval.lattice.tree import Tree
 from overstory.retrieval.metrics import bootstrap_interval
 from overstory.serving.config import RoleConfig, ServeConfig
 from overstory.serving.cross_encoder import saved_activation
-from overstory.serving.launch import client_for
+from overstory.serving.job_client import client_for
 
 MEASURES = ("nDCG@10", "R@10", "R@100")
 

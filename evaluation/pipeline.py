@@ -90,7 +90,7 @@ from overstory.retrieval.smartchunk import SmartChunkConfig
 from overstory.retrieval.strategy import RequestRefused, Strategy, StrategyAnswer
 from overstory.serving.client import Client
 from overstory.serving.config import ServeConfig
-from overstory.serving.launch import client_for
+from overstory.serving.job_client import client_for
 
 # Questions the harness could not get answered: the requests failed after the client's retries, or the strategy
 # raised. Replies a strategy could not use (no_answer, no_tool_call, budget_exhausted, ...) are measurements.

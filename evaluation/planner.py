@@ -89,7 +89,7 @@ from overstory.retrieval.judge import CorrectnessConfig, is_correct
 from overstory.retrieval.metrics import recall_at_k
 from overstory.retrieval.smartchunk import FALLBACK_RANGE, DocumentRetrievers, check_fallback_range
 from overstory.serving.config import ServeConfig
-from overstory.serving.launch import client_for
+from overstory.serving.job_client import client_for
 
 
 @dataclass(frozen=True)

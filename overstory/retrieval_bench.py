@@ -39,11 +39,10 @@ from overstory.core.failures import TooManyFailures
 from overstory.core.plots import plt, save_figure
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.serve import served_retriever
-from overstory.serving.config import ServeConfig
+from overstory.serving.config import ServeConfig, resolve_api_key
 from overstory.serving.engine import EmbeddedEngine
 from overstory.serving.in_process import in_process_client
 from overstory.serving.launch import serve_in_background, vllm_stack
-from overstory.serving.operations import resolve_api_key
 from overstory.serving.server import create_app
 
 MEMORY_KEYS = ("rss_samples", "rss_first_quarter_mib", "rss_last_quarter_mib", "rss_peak_mib", "rss_growth_mib",

@@ -76,7 +76,7 @@ from overstory.serving.client import Client
 from overstory.serving.config import ServeConfig
 from overstory.serving.engine import EmbeddedEngine
 from overstory.serving.in_process import in_process_client
-from overstory.serving.launch import client_for
+from overstory.serving.job_client import client_for
 
 __all__ = [
     "STRATEGIES", "SECTIONS", "Models", "Retriever", "Evidence", "Cost", "Retrieved", "Answered", "build_strategy",

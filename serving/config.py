@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field, replace
 from typing import Literal, get_args
@@ -174,3 +175,12 @@ def with_checkpoint_roles(roles: dict[str, RoleConfig], model: str, adapter: str
     if "embedder" not in served:
         served["embedder"] = RoleConfig(model=next((e for e in embedders if e != MINILM), MINILM), kind="embedding")
     return served
+
+
+API_KEY_ENV = "OVERSTORY_API_KEY"
+
+
+def resolve_api_key(configured: str | None) -> str | None:
+    """The key a stack checks and its clients send: the configured ``api_key``, else ``$OVERSTORY_API_KEY``, else
+    None; blank values count as unset."""
+    return (configured or "").strip() or os.environ.get(API_KEY_ENV, "").strip() or None

@@ -33,13 +33,12 @@ from fastapi import FastAPI
 
 from overstory.core.config import ConfigError
 from overstory.core.tracking import start_run
-from overstory.models.registry import builtin_name_of
 from overstory.serving.client import Client, HttpBackend
-from overstory.serving.config import ServeConfig
+from overstory.serving.config import ServeConfig, resolve_api_key
 from overstory.serving.engine import EmbeddedEngine
 from overstory.serving.front_door import create_front_app, mount_front_door
 from overstory.serving.in_process import InProcessBackend, in_process_client
-from overstory.serving.operations import resolve_api_key, warn_if_exposed
+from overstory.serving.operations import warn_if_exposed
 from overstory.serving.ports import claim_port
 from overstory.serving.retrieval_routes import RetrievalService
 from overstory.serving.server import create_app
@@ -253,38 +252,6 @@ def stack_in_background(config: ServeConfig) -> Iterator[str | dict[str, str]]:
     else:
         with serve_in_background(config) as url:
             yield url
-
-
-@contextmanager
-def client_for(serve: ServeConfig, server_url: str | Mapping[str, str] = "", **http_options: Any) -> Iterator[Client]:
-    """A client for ``server_url`` when one is given (a URL, a role -> URL mapping or a ``stack.json``), else for
-    the stack of ``serve`` started for as long as the block runs; ``http_options`` go to ``Client.from_url``
-    (``timeout_s``, ``max_retries``). The one place jobs choose between a running server and their own stack.
-
-    The client sends the stack's API key (``serve.api_key``, else ``$OVERSTORY_API_KEY``: what the stack it starts
-    checks, and what a running stack of the same settings checks) unless ``http_options`` name another one."""
-    with ExitStack() as stack:
-        url = server_url or stack.enter_context(stack_in_background(serve))
-        client = Client.from_url(url, **{"api_key": resolve_api_key(serve.api_key), **http_options})
-        stack.callback(client.close)
-        yield client
-
-
-def served_models(client: Client, roles: list[str] | None = None) -> dict[str, str]:
-    """Role -> the model that actually serves it, as its server's ``/v1/models`` says (``roles``: only these).
-
-    A base model reads as its ``root`` (vLLM's model path, the embedded engine's model name; a built-in's cache
-    folder as its ``builtin:`` name, so both engines name the same model alike); a LoRA module as
-    ``<parent> + <root>`` (the base model, then the adapter's folder), so a record names what answered it even
-    when ``server_url`` points at another stack than the job's config describes.
-    """
-    served = {}
-    for response in client.backend.get("/v1/models"):
-        for entry in response.get("data", []):
-            root, parent = entry.get("root") or entry["id"], entry.get("parent")
-            name = builtin_name_of(root)
-            served[entry["id"]] = f"{builtin_name_of(parent)} + {root}" if parent and parent != root else name
-    return {role: model for role, model in served.items() if roles is None or role in roles}
 
 
 def run_vllm_stack(config: ServeConfig, poll_s: float = 5.0, retrieval: MakeRetrieval | None = None) -> None:

@@ -2,7 +2,7 @@
 
 ``create_app`` calls ``install_api_key`` and then ``install_metrics`` (in that order, so the metrics middleware
 wraps the auth middleware and rejected requests are counted with their 401), and the launcher calls
-``resolve_api_key`` and ``warn_if_exposed`` before it binds a socket.
+``resolve_api_key`` (serving/config.py) and ``warn_if_exposed`` before it binds a socket.
 
 Metrics. Each app gets its own ``CollectorRegistry``, never prometheus_client's global default: the test suite
 builds many apps in one process, and a second app registering the same names on the global registry would
@@ -45,7 +45,6 @@ import hashlib
 import hmac
 import ipaddress
 import logging
-import os
 import time
 from collections.abc import Iterable
 
@@ -56,8 +55,9 @@ from prometheus_client.exposition import choose_encoder
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from overstory.serving.config import API_KEY_ENV
+
 PREFIX = "overstory:"
-API_KEY_ENV = "OVERSTORY_API_KEY"
 METRICS_PATH = "/metrics"
 # Paths the request metrics leave out: the scraper's own requests and liveness probes.
 UNCOUNTED_PATHS = (METRICS_PATH, "/health")
@@ -262,11 +262,6 @@ def install_api_key(app: FastAPI, api_key: str | None, *, protected: Iterable[st
     if not api_key:
         return
     app.add_middleware(_ApiKeyMiddleware, api_key=api_key, protected=protected)
-
-
-def resolve_api_key(configured: str | None) -> str | None:
-    """The configured key, else ``$OVERSTORY_API_KEY``, else None; blank values count as unset."""
-    return (configured or "").strip() or os.environ.get(API_KEY_ENV, "").strip() or None
 
 
 def is_loopback(host: str) -> bool:

@@ -32,6 +32,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import StreamingResponse
 
+from overstory.serving.config import resolve_api_key
 from overstory.serving.cross_encoder import RerankRequest, ScoreRequest, handle_rerank, handle_score
 from overstory.serving.engine import EmbeddedEngine, GenerationResult, TokenLogprob
 from overstory.serving.errors import BadRequest, Conflict, NotFound, NotReady, RequestTooLarge, UnknownModel
@@ -40,7 +41,6 @@ from overstory.serving.operations import (
     ServerMetrics,
     install_api_key,
     install_metrics,
-    resolve_api_key,
 )
 from overstory.serving.protocol import (
     ChatRequest,

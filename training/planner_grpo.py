@@ -29,7 +29,7 @@ from overstory.data_pipeline.planner_examples import PlannerDataConfig, planner_
 from overstory.models.registry import SMOLLM2, load_lm_checkpoint
 from overstory.retrieval.judge import CorrectnessConfig
 from overstory.serving.config import ServeConfig
-from overstory.serving.launch import client_for
+from overstory.serving.job_client import client_for
 from overstory.training.callbacks import StopOnNonFiniteLoss, TrackingCallback
 from overstory.training.common import LoraSettings, lora_config, newest_checkpoint, save_final
 from overstory.training.planner_common import (

@@ -67,7 +67,7 @@ from overstory.models.planner import normalise_level, parse_plan, strict_plan_va
 from overstory.models.registry import SMOLLM2, load_lm_checkpoint
 from overstory.retrieval.judge import CorrectnessConfig
 from overstory.serving.config import ServeConfig
-from overstory.serving.launch import client_for
+from overstory.serving.job_client import client_for
 from overstory.training import checkpoint_state, stitch_ranks
 from overstory.training.common import LoraSettings, lora_config, write_manifest
 from overstory.training.distributed import process_group_backend, trainer_device_args

@@ -25,7 +25,7 @@ from overstory.data_pipeline.fanout import settings_path
 from overstory.retrieval.lattice.tree import Tree
 from overstory.serving.client import Client
 from overstory.serving.config import ServeConfig
-from overstory.serving.launch import client_for as real_client_for
+from overstory.serving.job_client import client_for as real_client_for
 from overstory.serving.launch import serve_in_background
 from tests.stand_ins import failing_server
 

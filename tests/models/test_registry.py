@@ -10,7 +10,7 @@ import pytest
 from overstory.models import registry
 from overstory.models.registry import MINILM, SMOLLM2, ModelNotAvailable, load_sentence_encoder, resolve
 from overstory.serving.client import Client
-from overstory.serving.launch import served_models
+from overstory.serving.job_client import served_models
 
 
 def test_smollm2_converted_once_and_reused() -> None:

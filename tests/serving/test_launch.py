@@ -20,7 +20,8 @@ from overstory.serving import launch
 from overstory.serving.client import Client, ClientError
 from overstory.serving.config import RoleConfig, ServeConfig
 from overstory.serving.engine import EmbeddedEngine
-from overstory.serving.launch import client_for, run, serve_in_background, vllm_stack
+from overstory.serving.job_client import client_for
+from overstory.serving.launch import run, serve_in_background, vllm_stack
 from overstory.serving.ports import PortInUse, free_port
 
 ROOT = Path(__file__).resolve().parents[2]

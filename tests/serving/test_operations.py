@@ -17,14 +17,13 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.websockets import WebSocketDisconnect
 
+from overstory.serving.config import API_KEY_ENV, resolve_api_key
 from overstory.serving.operations import (
-    API_KEY_ENV,
     MISSING_KEY,
     WRONG_KEY,
     ServerMetrics,
     install_api_key,
     install_metrics,
-    resolve_api_key,
     warn_if_exposed,
 )
 
