@@ -48,6 +48,10 @@
 #                    fixed ranges before any planner is trained: a later run asks only for what is new). Another set
 #                    than the default is its own job record (jobs/planner-eval.base.json), so the full comparison
 #                    still runs after it
+#   EVAL_STRATEGIES  the strategies eval-<dataset> answers (default: its config's, naive,smartchunk,lattice,arag,fable,
+#                    orion). Another set is its own job record (jobs/eval-qasper_dev.naive+fable.json); the answers
+#                    are kept per strategy under the same out, so a later run of the whole set reads back every answer
+#                    a smaller one kept (eval pipeline resumes a strategy whose own settings are unchanged)
 set -euo pipefail
 ENGINE=${TEACHER_ENGINE:-embedded}
 THREADS=${TEACHER_THREADS:-$(nproc)}
@@ -100,7 +104,7 @@ teacher_data_command() {  # the command line of the LATTICE, FABLE, Orion, eval 
     orion) echo data orion-tags --config "configs/data/orion_tags-$ds-teacher.yaml" out="$O/$ds" "${limits[@]}" ;;
     eval) echo eval pipeline --config "configs/eval/pipeline-$ds-teacher.yaml" out="$DIR/eval/pipeline-$ds" \
       lattice.tree="$L/$ds/tree.json" fable_forest="$F/$ds/forest.json" orion.tags="$O/$ds" \
-      smartchunk.tokenizer="$MODEL" "${limits[@]}" "${FEWQ[@]}" ;;
+      smartchunk.tokenizer="$MODEL" ${EVAL_STRATEGIES:+strategies=$EVAL_STRATEGIES} "${limits[@]}" "${FEWQ[@]}" ;;
     labels) echo data pseudo-labels --config "configs/data/pseudo_labels-$ds-teacher.yaml" out="$DIR/labels/$ds.jsonl" \
       "${limits[@]}" "${FEW[@]}" ;;
     summaries) echo data summaries --config "configs/data/summaries-$ds-teacher.yaml" out="$DIR/summaries/$ds.jsonl" \
@@ -268,9 +272,12 @@ start_stack() {  # sets URL (for the jobs) and METRICS (where the counters are r
 }
 
 record_name() {  # the name of job $1's records under $DIR/jobs: the job's, and for planner-eval comparing another
-  # set of planners than the default, that set's too (planner-eval.base)
+  # set of planners than the default, or an eval job answering another set of strategies, that set's too
+  # (planner-eval.base, eval-qasper_dev.naive+fable)
   local variants=${PLANNER_VARIANTS:-base,sft,grpo,stitch,gold}
   if [[ $1 == planner-eval && $variants != base,sft,grpo,stitch,gold ]]; then echo "$1.${variants//,/+}"
+  elif [[ $1 == eval-* && -n ${EVAL_STRATEGIES:-} && $EVAL_STRATEGIES != naive,smartchunk,lattice,arag,fable,orion ]]
+  then echo "$1.${EVAL_STRATEGIES//,/+}"
   else echo "$1"; fi
 }
 

@@ -133,6 +133,30 @@ def test_planner_eval_of_another_planner_set_keeps_its_own_record(tmp_path: Path
     assert (tmp_path / "jobs" / "planner-eval.invocations.jsonl").exists()
 
 
+def test_an_eval_job_over_another_strategy_set_keeps_its_own_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    """EVAL_STRATEGIES narrows an eval job to some strategies (those whose indexes exist so far): the command asks
+    eval pipeline for them in the same out, and the record is the set's own, so the whole set still runs later."""
+    names = sourced('for s in "" naive,smartchunk,lattice,arag,fable,orion naive,fable; do EVAL_STRATEGIES=$s '
+                    'record_name eval-qasper_dev; done; EVAL_STRATEGIES=naive record_name fable-qasper_dev')
+    assert names.returncode == 0, names.stderr
+    assert names.stdout.split() == ["eval-qasper_dev", "eval-qasper_dev", "eval-qasper_dev.naive+fable",
+                                    "fable-qasper_dev"]
+    lines = {}
+    for strategies in ("", "naive,fable"):
+        done = sourced("job_command eval-qasper_dev", TEACHER_RUNS="runs/teacher-check", EVAL_STRATEGIES=strategies)
+        assert done.returncode == 0, done.stderr
+        lines[strategies] = done.stdout.strip()
+    loaded = []
+    monkeypatch.setattr(cli, "run_job", lambda g, n, config_path, overrides: loaded.append(
+        load_config(job_config_class(g, n), ROOT / config_path, overrides)))
+    monkeypatch.chdir(ROOT)
+    for line in lines.values():
+        assert cli.main(shlex.split(line)) == 0, line
+    full, narrowed = loaded
+    assert full.strategies == "naive,smartchunk,lattice,arag,fable,orion" and narrowed.strategies == "naive,fable"
+    assert full.out == narrowed.out
+
+
 def test_an_unknown_job_stops_the_script_before_it_starts_a_stack(tmp_path: Path) -> None:
     done = subprocess.run(["bash", str(SCRIPT)], cwd=ROOT, text=True, capture_output=True,
                           env={**os.environ, "TEACHER_RUNS": str(tmp_path / "runs"),
