@@ -12,6 +12,8 @@ from overstory.core.tracking import TrackingConfig
 from overstory.models.registry import MINILM, SMOLLM2
 from overstory.serving.checkpoint_roles import checkpoint_role
 
+API_KEY_ENV = "OVERSTORY_API_KEY"  # the API key of a stack whose config names none (resolve_api_key)
+
 Dtype = Literal["float32", "bfloat16", "float16"]
 DEVICE_PATTERN = re.compile(r"cpu|auto|cuda(:\d+)?")
 ROLES = ("generator", "planner", "scorer", "embedder", "compressor")
@@ -175,9 +177,6 @@ def with_checkpoint_roles(roles: dict[str, RoleConfig], model: str, adapter: str
     if "embedder" not in served:
         served["embedder"] = RoleConfig(model=next((e for e in embedders if e != MINILM), MINILM), kind="embedding")
     return served
-
-
-API_KEY_ENV = "OVERSTORY_API_KEY"
 
 
 def resolve_api_key(configured: str | None) -> str | None:
