@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import httpx
@@ -57,7 +58,9 @@ def test_a_stack_started_from_a_config_releases_its_models_on_exit() -> None:
     they held every model a job or a test session had ever served (the suite grew past 15 GiB resident)."""
     before = _worker_threads()
     with serve_in_background(ServeConfig.local(port=0)) as url:
-        assert httpx.post(f"{url}/v1/embeddings", json={"model": "embedder", "input": ["a"]}).status_code == 200
+        # a text no other test embeds: one already in the process's shared embedding cache never reaches MiniLM
+        fresh_text = f"released on exit {uuid.uuid4()}"
+        assert httpx.post(f"{url}/v1/embeddings", json={"model": "embedder", "input": [fresh_text]}).status_code == 200
         started = _worker_threads() - before
         assert {t.name.split("-")[0] for t in started} == {"batcher", "model"}  # SmolLM2's batcher, MiniLM's thread
     assert not any(t.is_alive() for t in started)
