@@ -23,7 +23,8 @@ contain-match and ROUGE-L (for free-form answers such as NarrativeQA's), an opti
 questions (never over the answered ones only), recall@k of the evidence against the gold spans, tokens given to
 the generator, LLM calls and tokens in/out per question by role, seconds per question and failures by kind. The
 costs add up twice over: the per-role totals are the sums over questions, and when the harness talks HTTP they
-are checked against the change in the servers' own token counters (``/metrics``) over the strategy's questions.
+are checked against the change in the servers' own token counters (``/metrics``; a vLLM stack's through its front
+door) over the strategy's questions, roles that one vLLM server counts under one name summed together.
 
 Writes ``metrics.json``, ``table.md``, ``predictions/<strategy>.jsonl``, ``quality_vs_cost.png`` (answer quality
 against generator tokens per question, SmartChunk's Figure 1) and ``quality_vs_seconds.png``; for QASPER also
@@ -91,6 +92,7 @@ from overstory.retrieval.strategy import RequestRefused, Strategy, StrategyAnswe
 from overstory.serving.client import Client
 from overstory.serving.config import ServeConfig
 from overstory.serving.job_client import client_for
+from overstory.serving.stack_metrics import role_groups
 
 # Questions the harness could not get answered: the requests failed after the client's retries, or the strategy
 # raised. Replies a strategy could not use (no_answer, no_tool_call, budget_exhausted, ...) are measurements.
@@ -301,23 +303,23 @@ def summarise(records: Sequence[dict], recall_k: int) -> dict:
 
 
 def costs_add_up(totals: dict[str, dict[str, int]], before: dict | None, after: dict | None) -> dict | None:
-    """Compare the per-question sums by role with the change in the servers' counters (served model name = role).
+    """Compare the per-question sums by role with the change in the servers' counters. The counters are keyed by
+    the roles they stand for (``Client.server_token_totals``): a role, or ``a+b`` where one vLLM server counts
+    several roles under one name; the sums are added up the same way before they are compared.
 
-    >>> costs_add_up({"generator": {"prompt_tokens": 10, "completion_tokens": 2}},
-    ...              {"generator": {"prompt_tokens": 5, "completion_tokens": 1}},
-    ...              {"generator": {"prompt_tokens": 15, "completion_tokens": 3}})
-    {'match': True, 'server': {'generator': {'prompt_tokens': 10, 'completion_tokens': 2}}}
+    >>> costs_add_up({"generator": {"prompt_tokens": 10, "completion_tokens": 2},
+    ...               "planner": {"prompt_tokens": 4, "completion_tokens": 1}},
+    ...              {"generator+planner": {"prompt_tokens": 5, "completion_tokens": 1}},
+    ...              {"generator+planner": {"prompt_tokens": 19, "completion_tokens": 4}})
+    {'match': True, 'server': {'generator+planner': {'prompt_tokens': 14, 'completion_tokens': 3}}}
     """
     if before is None or after is None:
         return None
-    server = {role: {k: after.get(role, {}).get(k, 0) - before.get(role, {}).get(k, 0)
-                     for k in ("prompt_tokens", "completion_tokens")} for role in after}
-    server = {role: v for role, v in server.items() if any(v.values())}
-    ours = {role: {k: t[k] for k in ("prompt_tokens", "completion_tokens")} for role, t in totals.items()
-            if t["prompt_tokens"] or t["completion_tokens"]}
+    server = {key: {k: after.get(key, {}).get(k, 0) - before.get(key, {}).get(k, 0)
+                    for k in ("prompt_tokens", "completion_tokens")} for key in after}
+    server = {key: v for key, v in server.items() if any(v.values())}
+    ours = {key: v for key, v in role_groups(totals, after).items() if any(v.values())}
     return {"match": server == ours, "server": server}
-
-
 
 
 def run_strategy(name: str, strategy: Strategy, questions: Sequence[QAExample], client: Client,

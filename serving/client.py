@@ -25,7 +25,8 @@ from typing import Any, Protocol
 
 import httpx
 import numpy as np
-from prometheus_client.parser import text_string_to_metric_families
+
+from overstory.serving.stack_metrics import token_totals
 
 BACKOFF_ENV = "OVERSTORY_HTTP_BACKOFF_S"
 DEFAULT_BACKOFF_S = 0.5
@@ -208,10 +209,10 @@ class HttpBackend:
         servers = [self.urls] if isinstance(self.urls, str) else list(dict.fromkeys(self.urls.values()))
         return [self._send("GET", url + path, None)[0] for url in servers]
 
-    def metrics_texts(self) -> list[str]:
-        """Each server's Prometheus ``/metrics`` page (one per distinct server behind the roles)."""
+    def metrics_pages(self) -> dict[str, str]:
+        """Each server's Prometheus ``/metrics`` page by its URL (one per distinct server behind the roles)."""
         servers = [self.urls] if isinstance(self.urls, str) else list(dict.fromkeys(self.urls.values()))
-        pages = []
+        pages = {}
         for url in servers:
             try:
                 response = self._http.get(url + "/metrics")
@@ -219,8 +220,17 @@ class HttpBackend:
                 raise ClientError(0, f"{exc.__class__.__name__} calling {url}/metrics: {exc}") from exc
             if response.status_code >= 400:
                 raise ClientError(response.status_code, _reason(response))
-            pages.append(response.text)
+            pages[url] = response.text
         return pages
+
+    def roles_by_server(self) -> dict[str, list[str]]:
+        """The roles each server answers for, where the roles are configured one by one (empty for one URL)."""
+        if isinstance(self.urls, str):
+            return {}
+        by_url: dict[str, list[str]] = {}
+        for role, url in self.urls.items():
+            by_url.setdefault(url, []).append(role)
+        return by_url
 
     def _send(self, method: str, url: str, payload: dict[str, Any] | None) -> tuple[dict[str, Any], int]:
         for attempt in range(self.max_retries + 1):
@@ -290,27 +300,18 @@ class Client:
         return Client(self.backend)
 
     def server_token_totals(self) -> dict[str, dict[str, int]] | None:
-        """The servers' own token counters by served model name (``prompt_tokens_total`` and
-        ``generation_tokens_total`` of their Prometheus /metrics, vLLM's names or the embedded server's), summed
-        over the servers; None when the backend is not HTTP or a server has no /metrics. The evaluation harness
-        checks its per-question token sums against the change in these counters."""
+        """The servers' own token counters (``prompt_tokens_total`` and ``generation_tokens_total`` of their
+        Prometheus /metrics, vLLM's names or the embedded server's, a vLLM stack's through its front door), keyed
+        by the roles each counter stands for (``serving/stack_metrics.py``: a role, or ``a+b`` where one vLLM
+        server counts several roles under one name); None when the backend is not HTTP or a server has no
+        /metrics. The evaluation harness checks its per-question token sums against the change in these."""
         if not isinstance(self.backend, HttpBackend):
             return None
         try:
-            pages = self.backend.metrics_texts()
+            pages = self.backend.metrics_pages()
         except ClientError:
             return None
-        totals: dict[str, dict[str, int]] = {}
-        for page in pages:
-            for family in text_string_to_metric_families(page):
-                for sample in family.samples:
-                    name = sample.name.split(":", 1)[-1]
-                    if name not in ("prompt_tokens_total", "generation_tokens_total"):
-                        continue
-                    row = totals.setdefault(sample.labels.get("model_name", ""),
-                                            {"prompt_tokens": 0, "completion_tokens": 0})
-                    row["prompt_tokens" if name.startswith("prompt") else "completion_tokens"] += int(sample.value)
-        return totals
+        return token_totals(pages, self.backend.roles_by_server())
 
     def _call(self, role: str, path: str, payload: dict[str, Any]) -> tuple[dict[str, Any], float]:
         started = time.perf_counter()

@@ -9,7 +9,9 @@ puts an ASGI middleware in front of the embedded app so that its port answers fo
   vLLM server goes to that server, streaming included: response chunks (server-sent events) are passed on as
   they arrive, and the upstream request is closed when the client goes away, so vLLM stops generating;
 - ``GET /v1/models`` lists every role (the embedded app's and the upstreams'), ``GET /health`` answers 200
-  only when the embedded app and every upstream answer;
+  only when the embedded app and every upstream answer, ``GET /metrics`` is the whole stack's Prometheus page
+  (the embedded app's and every upstream's, each upstream's samples labelled with its URL, and the roles each
+  answers for: ``serving/stack_metrics.py``), so a client behind the door can read vLLM's token counters;
 - a body for such a role that names a field in neither OpenAI's nor vLLM's request schema of its path gets the
   400 the embedded server answers (``Unrecognized request argument supplied: <name>``, nested fields too) and
   never reaches vLLM, which would ignore the field with a warning; every field of either schema is passed on.
@@ -41,10 +43,12 @@ import anyio
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from prometheus_client.exposition import choose_encoder
 from pydantic import BaseModel, ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from overstory.serving.cross_encoder import RerankRequest, ScoreRequest
+from overstory.serving.operations import METRICS_PATH
 from overstory.serving.protocol import (
     ChatRequest,
     CompletionRequest,
@@ -54,6 +58,7 @@ from overstory.serving.protocol import (
     TokenizeRequest,
     validation_message,
 )
+from overstory.serving.stack_metrics import merge_pages
 
 log = logging.getLogger(__name__)
 
@@ -213,6 +218,8 @@ class FrontDoor:
             return await self._health(scope, send)
         if method == "GET" and path == "/v1/models":
             return await self._models(scope, send)
+        if method == "GET" and path == METRICS_PATH and self.upstreams:
+            return await self._metrics(scope, send)
         if method == "POST" and path in PROXIED_PATHS and self.upstreams:
             return await self._post(scope, receive, send)
         return await self.app(scope, receive, send)
@@ -320,6 +327,31 @@ class FrontDoor:
                    "roles": [*(inner.get("roles", []) if isinstance(inner, dict) else []), *self.upstreams],
                    "upstreams": upstreams}
         await JSONResponse(status_code=200 if ok else 503, content=content)(scope, _no_body, send)
+
+    async def _metrics(self, scope: Scope, send: Send) -> None:
+        """The whole stack's Prometheus page in the format the scraper's ``Accept`` asks for; a 502 naming the
+        server whose page cannot be read or merged (a page without a server's counters would read as that
+        server having done nothing)."""
+        headers = dict(scope["headers"])
+        # the app's page in the text format, which the merge parses; the merged page is encoded as asked below
+        status, body = await self._inner({**scope, "headers": [(k, v) for k, v in scope["headers"]
+                                                               if k.lower() != b"accept"]}, METRICS_PATH)
+        if status not in (200, 404):  # 404: a front server with no embedded role has no page of its own
+            return await _error(502, f"the embedded server's {METRICS_PATH} answered {status}")(scope, _no_body, send)
+        by_url = self._roles_by_upstream()
+        pages = {}
+        for url, answer in zip(by_url, await asyncio.gather(*(self._get(f"{url}{METRICS_PATH}") for url in by_url))):
+            if isinstance(answer, str) or answer.status_code != 200:
+                why = answer if isinstance(answer, str) else f"status {answer.status_code}"
+                return await _error(502, f"cannot read the metrics of {url}: {why}")(scope, _no_body, send)
+            pages[url] = answer.text
+        try:
+            registry = merge_pages(body.decode() if status == 200 else "", pages, by_url)
+        except ValueError as exc:
+            return await _error(502, str(exc))(scope, _no_body, send)
+        encoder, content_type = choose_encoder(headers.get(b"accept", b"").decode("latin-1"))
+        await Response(encoder(registry), headers={"Content-Type": content_type})(scope, _no_body, send)
+        return None
 
     async def _models(self, scope: Scope, send: Send) -> None:
         if not self._authorized(scope):

@@ -24,8 +24,10 @@ import anyio
 import httpx
 import pytest
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from prometheus_client.parser import text_string_to_metric_families
 
+from overstory.serving.client import Client
 from overstory.serving.front_door import REQUEST_MODELS, create_front_app, mount_front_door
 from overstory.serving.launch import serve_in_background
 from overstory.serving.ports import free_port
@@ -43,12 +45,14 @@ class StandIn:
     finished: threading.Event = dataclasses.field(default_factory=threading.Event)  # a stream sent its last chunk
     closed: threading.Event = dataclasses.field(default_factory=threading.Event)  # a stream ended, either way
     healthy: bool = True
+    prompt_tokens: int = 0  # what its /metrics says it has read
 
     def reset(self) -> None:
         self.requests.clear()
         for event in (self.gate, self.finished, self.closed):
             event.clear()
         self.healthy = True
+        self.prompt_tokens = 0
 
 
 def _chunk(model: str, text: str) -> bytes:
@@ -63,6 +67,19 @@ def vllm_stand_in(state: StandIn, models: list[str], api_key: str | None = None)
     @app.get("/health")
     def health() -> JSONResponse:
         return JSONResponse({}, status_code=200 if state.healthy else 500)
+
+    @app.get("/metrics")
+    def metrics() -> PlainTextResponse:
+        """vLLM's counters by its first served name, and a process sample every server has."""
+        if not state.healthy:
+            return PlainTextResponse("Internal Server Error", status_code=500)
+        return PlainTextResponse(
+            "# HELP vllm:prompt_tokens_total Number of prefill tokens processed.\n"
+            "# TYPE vllm:prompt_tokens_total counter\n"
+            f'vllm:prompt_tokens_total{{engine="0",model_name="{models[0]}"}} {state.prompt_tokens}.0\n'
+            "# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.\n"
+            "# TYPE process_cpu_seconds_total counter\n"
+            "process_cpu_seconds_total 1.5\n")
 
     @app.get("/v1/models")
     def list_models(request: Request) -> JSONResponse:
@@ -117,6 +134,12 @@ def embedded_stand_in() -> FastAPI:
     @app.get("/v1/models")
     def list_models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": "embedder", "object": "model", "owned_by": "overstory"}]}
+
+    @app.get("/metrics")
+    def metrics() -> PlainTextResponse:
+        return PlainTextResponse("# HELP overstory:prompt_tokens_total Prompt (input) tokens processed.\n"
+                                 "# TYPE overstory:prompt_tokens_total counter\n"
+                                 'overstory:prompt_tokens_total{model_name="embedder"} 3.0\n')
 
     @app.post("/v1/embeddings")
     async def embeddings(request: Request) -> dict[str, Any]:
@@ -223,6 +246,30 @@ def test_models_lists_every_role_and_health_asks_every_server(stack: dict[str, A
     health = httpx.get(f"{front}/health")
     assert health.status_code == 503 and health.json()["status"] == "unavailable"
     assert health.json()["upstreams"] == {stack["url_a"]: "ok", stack["url_b"]: "status 500"}
+
+
+def test_metrics_is_the_whole_stacks_page(stack: dict[str, Any]) -> None:
+    """Every server's samples on the door's /metrics, upstream ones labelled with their server, the roles of each
+    named, so a client behind the door reads vLLM's token counters (summed over the roles vLLM counts as one)."""
+    stack["a"].prompt_tokens, stack["b"].prompt_tokens = 12, 5
+    page = httpx.get(f"{stack['front']}/metrics")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/plain")
+    samples = [s for family in text_string_to_metric_families(page.text) for s in family.samples]
+    servers = {s.labels.get("server") for s in samples if s.name == "vllm:prompt_tokens_total"}
+    assert servers == {stack["url_a"], stack["url_b"]}
+    assert len([s for s in samples if s.name == "process_cpu_seconds_total"]) == 2  # kept apart by server
+    roles = {(s.labels["server"], s.labels["role"]) for s in samples if s.name == "overstory:upstream_role_info"}
+    assert roles == {(stack["url_a"], "generator"), (stack["url_a"], "planner"), (stack["url_b"], "scorer")}
+    assert Client.from_url(stack["front"]).server_token_totals() == {
+        "generator+planner": {"prompt_tokens": 12, "completion_tokens": 0},
+        "scorer": {"prompt_tokens": 5, "completion_tokens": 0},
+        "embedder": {"prompt_tokens": 3, "completion_tokens": 0}}
+    openmetrics = httpx.get(f"{stack['front']}/metrics", headers={"accept": "application/openmetrics-text"})
+    assert openmetrics.headers["content-type"].startswith("application/openmetrics-text")
+    assert openmetrics.text.endswith("# EOF\n")
+    stack["b"].healthy = False  # a page without b's counters would say b did nothing
+    broken = httpx.get(f"{stack['front']}/metrics")
+    assert broken.status_code == 502 and stack["url_b"] in broken.json()["error"]["message"]
 
 
 def test_an_unreachable_upstream_is_a_502_in_openai_shape() -> None:
@@ -398,6 +445,29 @@ def test_the_cpu_vllm_stack_answers_the_openai_package_on_one_base_url(cpu_vllm_
     direct = httpx.post(f"{stack.roles['generator']}/v1/chat/completions", timeout=60,
                         json={"model": "generator", "messages": question, "max_tokens": 1})
     assert direct.status_code == 401
+
+
+@pytest.mark.vllm
+def test_a_client_behind_the_door_sees_its_tokens_on_the_servers_counters(cpu_vllm_stack) -> None:
+    """The evaluation harness's cost check on the stack's one base URL: the tokens the calls reported equal the
+    change in vLLM's and the embedded server's own counters read through the door, the planner (a LoRA module)
+    and the scorer counted with the generator, as vLLM counts a server's names."""
+    from overstory.evaluation.pipeline import costs_add_up
+
+    stack, config = cpu_vllm_stack
+    client = Client.from_url(stack.url, api_key=config.api_key, max_retries=0)
+    before = client.server_token_totals()
+    question = [{"role": "user", "content": "Name a colour."}]
+    for role in ("generator", "planner"):
+        assert client.chat(role, question, max_tokens=4, temperature=0).usage["completion_tokens"] > 0
+    client.embed("embedder", ["a colour"])
+    ours = {role: {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens}
+            for role, s in client.stats.roles.items()}
+    deadline = time.monotonic() + 10  # vLLM updates its counters beside the reply: give it a moment
+    while not (check := costs_add_up(ours, before, client.server_token_totals()))["match"]:
+        assert time.monotonic() < deadline, check
+        time.sleep(0.2)
+    assert set(check["server"]) == {"generator+planner+scorer", "embedder"}
 
 
 def _chat_requests_seen(vllm_url: str, key: str) -> float:
