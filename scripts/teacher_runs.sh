@@ -156,7 +156,7 @@ names = {"request_success_total": "calls", "prompt_tokens_total": "prompt_tokens
          "generation_tokens_total": "completion_tokens"}
 zero, totals = dict.fromkeys(names.values(), 0), {}
 try:
-    pages = Client.from_url(sys.argv[1]).backend.metrics_texts()
+    pages = Client.from_url(sys.argv[1]).backend.metrics_pages().values()
 except (ClientError, OSError) as exc:
     print(json.dumps({"unavailable": str(exc)}))
     sys.exit()

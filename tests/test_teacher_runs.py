@@ -16,11 +16,15 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from overstory import cli
 from overstory.cli import job_config_class
 from overstory.core.config import load_config
+from overstory.models.registry import MINILM
+from overstory.serving.config import RoleConfig, ServeConfig
+from overstory.serving.launch import serve_in_background
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "teacher_runs.sh"
@@ -89,6 +93,17 @@ def counters(calls: int, prompt: int, completion: int, embedded: int, failed: in
     return json.dumps({"generator": {"calls": calls, "prompt_tokens": prompt, "completion_tokens": completion},
                        "embedder": {"calls": 0, "prompt_tokens": embedded, "completion_tokens": 0},
                        "failed_requests": {"calls": failed, "prompt_tokens": 0, "completion_tokens": 0}})
+
+
+def test_counters_reads_a_live_servers_token_counters() -> None:
+    """The script's own ``counters`` (the other tests stand in for it) against a served MiniLM: the embedder's
+    tokens as the server counted them."""
+    embedder_only = ServeConfig(port=0, roles={"embedder": RoleConfig(model=MINILM, kind="embedding")})
+    with serve_in_background(embedder_only) as url:
+        reply = httpx.post(f"{url}/v1/embeddings", json={"model": "embedder", "input": ["counted by the server"]})
+        done = sourced(f"counters {url}", PYTHON=sys.executable)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["embedder"]["prompt_tokens"] == reply.json()["usage"]["prompt_tokens"] > 0
 
 
 def test_a_jobs_record_sums_its_invocations(tmp_path: Path) -> None:
