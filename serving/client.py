@@ -205,15 +205,17 @@ class HttpBackend:
     def post(self, path: str, payload: dict[str, Any]) -> tuple[dict[str, Any], int]:
         return self._send("POST", self._url(payload["model"]) + path, payload)
 
+    def servers(self) -> list[str]:
+        """The distinct server URLs behind the roles, in the order the roles name them."""
+        return [self.urls] if isinstance(self.urls, str) else list(dict.fromkeys(self.urls.values()))
+
     def get(self, path: str) -> list[dict[str, Any]]:
-        servers = [self.urls] if isinstance(self.urls, str) else list(dict.fromkeys(self.urls.values()))
-        return [self._send("GET", url + path, None)[0] for url in servers]
+        return [self._send("GET", url + path, None)[0] for url in self.servers()]
 
     def metrics_pages(self) -> dict[str, str]:
         """Each server's Prometheus ``/metrics`` page by its URL (one per distinct server behind the roles)."""
-        servers = [self.urls] if isinstance(self.urls, str) else list(dict.fromkeys(self.urls.values()))
         pages = {}
-        for url in servers:
+        for url in self.servers():
             try:
                 response = self._http.get(url + "/metrics")
             except httpx.TransportError as exc:
