@@ -38,7 +38,8 @@ class RoleConfig:
     # cross-encoder: the most documents one /score or /v1/rerank request may send (more is a 400)
     max_documents: int = 1000
     # embedded engine, embedding roles: MiB of embeddings kept by text and reused while the process lives, shared by
-    # every engine serving the same encoder weights (serving/embedding_cache.py); 0: embed every text every time
+    # every engine serving the same encoder weights with the same bound (serving/embedding_cache.py); 0: embed every
+    # text every time
     embedding_cache_mib: float = 256.0
     # engine vllm: extra flags for this role's vLLM server (roles sharing a port must agree)
     vllm_args: list[str] = field(default_factory=list)

@@ -9,19 +9,27 @@ in the padded batch, ~1e-7), so a kept vector is as good as a new one. The cache
 folder is not served stale vectors) and shared by every engine of the process that serves that encoder: a stack
 started per stage or per test reuses what the last one embedded. Each entry keeps the text's token count too, so
 the usage an embeddings call reports is the same whether its texts were kept or embedded. Bounded by bytes (the
-role's ``embedding_cache_mib``), least recently used out first; 0 turns it off for that role. Nothing is written to
-disk: a new process starts empty."""
+role's ``embedding_cache_mib``; engines asking another bound keep a cache of their own), least recently used out
+first (cachetools' ``LRUCache`` weighing each entry by its vector's and text's bytes); 0 turns it off for that role.
+Nothing is written to disk: a new process starts empty."""
 
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
+from cachetools import LRUCache
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".onnx")
+
+
+class _Entry(NamedTuple):
+    vector: np.ndarray
+    tokens: int
+    nbytes: int  # what the entry weighs against the bound: its vector and its text
 
 
 class EmbeddingCache:
@@ -30,9 +38,8 @@ class EmbeddingCache:
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
         self.hits = self.misses = 0
-        self._entries: OrderedDict[str, tuple[np.ndarray, int]] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
+        self._entries: LRUCache[str, _Entry] = LRUCache(maxsize=max_bytes, getsizeof=lambda entry: entry.nbytes)
+        self._lock = threading.Lock()  # cachetools' caches are not thread-safe
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -41,35 +48,22 @@ class EmbeddingCache:
               ) -> tuple[np.ndarray, int]:
         """The vectors of ``texts`` (one row each, in order) and their total token count: kept ones read back, the
         rest (each distinct text once) from ``compute``, which returns their vectors and per-text token counts."""
-        with self._lock:
-            kept = {text: self._entries[text] for text in texts if text in self._entries}
-            for text in kept:
-                self._entries.move_to_end(text)
-        missing = list(dict.fromkeys(text for text in texts if text not in kept))
-        found = dict(kept)
+        with self._lock:  # a read marks the entry used
+            found = {text: entry for text in dict.fromkeys(texts) if (entry := self._entries.get(text)) is not None}
+        missing = [text for text in dict.fromkeys(texts) if text not in found]
         if missing:
             vectors, counts = compute(missing)
-            # copies: a row view would keep its whole batch alive, past what the byte bound counts
-            found |= {text: (np.array(vector, dtype=np.float32), int(count))
-                      for text, vector, count in zip(missing, vectors, counts, strict=True)}
+            for text, vector, count in zip(missing, vectors, counts, strict=True):
+                # a copy: a row view would keep its whole batch alive, past what the byte bound counts
+                kept = np.array(vector, dtype=np.float32)
+                found[text] = _Entry(kept, int(count), kept.nbytes + len(text))
         with self._lock:
             self.hits += len(texts) - len(missing)
             self.misses += len(missing)
             for text in missing:
-                self._add(text, found[text])
-        return np.stack([found[text][0] for text in texts]), sum(found[text][1] for text in texts)
-
-    def _add(self, text: str, entry: tuple[np.ndarray, int]) -> None:
-        if text in self._entries:
-            return
-        size = entry[0].nbytes + len(text)
-        if size > self.max_bytes:
-            return
-        self._entries[text] = entry
-        self._bytes += size
-        while self._bytes > self.max_bytes:
-            old_text, (old_vector, _) = self._entries.popitem(last=False)
-            self._bytes -= old_vector.nbytes + len(old_text)
+                if found[text].nbytes <= self.max_bytes:  # a larger one is never kept (LRUCache would refuse it)
+                    self._entries[text] = found[text]
+        return np.stack([found[text].vector for text in texts]), sum(found[text].tokens for text in texts)
 
 
 _CACHES: dict[tuple, EmbeddingCache] = {}
@@ -87,12 +81,10 @@ def weights_key(folder: str) -> tuple:
 
 
 def shared_cache(folder: str, max_mib: float) -> EmbeddingCache | None:
-    """The process's cache for the encoder in ``folder``, holding at most ``max_mib`` MiB (the latest engine's
-    bound applies to all); None when ``max_mib`` is 0."""
+    """The process's cache for the encoder in ``folder`` holding at most ``max_mib`` MiB; None when ``max_mib`` is
+    0."""
     if max_mib <= 0:
         return None
-    key = weights_key(folder)
+    max_bytes = int(max_mib * 2**20)
     with _CACHES_LOCK:
-        cache = _CACHES.setdefault(key, EmbeddingCache(int(max_mib * 2**20)))
-        cache.max_bytes = int(max_mib * 2**20)
-    return cache
+        return _CACHES.setdefault((weights_key(folder), max_bytes), EmbeddingCache(max_bytes))

@@ -60,7 +60,8 @@ def test_one_cache_per_encoder_weights_shared_and_off_at_zero(tmp_path: Path) ->
     weights = folder / "model.safetensors"
     weights.write_bytes(b"v1")
     first = shared_cache(str(folder), 1)
-    assert shared_cache(str(folder), 2) is first and first.max_bytes == 2 * 2**20  # the latest bound applies
+    assert shared_cache(str(folder), 1) is first and first.max_bytes == 2**20
+    assert shared_cache(str(folder), 2) is not first  # another bound, a cache of its own: none shrinks another's
     assert shared_cache(str(folder), 0) is None
     weights.write_bytes(b"v2, retrained")  # other weights in the same folder: not the old vectors
     os.utime(weights, ns=(time.time_ns(), time.time_ns() + 1))
