@@ -83,8 +83,9 @@ _REQUEST_SKIP = frozenset({b"connection", b"keep-alive", b"proxy-authorization",
                            b"authorization"})
 _RESPONSE_SKIP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-connection", b"te",
                             b"trailer", b"transfer-encoding", b"upgrade", b"date", b"server"})
-# /health is polled: a stuck upstream must make it fail fast, not hang for a generation's timeout
-HEALTH_TIMEOUT_S = 5.0
+# /health and /metrics are polled (load balancers, Prometheus): a stuck upstream must make them fail fast, not hang
+# for a generation's timeout
+POLLED_TIMEOUT_S = 5.0
 
 
 def error_body(status: int, message: str, kind: str, param: str | None = None) -> dict[str, Any]:
@@ -319,7 +320,7 @@ class FrontDoor:
         except ValueError:
             inner = {}
         by_url = self._roles_by_upstream()
-        answers = await asyncio.gather(*(self._get(f"{url}/health", HEALTH_TIMEOUT_S) for url in by_url))
+        answers = await asyncio.gather(*(self._get(f"{url}/health", POLLED_TIMEOUT_S) for url in by_url))
         upstreams = {url: "ok" if isinstance(a, httpx.Response) and a.status_code == 200
                      else (a if isinstance(a, str) else f"status {a.status_code}") for url, a in zip(by_url, answers)}
         ok = status == 200 and all(state == "ok" for state in upstreams.values())
@@ -340,7 +341,8 @@ class FrontDoor:
             return await _error(502, f"the embedded server's {METRICS_PATH} answered {status}")(scope, _no_body, send)
         by_url = self._roles_by_upstream()
         pages = {}
-        for url, answer in zip(by_url, await asyncio.gather(*(self._get(f"{url}{METRICS_PATH}") for url in by_url))):
+        answers = await asyncio.gather(*(self._get(f"{url}{METRICS_PATH}", POLLED_TIMEOUT_S) for url in by_url))
+        for url, answer in zip(by_url, answers):
             if isinstance(answer, str) or answer.status_code != 200:
                 why = answer if isinstance(answer, str) else f"status {answer.status_code}"
                 return await _error(502, f"cannot read the metrics of {url}: {why}")(scope, _no_body, send)
