@@ -28,6 +28,8 @@ def test_a_servers_page_read_directly_counts_all_its_roles_together() -> None:
                           {"http://v": ["generator", "planner"], "http://e": ["embedder", "scorer"]})
     assert totals == {"generator+planner": {"prompt_tokens": 40, "completion_tokens": 9},
                       "embedder+scorer": {"prompt_tokens": 8, "completion_tokens": 0}}
+    lora = token_totals({"http://v": VLLM_PAGE.replace("generator", "planner-base")}, {"http://v": ["planner"]})
+    assert set(lora) == {"planner"}  # a LoRA role alone on its server: vLLM counts it under the base model's name
     alone = token_totals({"http://e": OWN_PAGE})  # one URL for everything: the embedded server counts by role
     assert alone == {"embedder": {"prompt_tokens": 3, "completion_tokens": 0},
                      "scorer": {"prompt_tokens": 5, "completion_tokens": 0}}
