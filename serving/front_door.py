@@ -337,7 +337,8 @@ class FrontDoor:
         # the app's page in the text format, which the merge parses; the merged page is encoded as asked below
         status, body = await self._inner({**scope, "headers": [(k, v) for k, v in scope["headers"]
                                                                if k.lower() != b"accept"]}, METRICS_PATH)
-        if status not in (200, 404):  # 404: a front server with no embedded role has no page of its own
+        no_page = status in (404, 405)  # a front server with no embedded role (create_front_app) has none of its own
+        if status != 200 and not no_page:
             return await _error(502, f"the embedded server's {METRICS_PATH} answered {status}")(scope, _no_body, send)
         by_url = self._roles_by_upstream()
         pages = {}
@@ -348,7 +349,7 @@ class FrontDoor:
                 return await _error(502, f"cannot read the metrics of {url}: {why}")(scope, _no_body, send)
             pages[url] = answer.text
         try:
-            registry = merge_pages(body.decode() if status == 200 else "", pages, by_url)
+            registry = merge_pages("" if no_page else body.decode(), pages, by_url)
         except ValueError as exc:
             return await _error(502, str(exc))(scope, _no_body, send)
         encoder, content_type = choose_encoder(headers.get(b"accept", b"").decode("latin-1"))

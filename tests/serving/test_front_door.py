@@ -304,6 +304,8 @@ def test_the_key_is_checked_at_the_door_and_sent_upstream() -> None:
             assert state.requests[-1]["headers"]["authorization"] == "Bearer sekret"
             assert [m["id"] for m in httpx.get(f"{front}/v1/models", headers=key).json()["data"]] == ["generator"]
             assert httpx.get(f"{front}/health").status_code == 200  # health needs no key, as on vLLM
+            page = httpx.get(f"{front}/metrics")  # nor metrics; a door with no page of its own has its upstream's
+            assert page.status_code == 200 and f'server="{upstream}"' in page.text
             unknown = httpx.post(f"{front}/v1/chat/completions", json=_chat("writer"), headers=key)
             assert unknown.status_code == 404 and unknown.json()["error"]["type"] == "model_not_found"
 
