@@ -10,7 +10,7 @@ then the chunks of the documents that have their master tags (a chunk's semantic
 - resume: finished ids are skipped, so a killed run asks only for what is missing; a fallback (no usable tags after
   ``tagging.max_attempts`` replies) counts as finished, its raw replies kept in ``<out>/fallbacks.jsonl`` (delete its
   line to ask again);
-- settings: the chunking and tagging settings and the generator the server reports are kept in
+- settings: the chunking and tagging settings, the prompts' digest and the generator the server reports are kept in
   ``<out>/chunks.settings.json`` (``TAGS_SETTINGS_FILE``, where the strategy reads how the folder's chunks were cut
   and tagged); a rerun with others is refused (chunk ids number windows, so tags of other windows would land on the
   wrong text);
@@ -42,7 +42,14 @@ from overstory.core.records import Chunk, Document, FailureRecord, JsonlAppender
 from overstory.data_pipeline.fanout import Fanout, ServedWork
 from overstory.data_pipeline.ray_runner import RayConfig
 from overstory.retrieval.orion.strategy import OrionConfig, OrionStrategy
-from overstory.retrieval.orion.tagger import ChunkingConfig, Tagged, Tagger, TaggingConfig, chunk_document
+from overstory.retrieval.orion.tagger import (
+    PROMPTS_DIGEST,
+    ChunkingConfig,
+    Tagged,
+    Tagger,
+    TaggingConfig,
+    chunk_document,
+)
 from overstory.retrieval.orion.tags import CHUNKS_FILE, MASTERS_FILE, ChunkTags, DocumentTags
 from overstory.serving.client import Client
 from overstory.serving.job_client import served_models
@@ -98,9 +105,10 @@ def in_given_order(path: Path, ids: Sequence[str]) -> None:
 
 
 def tags_settings(chunking: ChunkingConfig, tagging: TaggingConfig) -> dict:
-    """What decides the tags: the chunking (chunk ids number its windows) and the tagging settings, without how many
-    requests run at once."""
-    return {"chunking": asdict(chunking), "tagging": {k: v for k, v in asdict(tagging).items() if k != "concurrency"}}
+    """What decides the tags: the chunking (chunk ids number its windows), the tagging settings without how many
+    requests run at once, and the prompts (their digest)."""
+    return {"chunking": asdict(chunking), "tagging": {k: v for k, v in asdict(tagging).items() if k != "concurrency"},
+            "prompts": PROMPTS_DIGEST}
 
 
 def tag_missing(documents: Sequence[Document], chunks: Sequence[Chunk], client: Client, out: Path,

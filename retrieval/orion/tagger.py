@@ -10,6 +10,7 @@ a bad request) raises ``RequestRefused`` naming the role and the server's reason
 
 from __future__ import annotations
 
+import hashlib
 import re
 import string
 from collections import Counter
@@ -282,8 +283,17 @@ Start of the document: {text}
 
 Reply with one JSON object: {{"tags": ["...", "..."]}}."""
 
-PARAGRAPH_PROMPT = """Tag the passage below with exactly 3 tags of 1-4 words each: "gist" says what the passage \
-states, "subjects" names who or what it is about, "domain" names its broad field (such as music, politics, biology).
+# Noun phrases, not sentences, with one worked reply from another field. Asked what the passage "states", the CPU
+# teacher (Qwen2.5-Coder-1.5B) began a sentence ("The passage discusses the ...") that the 4-word tag pattern cut
+# off, gluing words ("the_attention-based") and drifting into Chinese: on 16 QASPER dev windows 15 gists were such
+# sentences, 9 glued and 4 tag sets held Chinese (1 fallback); with this prompt none were, and none fell back.
+# SmolLM2-135M fell back on 13 of the 16 instead of all 16. A copied example is not grounded in the passage, so the
+# parser refuses it like any other ungrounded reply.
+PARAGRAPH_PROMPT = """Tag the passage below with exactly 3 short tags in English, each a noun phrase of 1-4 words \
+(not a sentence): "gist" names the point this passage makes (not the whole document's topic), "subjects" names who \
+or what the passage is about, "domain" names its broad field (such as music, politics, biology). For a passage on \
+how vaccines train the immune system, a good reply is \
+{{"gist": "vaccines train immunity", "subjects": "vaccines", "domain": "medicine"}}.
 
 Document: {title}
 Passage: {text}
@@ -292,6 +302,8 @@ Reply with one JSON object: {{"gist": "...", "subjects": "...", "domain": "..."}
 
 RETRY_PROMPT = ("That reply could not be used: every tag must be 1-4 words naming what the text is about, in its "
                 "words, none empty, none repeated. Reply again with the JSON object only.")
+# what a tag folder records of the prompts (data_pipeline/orion_index.py): tags asked with other prompts are not resumed
+PROMPTS_DIGEST = hashlib.sha256("\n".join((MASTER_PROMPT, PARAGRAPH_PROMPT, RETRY_PROMPT)).encode()).hexdigest()[:16]
 # the master-tag instructions as runs of a tag's 4 words and 2 more, since a small model runs some together
 # ("JSONObject"); a master tag that is one of them and not in the document is an echo (``echoes_instructions``)
 INSTRUCTION_RUNS = word_runs(MASTER_PROMPT + " " + RETRY_PROMPT, TAG_MAX_WORDS + 2)
