@@ -1,126 +1,36 @@
 """The front door of an ``engine: vllm`` stack (serving/front_door.py): every role on one base URL.
 
 Most tests put the front door over small FastAPI apps served on loopback: stand-ins for vLLM's OpenAI
-servers (not vLLM: they answer as vLLM does, with role names as model names, server-sent events and OpenAI
-error bodies, and record what reached them) and a stand-in for the embedded server. The last test (marked
+servers (tests/serving/vllm_stand_in.py: not vLLM, they answer as vLLM does and record what reached them) and a
+stand-in for the embedded server. The last test (marked
 ``vllm``) takes the package's cpu-vllm stack (conftest.py, ``serving.launch.vllm_stack``) and drives it with
 the official ``openai`` package on one base URL.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-import anyio
 import httpx
 import pytest
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client.parser import text_string_to_metric_families
 
 from overstory.serving.client import Client
 from overstory.serving.front_door import REQUEST_MODELS, create_front_app, mount_front_door
 from overstory.serving.launch import serve_in_background
 from overstory.serving.ports import free_port
+from tests.serving.vllm_stand_in import StandIn, sse_chunk, vllm_stand_in
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@dataclasses.dataclass
-class StandIn:
-    """What a stand-in server saw, and the switches a test turns."""
-
-    name: str
-    requests: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    gate: threading.Event = dataclasses.field(default_factory=threading.Event)  # releases a stream's 2nd chunk
-    finished: threading.Event = dataclasses.field(default_factory=threading.Event)  # a stream sent its last chunk
-    closed: threading.Event = dataclasses.field(default_factory=threading.Event)  # a stream ended, either way
-    healthy: bool = True
-    prompt_tokens: int = 0  # what its /metrics says it has read
-
-    def reset(self) -> None:
-        self.requests.clear()
-        for event in (self.gate, self.finished, self.closed):
-            event.clear()
-        self.healthy = True
-        self.prompt_tokens = 0
-
-
-def _chunk(model: str, text: str) -> bytes:
-    body = {"object": "chat.completion.chunk", "model": model, "choices": [{"index": 0, "delta": {"content": text}}]}
-    return f"data: {json.dumps(body)}\n\n".encode()
-
-
-def vllm_stand_in(state: StandIn, models: list[str], api_key: str | None = None) -> FastAPI:
-    """A stand-in for a vLLM OpenAI server serving ``models`` (plus a base model name, as a LoRA server lists)."""
-    app = FastAPI()
-
-    @app.get("/health")
-    def health() -> JSONResponse:
-        return JSONResponse({}, status_code=200 if state.healthy else 500)
-
-    @app.get("/metrics")
-    def metrics() -> PlainTextResponse:
-        """vLLM's counters by its first served name, and a process sample every server has."""
-        if not state.healthy:
-            return PlainTextResponse("Internal Server Error", status_code=500)
-        return PlainTextResponse(
-            "# HELP vllm:prompt_tokens_total Number of prefill tokens processed.\n"
-            "# TYPE vllm:prompt_tokens_total counter\n"
-            f'vllm:prompt_tokens_total{{engine="0",model_name="{models[0]}"}} {state.prompt_tokens}.0\n'
-            "# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.\n"
-            "# TYPE process_cpu_seconds_total counter\n"
-            "process_cpu_seconds_total 1.5\n")
-
-    @app.get("/v1/models")
-    def list_models(request: Request) -> JSONResponse:
-        if api_key and request.headers.get("authorization") != f"Bearer {api_key}":
-            return JSONResponse({"error": "Unauthorized"}, status_code=401)
-        return JSONResponse({"object": "list", "data": [{"id": m, "object": "model", "owned_by": "vllm"}
-                                                        for m in [*models, f"{models[0]}-base"]]})
-
-    @app.post("/{path:path}")
-    async def inference(path: str, request: Request):
-        body = await request.body()
-        state.requests.append({"path": request.url.path, "query": request.url.query, "body": body,
-                               "headers": dict(request.headers)})
-        if api_key and request.headers.get("authorization") != f"Bearer {api_key}":
-            return JSONResponse({"error": "Unauthorized"}, status_code=401)
-        payload = json.loads(body)
-        if payload.get("messages", [{}])[0].get("content") == "fail":
-            return JSONResponse(status_code=400, content={"error": {
-                "message": "This model's maximum context length is 2048 tokens.", "type": "BadRequestError",
-                "param": None, "code": 400}})
-        if payload.get("stream"):
-            return StreamingResponse(events(payload["model"]), media_type="text/event-stream")
-        return {"model": payload["model"], "served_by": state.name, "path": request.url.path,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": f"from {state.name}"},
-                             "finish_reason": "stop"}]}
-
-    async def events(model: str):
-        try:
-            yield _chunk(model, "Hel")
-            deadline = time.monotonic() + 20
-            while not state.gate.is_set():  # the test lets the rest through once it has the first chunk
-                if time.monotonic() > deadline:
-                    break
-                await anyio.sleep(0.01)
-            yield _chunk(model, "lo")
-            yield b"data: [DONE]\n\n"
-            state.finished.set()
-        finally:  # also when the stream is cancelled because the client went away
-            state.closed.set()
-
-    return app
 
 
 def embedded_stand_in() -> FastAPI:
@@ -212,17 +122,17 @@ def test_a_stream_is_passed_on_chunk_by_chunk(stack: dict[str, Any]) -> None:
         chunks = response.iter_raw()
         first = next(chunks)
         # the upstream is still holding its second chunk back: a buffering proxy would have sent nothing yet
-        assert first == _chunk("generator", "Hel") and not a.finished.is_set()
+        assert first == sse_chunk("generator", "Hel") and not a.finished.is_set()
         a.gate.set()
         rest = b"".join(chunks)
-    assert rest == _chunk("generator", "lo") + b"data: [DONE]\n\n" and a.finished.is_set()
+    assert rest == sse_chunk("generator", "lo") + b"data: [DONE]\n\n" and a.finished.is_set()
 
 
 def test_a_client_that_goes_away_closes_the_upstream_stream(stack: dict[str, Any]) -> None:
     front, a = stack["front"], stack["a"]
     with httpx.Client(timeout=30) as client, client.stream("POST", f"{front}/v1/chat/completions",
                                                            json=_chat("generator", stream=True)) as response:
-        assert next(response.iter_raw()) == _chunk("generator", "Hel")
+        assert next(response.iter_raw()) == sse_chunk("generator", "Hel")
     # the client hung up mid-stream; the upstream's generator must be stopped, not left to run to its end
     assert a.closed.wait(10) and not a.finished.is_set()
 
