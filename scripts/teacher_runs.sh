@@ -144,7 +144,8 @@ planner_command() {  # the overstory command line of the planner chain's step $1
 # What the stack's servers have counted so far (Prometheus /metrics: vLLM's names or the embedded server's), by
 # served model name: requests answered, prompt and generation tokens; and under "failed_requests" the completion
 # requests answered with an error status (not by model: the HTTP layer does not know it). Read before and after
-# each job. A stack that no longer answers (a signal to the whole process group stopped it with the job) gives
+# each job. A vLLM stack's front door also shows its vLLM servers' samples (labelled with the server): those of a
+# server whose own page is read too (stack.json lists both) are counted once, from that page. A stack that no longer answers (a signal to the whole process group stopped it with the job) gives
 # {"unavailable": why}: the invocation is still recorded, with its counters marked missing.
 counters() {
   if [[ $1 == none ]]; then echo '{}'; return; fi  # no stack: the jobs asked no model
@@ -152,18 +153,21 @@ counters() {
 import json, sys
 from prometheus_client.parser import text_string_to_metric_families
 from overstory.serving.client import Client, ClientError
+from overstory.serving.stack_metrics import SERVER_LABEL
 names = {"request_success_total": "calls", "prompt_tokens_total": "prompt_tokens",
          "generation_tokens_total": "completion_tokens"}
 zero, totals = dict.fromkeys(names.values(), 0), {}
 try:
-    pages = Client.from_url(sys.argv[1]).backend.metrics_pages().values()
+    pages = Client.from_url(sys.argv[1]).backend.metrics_pages()
 except (ClientError, OSError) as exc:
     print(json.dumps({"unavailable": str(exc)}))
     sys.exit()
-for page in pages:
+for page in pages.values():
     for family in text_string_to_metric_families(page):
         for sample in family.samples:
             name, labels = sample.name.split(":", 1)[-1], sample.labels
+            if labels.get(SERVER_LABEL) in pages:  # a copy on the front door's page of a page read directly
+                continue
             if name == "http_requests_total":  # ours: endpoint and status; vLLM's instrumentator: handler, "4xx"
                 route, status = labels.get("endpoint", labels.get("handler", "")), labels.get("status", "")
                 if "completions" in route and status[:1] in ("4", "5"):

@@ -24,7 +24,9 @@ from overstory.cli import job_config_class
 from overstory.core.config import load_config
 from overstory.models.registry import MINILM
 from overstory.serving.config import RoleConfig, ServeConfig
+from overstory.serving.front_door import create_front_app, mount_front_door
 from overstory.serving.launch import serve_in_background
+from tests.serving.vllm_stand_in import StandIn, vllm_stand_in
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "teacher_runs.sh"
@@ -104,6 +106,22 @@ def test_counters_reads_a_live_servers_token_counters() -> None:
         done = sourced(f"counters {url}", PYTHON=sys.executable)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["embedder"]["prompt_tokens"] == reply.json()["usage"]["prompt_tokens"] > 0
+
+
+def test_counters_counts_a_vllm_server_once_beside_its_front_door(tmp_path: Path) -> None:
+    """A vLLM stack's counters are read from its stack.json, which lists the vLLM server and the front door, whose
+    page shows that server's samples again: each is counted once (the first reading counted vLLM's twice)."""
+    state = StandIn("a")
+    state.prompt_tokens = 12
+    with serve_in_background(vllm_stand_in(state, ["generator", "planner"])) as upstream:
+        app = create_front_app()
+        mount_front_door(app, {"generator": upstream, "planner": upstream}, timeout_s=30)
+        with serve_in_background(app) as front:
+            stack = tmp_path / "stack.json"
+            stack.write_text(json.dumps({"generator": upstream, "planner": upstream, "embedder": front}))
+            done = sourced(f"counters {stack}", PYTHON=sys.executable)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["generator"]["prompt_tokens"] == 12
 
 
 def test_a_jobs_record_sums_its_invocations(tmp_path: Path) -> None:
