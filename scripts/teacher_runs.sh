@@ -145,8 +145,9 @@ planner_command() {  # the overstory command line of the planner chain's step $1
 # served model name: requests answered, prompt and generation tokens; and under "failed_requests" the completion
 # requests answered with an error status (not by model: the HTTP layer does not know it). Read before and after
 # each job. A vLLM stack's front door also shows its vLLM servers' samples (labelled with the server): those of a
-# server whose own page is read too (stack.json lists both) are counted once, from that page. A stack that no longer answers (a signal to the whole process group stopped it with the job) gives
-# {"unavailable": why}: the invocation is still recorded, with its counters marked missing.
+# server whose own page is read too (stack.json lists both) are counted once, from that page. A stack that no longer
+# answers (a signal to the whole process group stopped it with the job) gives {"unavailable": why}: the invocation is
+# still recorded, with its counters marked missing.
 counters() {
   if [[ $1 == none ]]; then echo '{}'; return; fi  # no stack: the jobs asked no model
   "$PYTHON" - "$1" <<'PY'
