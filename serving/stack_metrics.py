@@ -74,9 +74,10 @@ def token_totals(pages: Mapping[str, str], roles_by_server: Mapping[str, Sequenc
                  ) -> dict[str, dict[str, int]]:
     """Prompt and generated tokens counted on ``pages`` (URL -> Prometheus text page), keyed by the roles each
     counter stands for (module docstring): a sample with a ``server`` label (a front door's page) by the roles
-    its ``ROLE_INFO`` names; a page whose URL's roles are known (``roles_by_server``, a stack.json's servers read
-    one by one) by all of them (a LoRA role served alone is counted under its base model's name); else by its
-    ``model_name`` label, the role.
+    its ``ROLE_INFO`` names, unless that server's own page is among ``pages`` (a stack.json lists the front door and
+    the vLLM servers: each is counted once, from its own page); a page whose URL's roles are known
+    (``roles_by_server``, a stack.json's servers read one by one) by all of them (a LoRA role served alone is counted
+    under its base model's name); else by its ``model_name`` label, the role.
 
     >>> page = ('vllm:prompt_tokens_total{model_name="generator",server="http://v"} 7\\n'
     ...         'overstory:prompt_tokens_total{model_name="embedder"} 3\\n'
@@ -100,7 +101,9 @@ def token_totals(pages: Mapping[str, str], roles_by_server: Mapping[str, Sequenc
                 kind = _TOKEN_SAMPLES.get(sample.name.split(":", 1)[-1])
                 if kind is None:
                     continue
-                if (server := sample.labels.get(SERVER_LABEL)) in upstream_roles:
+                if (server := sample.labels.get(SERVER_LABEL)) in pages:
+                    continue  # the front door's copy of a page read directly
+                if server in upstream_roles:
                     key = ROLE_JOIN.join(sorted(upstream_roles[server]))
                 elif page_roles:
                     key = ROLE_JOIN.join(sorted(page_roles))

@@ -49,6 +49,15 @@ def test_the_merged_page_keeps_every_sample_and_reads_back_by_role() -> None:
         "scorer": {"prompt_tokens": 5, "completion_tokens": 0}}
 
 
+def test_a_stack_json_that_lists_the_door_and_its_server_counts_each_once() -> None:
+    """The front door's page repeats the vLLM server's samples; read beside that server's own page (a stack.json's
+    roles point at both), they are counted once."""
+    door = generate_latest(merge_pages(OWN_PAGE, {"http://v": VLLM_PAGE}, {"http://v": ["generator", "planner"]}))
+    totals = token_totals({"http://v": VLLM_PAGE, "http://front": door.decode()},
+                          {"http://v": ["generator", "planner"], "http://front": ["embedder"]})
+    assert totals["generator+planner"] == {"prompt_tokens": 40, "completion_tokens": 9}
+
+
 def test_a_family_two_pages_type_differently_is_named() -> None:
     gauge = "# TYPE vllm:prompt_tokens gauge\nvllm:prompt_tokens 1.0\n"  # another version's gauge of that name
     with pytest.raises(ValueError, match="http://odd exports vllm:prompt_tokens as a gauge, another server as a"):
