@@ -152,9 +152,8 @@ counters() {
   if [[ $1 == none ]]; then echo '{}'; return; fi  # no stack: the jobs asked no model
   "$PYTHON" - "$1" <<'PY'
 import json, sys
-from prometheus_client.parser import text_string_to_metric_families
 from overstory.serving.client import Client, ClientError
-from overstory.serving.stack_metrics import SERVER_LABEL
+from overstory.serving.stack_metrics import own_samples
 names = {"request_success_total": "calls", "prompt_tokens_total": "prompt_tokens",
          "generation_tokens_total": "completion_tokens"}
 zero, totals = dict.fromkeys(names.values(), 0), {}
@@ -163,18 +162,14 @@ try:
 except (ClientError, OSError) as exc:
     print(json.dumps({"unavailable": str(exc)}))
     sys.exit()
-for page in pages.values():
-    for family in text_string_to_metric_families(page):
-        for sample in family.samples:
-            name, labels = sample.name.split(":", 1)[-1], sample.labels
-            if labels.get(SERVER_LABEL) in pages:  # a copy on the front door's page of a page read directly
-                continue
-            if name == "http_requests_total":  # ours: endpoint and status; vLLM's instrumentator: handler, "4xx"
-                route, status = labels.get("endpoint", labels.get("handler", "")), labels.get("status", "")
-                if "completions" in route and status[:1] in ("4", "5"):
-                    totals.setdefault("failed_requests", dict(zero))["calls"] += int(sample.value)
-            elif name in names:
-                totals.setdefault(labels.get("model_name", ""), dict(zero))[names[name]] += int(sample.value)
+for _, sample in own_samples(pages):  # a server's samples once, though the front door's page repeats them
+    name, labels = sample.name.split(":", 1)[-1], sample.labels
+    if name == "http_requests_total":  # ours: endpoint and status; vLLM's instrumentator: handler, "4xx"
+        route, status = labels.get("endpoint", labels.get("handler", "")), labels.get("status", "")
+        if "completions" in route and status[:1] in ("4", "5"):
+            totals.setdefault("failed_requests", dict(zero))["calls"] += int(sample.value)
+    elif name in names:
+        totals.setdefault(labels.get("model_name", ""), dict(zero))[names[name]] += int(sample.value)
 print(json.dumps(totals))
 PY
 }

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 SERVER_LABEL = "server"
 ROLE_INFO = "overstory:upstream_role_info"
@@ -87,31 +88,37 @@ def token_totals(pages: Mapping[str, str], roles_by_server: Mapping[str, Sequenc
     {'generator+planner': {'prompt_tokens': 7, 'completion_tokens': 0}, \
 'embedder': {'prompt_tokens': 3, 'completion_tokens': 0}}
     """
+    samples = list(own_samples(pages))
+    upstream_roles: dict[str, list[str]] = {}
+    for _, sample in samples:
+        if sample.name == ROLE_INFO:
+            upstream_roles.setdefault(sample.labels[SERVER_LABEL], []).append(sample.labels["role"])
     totals: dict[str, dict[str, int]] = {}
-    for url, page in pages.items():
-        families = list(text_string_to_metric_families(page))
-        upstream_roles: dict[str, list[str]] = {}
-        for family in families:
-            if family.name == ROLE_INFO:
-                for sample in family.samples:
-                    upstream_roles.setdefault(sample.labels[SERVER_LABEL], []).append(sample.labels["role"])
-        page_roles = list((roles_by_server or {}).get(url, ()))
-        for family in families:
-            for sample in family.samples:
-                kind = _TOKEN_SAMPLES.get(sample.name.split(":", 1)[-1])
-                if kind is None:
-                    continue
-                if (server := sample.labels.get(SERVER_LABEL)) in pages:
-                    continue  # the front door's copy of a page read directly
-                if server in upstream_roles:
-                    key = ROLE_JOIN.join(sorted(upstream_roles[server]))
-                elif page_roles:
-                    key = ROLE_JOIN.join(sorted(page_roles))
-                else:
-                    key = sample.labels.get("model_name", "")
-                row = totals.setdefault(key, {"prompt_tokens": 0, "completion_tokens": 0})
-                row[kind] += int(sample.value)
+    for url, sample in samples:
+        kind = _TOKEN_SAMPLES.get(sample.name.split(":", 1)[-1])
+        if kind is None:
+            continue
+        page_roles = (roles_by_server or {}).get(url, ())
+        if (server := sample.labels.get(SERVER_LABEL)) in upstream_roles:
+            key = ROLE_JOIN.join(sorted(upstream_roles[server]))
+        elif page_roles:
+            key = ROLE_JOIN.join(sorted(page_roles))
+        else:
+            key = sample.labels.get("model_name", "")
+        row = totals.setdefault(key, {"prompt_tokens": 0, "completion_tokens": 0})
+        row[kind] += int(sample.value)
     return totals
+
+
+def own_samples(pages: Mapping[str, str]) -> Iterator[tuple[str, Sample]]:
+    """Every sample on ``pages`` (URL -> Prometheus text page) with the URL it was read from, less the front door's
+    copies of a server whose own page is among ``pages`` (a stack.json lists the door and its vLLM servers): each
+    server's samples once."""
+    for url, page in pages.items():
+        for family in text_string_to_metric_families(page):
+            for sample in family.samples:
+                if sample.labels.get(SERVER_LABEL) not in pages:
+                    yield url, sample
 
 
 def role_groups(per_role: Mapping[str, Mapping[str, int]], keys: Iterable[str]) -> dict[str, dict[str, int]]:
