@@ -206,21 +206,22 @@ class _QueryState:
         return self.result
 
 
-def check_reach(tree: Tree, iterations: int, key: str) -> float:
+def check_reach(tree: Tree, iterations: int, key: str, what: str = "this tree") -> float:
     """Refuse a search that cannot score a leaf, naming the config ``key``: each iteration expands one level below the
     nodes it takes, so with fewer iterations than the shallowest leaf's depth every query ends with no leaf at all
     (and its answer, trace or ranking is made from nothing). Returns the share of leaves within reach, and warns when
-    some lie deeper than ``iterations`` (a bottom-up tree's leaves sit at several depths: those never rank)."""
+    some lie deeper than ``iterations`` (a bottom-up tree's leaves sit at several depths: those never rank). ``what``
+    names the tree in the messages (a document scope's cut of it)."""
     depths = [tree.depth(leaf.id) for leaf in tree.leaves()]
     shallowest, deepest = min(depths), max(depths)
     if iterations < shallowest:
-        raise ConfigError(f"{key}={iterations} cannot reach a leaf of this tree (its shallowest leaf is at depth "
+        raise ConfigError(f"{key}={iterations} cannot reach a leaf of {what} (its shallowest leaf is at depth "
                           f"{shallowest}); set {key}={shallowest} or more")
     reach = sum(depth <= iterations for depth in depths) / len(depths)
     if reach < 1:
-        logger.warning("%s=%d reaches %.0f%% of this tree's leaves (depths %d to %d): the others can never be "
-                       "retrieved; set %s=%d to reach them all", key, iterations, 100 * reach, shallowest, deepest,
-                       key, deepest)
+        logger.warning("%s=%d reaches %.0f%% of %s's leaves (depths %d to %d): the others can never be "
+                       "retrieved; set %s=%d to reach them all", key, iterations, 100 * reach, what, shallowest,
+                       deepest, key, deepest)
     return reach
 
 

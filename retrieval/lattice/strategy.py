@@ -77,14 +77,15 @@ class LatticeStrategy:
         if missing:
             raise ConfigError(f"lattice.tree: {len(missing)} of its leaves (e.g. {missing[0]}) are not chunks of this "
                               "corpus; build the tree over the same corpus and hierarchy settings")
+        # the whole tree's reach (an open-corpus search); a document scope's cut is checked when first searched
         check_reach(tree, config.search.iterations, "lattice.search.iterations")
         self._scoped: dict[frozenset[str], Tree] = {}
         self._lock = threading.Lock()
 
     def tree_for(self, scope: Sequence[str] | None) -> Tree:
         """The tree a question is searched in: the whole tree, or the one cut to the documents of ``scope`` (made
-        once per scope, shared by the harness's threads). A scope without a leaf in the tree is a tree built over
-        another corpus: a ConfigError."""
+        once per scope, shared by the harness's threads; its reach checked then, as the whole tree's at build). A
+        scope without a leaf in the tree is a tree built over another corpus: a ConfigError."""
         if scope is None:
             return self.tree
         key = frozenset(scope)
@@ -94,6 +95,8 @@ class LatticeStrategy:
                 if cut is None:
                     raise ConfigError(f"lattice.tree has no leaf of the document(s) {', '.join(sorted(key))}; build "
                                       "the tree over the corpus evaluated")
+                check_reach(cut, self.config.search.iterations, "lattice.search.iterations",
+                            f"the tree cut to {', '.join(sorted(key))}")
                 self._scoped[key] = cut
             return self._scoped[key]
 

@@ -45,3 +45,25 @@ def test_leaves_deeper_than_the_iterations_are_counted_and_warned_about(caplog):
     assert "set lattice.search.iterations=3" in caplog.text
     caplog.clear()
     assert check_reach(tree, 3, "lattice.search.iterations") == 1.0 and not caplog.text
+
+
+def test_a_scoped_search_checks_the_reach_of_the_tree_cut_to_its_documents(caplog):
+    """A question searched within its document searches the tree cut to that document's leaves, whose depths differ
+    from the whole tree's. Document d2 has l6 under a and l4, l3, l5 under b (l3 and l5 one level deeper, b -> c):
+    cut to d2, a gives way to l6 and l3 and l5 sit at depth 3, out of two iterations' reach, while the cut to d (l1,
+    l2 under a) is reached whole; the warning names the cut."""
+    tree, chunks = two_level_tree()
+    tree.nodes["a"].children = ["l1", "l2", "l6"]
+    tree.nodes["b"].children = ["c", "l4"]
+    tree.nodes["c"] = Node("c", name="Jazz", children=["l3", "l5"])
+    for leaf in ("l3", "l4", "l5", "l6"):
+        tree.nodes[leaf] = Node(leaf, leaf=True, text=f"passage {leaf}", doc_id="d2")
+    tree.refresh_parents()
+    chunks = chunks[:2] + [Chunk(leaf, "d2", "paragraph", f"passage {leaf}", None, [], 0, 9, 2)
+                           for leaf in ("l3", "l4", "l5", "l6")]
+    strategy = LatticeStrategy(tree, chunks, LatticeStrategyConfig(search=SearchConfig(iterations=2)), AnswerConfig())
+    caplog.clear()  # the whole tree's warning, at build
+    with caplog.at_level("WARNING", logger="overstory.retrieval.lattice.search"):
+        assert strategy.tree_for(["d"]).root == "a" and not caplog.text
+        strategy.tree_for(["d2"])
+    assert "lattice.search.iterations=2 reaches 50% of the tree cut to d2's leaves (depths 1 to 3)" in caplog.text
