@@ -24,6 +24,7 @@ from pathlib import Path
 
 from overstory.core.config import ConfigError
 from overstory.core.records import LEVELS, Chunk, Document, check_level, read_jsonl, write_jsonl
+from overstory.core.text import split_sentences
 from overstory.models.registry import SMOLLM2, load_tokenizer
 
 LEVEL_CODES = {"sentence": "s", "paragraph": "p", "subsection": "ss", "section": "sec", "document": "doc"}
@@ -82,28 +83,6 @@ def _blocks(text: str, start: int, end: int, cuts: Sequence[tuple[int, int]]) ->
             if span:
                 spans.append(span)
     return spans
-
-
-@functools.lru_cache(maxsize=1)
-def _segmenter():
-    import pysbd
-
-    return pysbd.Segmenter(language="en", clean=False)
-
-
-def split_sentences(text: str, start: int, end: int) -> list[tuple[int, int]]:
-    """pysbd sentences of text[start:end] as spans that tile the range: each sentence is located
-    after the previous one and runs up to the next, so no character is lost even where pysbd
-    alters a sentence (that one is merged into its predecessor)."""
-    piece = text[start:end]
-    starts, cursor = [], 0
-    for sentence in _segmenter().segment(piece):
-        at = piece.find(sentence.strip(), cursor) if sentence.strip() else -1
-        if at >= 0:
-            starts.append(at)
-            cursor = at + len(sentence.strip())
-    starts[:1] = [0]
-    return [(start + a, start + b) for a, b in zip(starts, [*starts[1:], len(piece)])]
 
 
 def _sentences(doc: Document, paragraph: tuple[int, int]) -> list[tuple[int, int]]:

@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from overstory.core.records import Document, QAExample
+from overstory.core.text import split_sentences
 from overstory.data_pipeline.corpus_files import SPLITS, CorpusError, Loaded
-from overstory.data_pipeline.hierarchy import split_sentences
 from overstory.data_pipeline.hub import hub_name, hub_rows
 
 log = logging.getLogger(__name__)

@@ -85,6 +85,7 @@ from overstory.retrieval.metrics import (
     token_f1,
 )
 from overstory.retrieval.naive import NaiveConfig
+from overstory.retrieval.orion.query import QUERY_PROMPTS_DIGEST
 from overstory.retrieval.orion.strategy import OrionConfig
 from overstory.retrieval.orion.tagger import ChunkingConfig, TaggingConfig
 from overstory.retrieval.smartchunk import SmartChunkConfig
@@ -349,13 +350,15 @@ def run_strategy(name: str, strategy: Strategy, questions: Sequence[QAExample], 
 def strategy_settings(name: str, config: PipelineEvalConfig, checkpoints: dict) -> dict:
     """What decides a strategy's answers; records made under other settings are not resumed. A running server's
     address is left out (its port changes between runs; its served names stay). The scope is recorded when it is
-    the question's document: records without it were searched over the open corpus."""
+    the question's document: records without it were searched over the open corpus. Orion-RAG's records name its
+    query prompts (their digest), which its settings do not otherwise show."""
     own = {"fable": ("fable", "fable_forest"), "orion": ("orion", "orion_chunking", "orion_tagging"),
            "bm25_floor": ()}.get(name, (name,))
     full = {**to_dict(config), "answer": to_dict(config.answer_settings)}
     scope = {"scope": "document"} if config.scope_mode == "document" else {}
+    prompts = {"orion_prompts": QUERY_PROMPTS_DIGEST} if name == "orion" else {}
     return {"dataset": to_dict(config.dataset), **scope, "skip_unanswerable": config.skip_unanswerable,
-            **{key: full[key] for key in ("hierarchy", "answer", "recall_k", *own)},
+            **{key: full[key] for key in ("hierarchy", "answer", "recall_k", *own)}, **prompts,
             "checkpoints": {key: value for key, value in checkpoints.items() if key != "server_url"}}
 
 

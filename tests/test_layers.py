@@ -2,8 +2,8 @@
 
 From the bottom up, a module may import its own part and any part below it, never one above or beside it:
 
-    core            overstory.core: configs, tracking, plots, memory, and the records every layer reads and
-                    writes (the ground)
+    core            overstory.core: configs, tracking, plots, memory, the sentence splitter, and the records every
+                    layer reads and writes (the ground)
     models          what is trained and served
     serving         the engines, the server and the client: the only way the layers above reach a model
     retrieval       the runtime, plus the answer judging and metrics both data jobs and evaluations use

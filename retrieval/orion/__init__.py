@@ -16,8 +16,9 @@ BM25 over the texts (``sparse``).
 Query. The generator rewrites the question into at most ``rewrite_max`` sub-queries of at most
 ``rewrite_max_words`` words (the question itself always searches too); each sub-query ranks the chunks in the three
 indexes, fused by weighted reciprocal rank fusion (``query.weighted_rrf``, weights 0.25 / 0.25 / 0.5) into its top
-``top_k``; one generator call per (chunk, sub-query) prunes the chunk to what helps that sub-query (an empty
-reply drops it from the prompt); the generator answers from the pruned evidence grouped per sub-query.
+``top_k``; one generator call per (chunk, sub-query) keeps the chunk's sentences that could help that sub-query
+(numbered; a reply that keeps none drops the chunk from the prompt); the generator answers from the pruned evidence
+grouped per sub-query.
 
 Files. ``overstory data orion-tags`` (data_pipeline/orion_tags.py) writes, in its ``out`` folder, masters.jsonl
 (``DocumentTags``), chunks.jsonl (``ChunkTags``: each chunk's text and document offsets with its tags, so the

@@ -41,6 +41,7 @@ from overstory.retrieval.orion.query import (
     grouped_answer_messages,
     parse_pruned,
     parse_sub_queries,
+    passage_sentences,
     prune_messages,
     rewrite_format,
     weighted_rrf,
@@ -414,13 +415,14 @@ class OrionStrategy:
 
     def _prune_one(self, query: str, chunk: Chunk, client: Client) -> tuple[str, str]:
         """(the text to show, what happened: pruned, dropped, unparsed or failed)."""
+        sentences = passage_sentences(chunk.text[: self.answer_config.max_chunk_chars])
         try:
-            reply = client.chat("generator", prune_messages(query, chunk, self.answer_config.max_chunk_chars),
-                                response_format=PRUNE_FORMAT, max_tokens=self.config.prune_max_tokens, temperature=0)
+            reply = client.chat("generator", prune_messages(query, chunk, sentences), response_format=PRUNE_FORMAT,
+                                max_tokens=self.config.prune_max_tokens, temperature=0)
         except ClientError as exc:
             raise_if_refused(exc, "Orion-RAG's pruning (role 'generator')")
             return chunk.text, "failed"
-        pruned = parse_pruned(reply.text)
+        pruned = parse_pruned(reply.text, sentences)
         if pruned is None:
             return chunk.text, "unparsed"
         return pruned, "pruned" if pruned else "dropped"

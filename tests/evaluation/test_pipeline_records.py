@@ -8,8 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from overstory.core.config import ConfigError
+from overstory.core.config import ConfigError, load_config
+from overstory.evaluation.pipeline import PipelineEvalConfig, strategy_settings
 from overstory.evaluation.pipeline_records import StrategyRecords, combined_cost_check
+from overstory.retrieval.orion.query import QUERY_PROMPTS_DIGEST
+from tests.conftest import ROOT
 
 SETTINGS = {"dataset": {"kind": "squad"}, "answer": {"max_tokens": 24}, "naive": {"k": 5}}
 
@@ -41,6 +44,13 @@ def test_records_resume_only_under_the_same_settings(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="without a record of their settings"):
         StrategyRecords(tmp_path, "naive").start(SETTINGS, resume=True)
 
+
+
+def test_orions_settings_name_its_query_prompts_so_answers_under_other_prompts_are_not_resumed() -> None:
+    config = load_config(PipelineEvalConfig, ROOT / "configs/eval/pipeline.yaml", [])
+    orion = strategy_settings("orion", config, {})
+    assert orion["orion_prompts"] == QUERY_PROMPTS_DIGEST and len(QUERY_PROMPTS_DIGEST) == 16
+    assert "orion_prompts" not in strategy_settings("naive", config, {})  # the shared answer prompt is not Orion's
 
 def test_a_question_the_harness_failed_is_asked_again_and_its_latest_record_counts(tmp_path: Path) -> None:
     records = StrategyRecords(tmp_path, "naive")

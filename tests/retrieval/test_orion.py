@@ -309,12 +309,13 @@ def test_each_weight_drives_its_own_index(tags):
 
 
 def prune_and_answer(payload):
-    """The scripted server of the answer tests: two rewrites, pruning that keeps only the Paris sentence, 'Paris.'."""
+    """The scripted server of the answer tests: two rewrites, pruning that keeps only the Paris sentence (the first of
+    its passage, numbered), 'Paris.'."""
     if schema_name(payload) == "sub_queries":
         return json.dumps({"queries": ["capital of France", "capital of France", "Eiffel Tower location"]})
     if schema_name(payload) == "pruned":
-        keep = "Paris is the capital of France." if "Paris is the capital" in passage(payload) else ""
-        return json.dumps({"relevant": keep})
+        keep = [1] if "[1] Paris is the capital of France.\n[2] The Eiffel Tower" in passage(payload) else []
+        return json.dumps({"keep": keep})
     return "Paris."
 
 
