@@ -5,14 +5,20 @@
 
 from __future__ import annotations
 
-import functools
+import threading
+
+_local = threading.local()
 
 
-@functools.lru_cache(maxsize=1)
 def _segmenter():
-    import pysbd
+    """This thread's pysbd segmenter: a Segmenter keeps the text it is cutting on itself, so threads sharing one cut
+    each other's texts (Orion-RAG's pruner, 4 threads, numbered a passage as one sentence now and then)."""
+    segmenter = getattr(_local, "segmenter", None)
+    if segmenter is None:
+        import pysbd
 
-    return pysbd.Segmenter(language="en", clean=False)
+        segmenter = _local.segmenter = pysbd.Segmenter(language="en", clean=False)
+    return segmenter
 
 
 def split_sentences(text: str, start: int, end: int) -> list[tuple[int, int]]:
