@@ -6,14 +6,13 @@ weighted reciprocal rank fusion (``weighted_rrf``), pruning a chunk for a sub-qu
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from typing import Any
 
 from overstory.core.records import Chunk
 from overstory.core.text import split_sentences
 from overstory.retrieval.answer import ANSWER_EXAMPLE, ANSWER_SYSTEM_PROMPT
-from overstory.retrieval.orion.tags import distinct, json_format, reply_object
+from overstory.retrieval.orion.tags import distinct, json_format, prompts_digest, reply_object
 
 QUERY_CHARS_PER_WORD = 10  # a sub-query's cap in the rewrite schema: rewrite_max_words at this many characters
 
@@ -65,7 +64,7 @@ PRUNE_SYSTEM_PROMPT = ("You filter a retrieved passage for a search query. The p
                        "only when no sentence is about the query's subject.")
 
 # what a query's prompts were: an evaluation's settings record it, so answers given under other prompts are not resumed
-QUERY_PROMPTS_DIGEST = hashlib.sha256("\n".join((REWRITE_PROMPT, PRUNE_SYSTEM_PROMPT)).encode()).hexdigest()[:16]
+QUERY_PROMPTS_DIGEST = prompts_digest(REWRITE_PROMPT, PRUNE_SYSTEM_PROMPT)
 
 
 def rewrite_format(max_queries: int, max_words: int) -> dict[str, Any]:

@@ -10,7 +10,6 @@ a bad request) raises ``RequestRefused`` naming the role and the server's reason
 
 from __future__ import annotations
 
-import hashlib
 import re
 import string
 from collections import Counter
@@ -31,6 +30,7 @@ from overstory.retrieval.orion.tags import (
     distinct,
     estimate_tokens,
     json_format,
+    prompts_digest,
     reply_object,
 )
 from overstory.retrieval.strategy import raise_if_refused
@@ -303,7 +303,7 @@ Reply with one JSON object: {{"gist": "...", "subjects": "...", "domain": "..."}
 RETRY_PROMPT = ("That reply could not be used: every tag must be 1-4 words naming what the text is about, in its "
                 "words, none empty, none repeated. Reply again with the JSON object only.")
 # what a tag folder records of the prompts (data_pipeline/orion_index.py): tags asked with other prompts are not resumed
-PROMPTS_DIGEST = hashlib.sha256("\n".join((MASTER_PROMPT, PARAGRAPH_PROMPT, RETRY_PROMPT)).encode()).hexdigest()[:16]
+PROMPTS_DIGEST = prompts_digest(MASTER_PROMPT, PARAGRAPH_PROMPT, RETRY_PROMPT)
 # the master-tag instructions as runs of a tag's 4 words and 2 more, since a small model runs some together
 # ("JSONObject"); a master tag that is one of them and not in the document is an echo (``echoes_instructions``)
 INSTRUCTION_RUNS = word_runs(MASTER_PROMPT + " " + RETRY_PROMPT, TAG_MAX_WORDS + 2)

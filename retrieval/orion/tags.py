@@ -5,6 +5,7 @@ replies read tolerantly and reply schemas.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -96,3 +97,13 @@ def reply_object(text: str, key: str) -> dict | None:
 def json_format(name: str, properties: dict[str, Any]) -> dict[str, Any]:
     schema = {"type": "object", "properties": properties, "required": list(properties)}
     return {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}
+
+
+def prompts_digest(*prompts: str) -> str:
+    """A short digest of ``prompts``, which a job's settings record so that replies asked with other prompts are not
+    resumed (the tag folders' and eval pipeline's Orion-RAG records).
+
+    >>> len(prompts_digest("a", "b")), prompts_digest("a", "b") == prompts_digest("a", "c")
+    (16, False)
+    """
+    return hashlib.sha256("\n".join(prompts).encode()).hexdigest()[:16]
