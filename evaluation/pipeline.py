@@ -64,11 +64,11 @@ from overstory.data_pipeline.orion_index import tag_and_index
 from overstory.evaluation.pipeline_judge import JudgeConfig, judge_agreement, judge_answers, judge_sanity
 from overstory.evaluation.pipeline_qasper import QasperConfig, qasper_outputs
 from overstory.evaluation.pipeline_records import StrategyRecords, combined_cost_check
+from overstory.evaluation.pipeline_tables import QUALITY, pipeline_table
 from overstory.evaluation.plots import plot_quality_vs_cost
 from overstory.evaluation.qasper_metrics import gold_references, official_papers
-from overstory.evaluation.repairs import repair_counts, repairs_cell
-from overstory.evaluation.report_tables import pipeline_qasper_table
-from overstory.evaluation.scope import question_scope, resolve_scope, scope_title
+from overstory.evaluation.repairs import repair_counts
+from overstory.evaluation.scope import question_scope, resolve_scope
 from overstory.retrieval import api
 from overstory.retrieval.answer import AnswerConfig
 from overstory.retrieval.api import check_lattice_tree, check_strategies, usage_by_role
@@ -107,7 +107,6 @@ DATASETS: dict[str, CorpusConfig] = {
     "qasper": CorpusConfig("qasper", "data/qasper", split="dev"),
     "narrativeqa": CorpusConfig("narrativeqa", "data/narrativeqa"),
 }
-QUALITY = ("exact_match", "token_f1", "contains_match", "rouge_l")
 NOT_LLM_ROLES = ("embedder", "compressor")  # their requests are encoder passes, not LLM calls
 
 
@@ -396,68 +395,6 @@ def evaluate_strategy(name: str, config: PipelineEvalConfig, corpus: tuple[Seque
     return row, ordered
 
 
-def markdown_table(report: dict) -> str:
-    """One row per strategy: quality with intervals, cost per question, failed questions by kind, the repairs
-    inside answered questions by kind, a tree search's failed slates and whether the costs added up."""
-    k = report["recall_k"]
-    header = ["strategy", "EM", "F1", "contains", "ROUGE-L", f"recall@{k}", "judge", "LLM calls / q",
-              "tokens in / out per q", "generator tokens / q", "s / q", "failed", "repairs", "failed slates",
-              "costs add up"]
-
-    def cell(row: dict, key: str) -> str:
-        value, interval = row.get(key), row.get(f"{key}_ci95")
-        if value is None:
-            return "-"
-        return f"{value:.3f} [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else f"{value:.3f}"
-
-    lines = [f"{scope_title(report)}\n"] if "scope" in report else []
-    lines += ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-    for name, row in report["strategies"].items():
-        lines.append("| " + " | ".join([
-            name, *(cell(row, key) for key in (*QUALITY, f"recall@{k}", "judge")), f"{row['llm_calls']:g}",
-            f"{row['llm_input_tokens']:g} / {row['llm_output_tokens']:g}", f"{row['generator_tokens']:g}",
-            f"{row['seconds']:.2f}", _failed_cell(row), repairs_cell(row.get("repairs")),
-            _slates_cell(row.get("slates")), _cost_cell(row.get("costs_add_up"))]) + " |")
-    agreements = [f"{name} {a['both'] + a['neither']}/{a['n']} (judge only {a['judge_only']}, contains only "
-                  f"{a['contains_only']})" for name, row in report["strategies"].items()
-                  if (a := row.get("judge_vs_contains"))]
-    if agreements:
-        lines.append("\njudge against contain-match, questions where they agree: " + "; ".join(agreements))
-    sanity = report.get("judge_sanity")
-    if sanity and sanity["reference_accepted"] < sanity["asked"]:
-        lines.append(f"\njudge: it accepted the reference answer itself for {sanity['reference_accepted']} of "
-                     f"{sanity['asked']} questions, so its column measures the judge more than the answers")
-    qasper = pipeline_qasper_table(report)
-    return "\n".join(lines) + "\n" + (f"\n{qasper}" if qasper else "")
-
-
-def _failed_cell(row: dict) -> str:
-    """``failed/questions``, with the kinds when any failed.
-
-    >>> _failed_cell({"n_questions": 30, "answered": 28, "failures": {"request_failed": 2}})
-    '2/30 (request_failed 2)'
-    """
-    failed = f"{row['n_questions'] - row['answered']}/{row['n_questions']}"
-    kinds = ", ".join(f"{kind} {n}" for kind, n in row.get("failures", {}).items())
-    return f"{failed} ({kinds})" if kinds else failed
-
-
-def _slates_cell(slates: dict | None) -> str:
-    """``failed/slates`` for a tree search, ``-`` for a strategy without slates."""
-    return "-" if slates is None else f"{slates['failed']}/{slates['slates']}"
-
-
-def _cost_cell(check: dict | None) -> str:
-    """``yes`` when every question's costs were checked and added up; ``yes (k/n)`` when a killed run left some
-    unchecked."""
-    if check is None:
-        return "-"
-    if not check["match"]:
-        return "NO"
-    checked, total = check["questions_checked"], check["questions"]
-    return "yes" if checked == total else f"yes ({checked}/{total})"
-
-
 def _recorded_checkpoints(config: PipelineEvalConfig, client: Client) -> dict:
     """Which models answered: the roles of the stack the harness started, or what a running server lists."""
     if config.server_url:
@@ -504,13 +441,13 @@ def run(config: PipelineEvalConfig) -> dict:
     quality = "judge" if judge_works else "contains_match"  # a judge that refuses the reference plots nothing
     label = f"{corpus.kind}, open corpus" if corpus.document_scoped and config.scope_mode == "corpus" else corpus.kind
     (out / "metrics.json").write_text(json.dumps({"config": to_dict(config), **report}, indent=2))
-    (out / "table.md").write_text(markdown_table(report))
+    (out / "table.md").write_text(pipeline_table(report))
     plot_quality_vs_cost(report["strategies"], out / "quality_vs_cost.png", quality=quality, cost="generator_tokens",
                          cost_label="tokens given to the generator per question",
                          title=f"{label}: answer quality against generator tokens per question")
     plot_quality_vs_cost(report["strategies"], out / "quality_vs_seconds.png", quality=quality,
                          title=f"{label}: answer quality against seconds per question")
-    print(markdown_table(report))
+    print(pipeline_table(report))
     print(f"-> {out / 'metrics.json'}, {out / 'table.md'}, {out / 'quality_vs_cost.png'}")
     raise_if_run_failed(report, config.max_failure_share, out / "predictions")
     return report

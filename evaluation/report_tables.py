@@ -18,6 +18,8 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+from overstory.evaluation.markdown import grid
+from overstory.evaluation.pipeline_tables import harness_table, pipeline_qasper_table
 from overstory.evaluation.repairs import repairs_cell
 
 MARKER = re.compile(r"(<!-- table: (?P<kind>\w+) (?P<path>\S+) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
@@ -29,11 +31,6 @@ def _fmt(value, digits: int = 3) -> str:
     if isinstance(value, float):
         return f"{value:.{digits}f}"
     return str(value)
-
-
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
-    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"
 
 
 def planner_table(report: dict) -> str:
@@ -58,7 +55,7 @@ def planner_table(report: dict) -> str:
     majority = report["majority_baseline"]
     rows.append([f"reference: always ({', '.join(majority['label'])})", _fmt(majority["accuracy"]),
                  _fmt(majority["within_one_level"]), "-", "-", "-", "-", "-", "-"])
-    return _table(["variant", "accuracy vs label", "within one level", "format valid", "strict format",
+    return grid(["variant", "accuracy vs label", "within one level", "format valid", "strict format",
                    "median / p90 tokens", "s/plan", "QA accuracy", _fallback_header(report)], rows)
 
 
@@ -112,7 +109,7 @@ def planner_by_dataset_table(report: dict) -> str:
                          _fmt(summary.get("tokens_given"), 0), _fmt(summary.get("tokens_read"), 0),
                          _with_ci(summary, "chunk_tokens", 0),
                          repairs_cell(summary.get("repairs")) if i < planned else "-"])
-    return _table(["dataset", "variant", "n", "accuracy vs gold", "accuracy vs label", "QA", "tokens given",
+    return grid(["dataset", "variant", "n", "accuracy vs gold", "accuracy vs label", "QA", "tokens given",
                    "tokens retrieved", "chunk tokens", _fallback_header(report)], rows)
 
 
@@ -136,7 +133,7 @@ def compressor_table(report: dict) -> str:
              str(m["llm_completion_tokens"] + m["llm_prompt_tokens"]), _speedup(m["speedup_vs_summarize"]),
              repairs_cell(m.get("repairs"))]
             for name, m in report["methods"].items()]
-    return _table(["method", "cosine to e_gt", f"recall@{k} [95% CI]", "seconds", "LLM tokens",
+    return grid(["method", "cosine to e_gt", f"recall@{k} [95% CI]", "seconds", "LLM tokens",
                    "speed-up vs summarize", "repairs"], rows)
 
 
@@ -150,7 +147,7 @@ def serve_bench_table(report: dict) -> str:
              *[_fmt(r["ratios"][e]["throughput"], 2) for e in engines if e != base],
              *[f"{_fmt(r['engines'][e]['p50_s'], 2)} / {_fmt(r['engines'][e]['p95_s'], 2)}" for e in engines]]
             for r in report["results"]]
-    return _table(header, rows)
+    return grid(header, rows)
 
 
 def teacher_engines_table(report: dict) -> str:
@@ -167,7 +164,7 @@ def teacher_engines_table(report: dict) -> str:
                      _fmt(a["token_f1"]), f"{s['llm_calls']} in {_fmt(s['wall_s'], 0)} s",
                      f"{s['tokens_in']} / {s['tokens_out']}", _fmt(s["teacher_tokens_per_s"], 2),
                      _fmt(row["ratios"]["summaries_tokens_per_s"], 2)])
-    return _table(["engine", "answers: questions", "questions / min", f"vs {base}", "s / question (mean)",
+    return grid(["engine", "answers: questions", "questions / min", f"vs {base}", "s / question (mean)",
                    "tokens in / out per question", "token F1", "summaries: calls", "tokens in / out",
                    "generation tokens/s", f"vs {base}"], rows)
 
@@ -177,7 +174,7 @@ def train_bench_table(report: dict) -> str:
     rows = [[recipe, launcher, _fmt(r["samples_per_s"], 2), _fmt(r["throughput_ratio"], 2),
              _fmt(r["peak_rss_mib"], 0), _fmt(r["memory_ratio"], 2)]
             for recipe, launchers in report["results"].items() for launcher, r in launchers.items()]
-    return _table(["recipe", "launcher", "samples/s", "ratio", "peak RSS MiB (all processes)", "ratio"], rows)
+    return grid(["recipe", "launcher", "samples/s", "ratio", "peak RSS MiB (all processes)", "ratio"], rows)
 
 
 def _quickstart_figures(name: str, stage: dict) -> str:
@@ -256,57 +253,7 @@ def quickstart_table(report: dict) -> str:
     rows = [[name, _fmt(stage.get("seconds"), 0), _quickstart_figures(name, stage)]
             for name, stage in report["stages"].items() if isinstance(stage, dict)]
     rows.append(["total", _fmt(report.get("total_seconds"), 0), ""])
-    return _table(["stage", "seconds", "figures"], rows)
-
-
-def _score(value: float | None, interval, n: int | None = None) -> str:
-    """A figure with its 95% interval (and its number of questions when given).
-
-    >>> _score(0.25, [0.1, 0.4]), _score(0.5, None, 2), _score(None, None, 0)
-    ('0.250 [0.10, 0.40]', '0.500 (n=2)', '- (n=0)')
-    """
-    cell = "-" if value is None else f"{value:.3f}" + (f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "")
-    return cell if n is None else f"{cell} (n={n})"
-
-
-def pipeline_qasper_table(report: dict) -> str:
-    """``eval pipeline`` metrics.json of a QASPER run: QASPER's own metrics per strategy (Answer F1 overall and by
-    the answer type of the best-matching reference, Evidence F1 of the top chunks' paragraphs and of the cited
-    passages' paragraphs, the cited one with the answers that fell back to the top chunks); "" for another dataset.
-
-    >>> top = {"answer_f1": 0.5, "answer_f1_ci95": [0.2, 0.8], "evidence_f1": 0.25, "evidence_f1_ci95": None,
-    ...        "answer_f1_by_type": {"extractive": {"answer_f1": 0.5, "n": 2, "ci95": None}}}
-    >>> cited = {**top, "evidence_f1": 0.5, "citations": {"cited": 1, "fallback": 1}}
-    >>> print(pipeline_qasper_table({"qasper": {"evidence_paragraphs": 1}, "strategies": {
-    ...     "naive": {"qasper": {"top_chunks": top, "cited": cited}}, "bm25_floor": {"qasper": {"top_chunks": top}}}}))
-    QASPER's metrics (Answer F1 by the type of the best-matching reference; Evidence F1 over paragraph strings, ...
-    <BLANKLINE>
-    | strategy | Answer F1 | extractive | abstractive | boolean | none | Evidence F1, top chunks | Evidence F1, cited |
-    | --- | --- | --- | --- | --- | --- | --- | --- |
-    | naive | 0.500 [0.20, 0.80] | 0.500 (n=2) | - (n=0) | - (n=0) | - (n=0) | 0.250 | 0.500 (fallback 1/2) |
-    | bm25_floor | 0.500 [0.20, 0.80] | 0.500 (n=2) | - (n=0) | - (n=0) | - (n=0) | 0.250 | - |
-    """
-    if "qasper" not in report:
-        return ""
-    types = ("extractive", "abstractive", "boolean", "none")
-    rows = []
-    for name, row in report["strategies"].items():
-        scores = row.get("qasper")
-        if scores is None:
-            continue
-        top, cited = scores["top_chunks"], scores.get("cited")
-        by_type = [top["answer_f1_by_type"].get(kind, {"answer_f1": None, "n": 0, "ci95": None}) for kind in types]
-        cited_cell = "-"
-        if cited is not None:
-            counts = cited["citations"]
-            cited_cell = (f"{_score(cited['evidence_f1'], cited['evidence_f1_ci95'])} (fallback "
-                          f"{counts['fallback']}/{counts['cited'] + counts['fallback']})")
-        rows.append([name, _score(top["answer_f1"], top["answer_f1_ci95"]),
-                     *(_score(t["answer_f1"], t["ci95"], t["n"]) for t in by_type),
-                     _score(top["evidence_f1"], top["evidence_f1_ci95"]), cited_cell])
-    title = ("QASPER's metrics (Answer F1 by the type of the best-matching reference; Evidence F1 over paragraph "
-             f"strings, at most {report['qasper']['evidence_paragraphs']} per answer)\n\n")
-    return title + _table(["strategy", "Answer F1", *types, "Evidence F1, top chunks", "Evidence F1, cited"], rows)
+    return grid(["stage", "seconds", "figures"], rows)
 
 
 def _rate(figure: dict | None) -> str:
@@ -343,7 +290,7 @@ def pseudo_labels_table(summary: dict) -> str:
         agreement = summary.get("agreement", {}).get(rule, {})
         rows.append([name, f"{ranged} of {summary['labels']} ({note})", common,
                      *(_rate(agreement.get(k)) for k in ("exact_range", "level_min", "level_max", "within_one"))])
-    return _table(["labelling rule", "questions with a range", "most common ranges", "exact range vs gold",
+    return grid(["labelling rule", "questions with a range", "most common ranges", "exact range vs gold",
                    "level_min", "level_max", "within one level"], rows)
 
 
@@ -357,8 +304,8 @@ def lattice_table(report: dict) -> str:
 RENDERERS: dict[str, Callable[[dict], str]] = {
     "planner": planner_table, "planner_by_dataset": planner_by_dataset_table, "compressor": compressor_table,
     "serve_bench": serve_bench_table, "train_bench": train_bench_table, "quickstart": quickstart_table,
-    "lattice": lattice_table, "pipeline_qasper": pipeline_qasper_table, "teacher_engines": teacher_engines_table,
-    "pseudo_labels": pseudo_labels_table,
+    "lattice": lattice_table, "pipeline": harness_table, "pipeline_qasper": pipeline_qasper_table,
+    "teacher_engines": teacher_engines_table, "pseudo_labels": pseudo_labels_table,
 }
 
 

@@ -119,9 +119,11 @@ class ServerMetrics:
     def record_first_token(self, model: str, seconds: float) -> None:
         self.time_to_first_token.labels(model).observe(seconds)
 
-    def record_success(self, model: str, finished_reason: str) -> None:
-        """One finished generation; ``finished_reason`` as OpenAI's ``finish_reason`` (stop, length, ...)."""
-        self.request_success.labels(model, finished_reason).inc()
+    def record_success(self, model: str, finished_reason: str, count: int = 1) -> None:
+        """``count`` finished engine requests; ``finished_reason`` as OpenAI's ``finish_reason`` (stop, length,
+        ...). A pooling request (embeddings, scores, compression) counts one per input with reason ``stop``: vLLM
+        runs each input as its own engine request and finishes it stopped, so the two servers' counts compare."""
+        self.request_success.labels(model, finished_reason).inc(count)
 
     def record_malformed_tool_calls(self, model: str, count: int) -> None:
         if count:

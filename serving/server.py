@@ -195,6 +195,7 @@ def handle_embeddings(engine: EmbeddedEngine, request: EmbeddingRequest,
     result = _run(engine.embed, request.model, texts)
     if metrics is not None:  # encoder passes count as prompt tokens, as vLLM counts its pooling requests
         metrics.record_tokens(request.model, result.prompt_tokens, 0)
+        metrics.record_success(request.model, "stop", count=len(texts))
     return {
         "object": "list", "model": request.model,
         "data": [{"object": "embedding", "index": i, "embedding": _encode_vector(vector, request)}
@@ -220,6 +221,7 @@ def handle_compress(engine: EmbeddedEngine, request: CompressRequest,
     result = _run(engine.compress, request.model, request.input, request.embeddings)
     if metrics is not None:
         metrics.record_tokens(request.model, result.prompt_tokens, 0)
+        metrics.record_success(request.model, "stop", count=len(result.embeddings))
     return {
         "object": "list", "model": request.model,
         "data": [{"object": "compressed_embedding", "index": i, "embedding": vector.tolist()}
@@ -236,6 +238,11 @@ def handle_scoring(engine: EmbeddedEngine, request: ScoreRequest | RerankRequest
     response = _run(handler, model, request)
     if metrics is not None:
         metrics.record_tokens(request.model, response["usage"]["total_tokens"], 0)
+        if isinstance(request, RerankRequest):  # every document is scored, whatever top_n returns
+            pairs = 1 if isinstance(request.documents, str) else len(request.documents)
+        else:
+            pairs = len(response["data"])
+        metrics.record_success(request.model, "stop", count=pairs)
     return response
 
 

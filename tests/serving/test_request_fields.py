@@ -14,6 +14,7 @@ import pytest
 import torch
 from openai.types import completion_create_params, embedding_create_params
 from openai.types.chat import completion_create_params as chat_create_params
+from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
 from overstory.serving.batching import RowPenalties, Sampling
@@ -185,9 +186,18 @@ def test_logit_bias_forces_a_token_and_top_k_1_is_greedy(http: httpx.Client, eng
         assert top1["choices"][0]["text"] == greedy
 
 
+def _embedder_successes(http: httpx.Client) -> float:
+    """The server's ``request_success_total`` for the embedder (finished reason stop), from its /metrics page."""
+    families = text_string_to_metric_families(http.get("/metrics").text)
+    return sum(sample.value for family in families for sample in family.samples
+               if sample.name == "overstory:request_success_total"
+               and sample.labels == {"model_name": "embedder", "finished_reason": "stop"})
+
+
 @pytest.mark.slow
 def test_embeddings_in_base64_and_dimensions(http: httpx.Client) -> None:
     texts = ["a short text", "another one"]
+    before = _embedder_successes(http)
     floats = http.post("/v1/embeddings", json={"model": "embedder", "input": texts}).json()["data"]
     encoded = http.post("/v1/embeddings", json={"model": "embedder", "input": texts,
                                                 "encoding_format": "base64"}).json()["data"]
@@ -202,6 +212,8 @@ def test_embeddings_in_base64_and_dimensions(http: httpx.Client) -> None:
     assert same.status_code == 200 and same.json()["data"][0]["embedding"] == floats[0]["embedding"]
     cut = http.post("/v1/embeddings", json={"model": "embedder", "input": texts, "dimensions": 64})
     assert cut.status_code == 400 and cut.json()["error"]["param"] == "dimensions"
+    # one engine request per input finished, as vLLM counts pooling requests; the refused request counts none
+    assert _embedder_successes(http) - before == 2 + 2 + 1 + 2
 
 
 @pytest.mark.slow

@@ -7,6 +7,7 @@ from __future__ import annotations
 import httpx
 import numpy as np
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from sentence_transformers import CrossEncoder
 
 from overstory.serving.client import Client, ClientError
@@ -28,16 +29,26 @@ def scorer(cross_encoder_folder: str) -> tuple[str, str]:
         yield url, folder
 
 
+def _scorer_successes(url: str) -> float:
+    """The server's ``request_success_total`` for the scorer role, from its /metrics page."""
+    families = text_string_to_metric_families(httpx.get(f"{url}/metrics").text)
+    return sum(sample.value for family in families for sample in family.samples
+               if sample.name == "overstory:request_success_total" and sample.labels.get("model_name") == "scorer")
+
+
 def test_client_scores_equal_predict_in_process(scorer) -> None:
     url, folder = scorer
     expected = CrossEncoder(folder, device="cpu").predict([(QUERY, d) for d in DOCS])
     client = Client.from_url(url)
+    before = _scorer_successes(url)
     scores = client.score("scorer", QUERY, DOCS)
     np.testing.assert_allclose(scores, expected, atol=1e-5)
     ranked = client.rerank("scorer", QUERY, DOCS, top_n=2)
     assert [i for i, _ in ranked] == list(np.argsort(-expected, kind="stable")[:2])
     stats = client.stats.summary()["scorer"]
     assert stats["requests"] == 2 and stats["prompt_tokens"] > 0
+    # the server counts one finished engine request per pair scored, as vLLM does; top_n cuts no pair
+    assert _scorer_successes(url) - before == len(DOCS) * 2
 
 
 def test_vllm_shapes_over_http(scorer) -> None:
