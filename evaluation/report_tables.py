@@ -56,7 +56,7 @@ def planner_table(report: dict) -> str:
     rows.append([f"reference: always ({', '.join(majority['label'])})", _fmt(majority["accuracy"]),
                  _fmt(majority["within_one_level"]), "-", "-", "-", "-", "-", "-"])
     return grid(["variant", "accuracy vs label", "within one level", "format valid", "strict format",
-                   "median / p90 tokens", "s/plan", "QA accuracy", _fallback_header(report)], rows)
+                  "median / p90 tokens", "s/plan", "QA accuracy", _fallback_header(report)], rows)
 
 
 def _fallback_header(report: dict) -> str:
@@ -110,7 +110,7 @@ def planner_by_dataset_table(report: dict) -> str:
                          _with_ci(summary, "chunk_tokens", 0),
                          repairs_cell(summary.get("repairs")) if i < planned else "-"])
     return grid(["dataset", "variant", "n", "accuracy vs gold", "accuracy vs label", "QA", "tokens given",
-                   "tokens retrieved", "chunk tokens", _fallback_header(report)], rows)
+                  "tokens retrieved", "chunk tokens", _fallback_header(report)], rows)
 
 
 def _speedup(ratio: float | None) -> str:
@@ -134,7 +134,7 @@ def compressor_table(report: dict) -> str:
              repairs_cell(m.get("repairs"))]
             for name, m in report["methods"].items()]
     return grid(["method", "cosine to e_gt", f"recall@{k} [95% CI]", "seconds", "LLM tokens",
-                   "speed-up vs summarize", "repairs"], rows)
+                  "speed-up vs summarize", "repairs"], rows)
 
 
 def serve_bench_table(report: dict) -> str:
@@ -165,8 +165,8 @@ def teacher_engines_table(report: dict) -> str:
                      f"{s['tokens_in']} / {s['tokens_out']}", _fmt(s["teacher_tokens_per_s"], 2),
                      _fmt(row["ratios"]["summaries_tokens_per_s"], 2)])
     return grid(["engine", "answers: questions", "questions / min", f"vs {base}", "s / question (mean)",
-                   "tokens in / out per question", "token F1", "summaries: calls", "tokens in / out",
-                   "generation tokens/s", f"vs {base}"], rows)
+                  "tokens in / out per question", "token F1", "summaries: calls", "tokens in / out",
+                  "generation tokens/s", f"vs {base}"], rows)
 
 
 def train_bench_table(report: dict) -> str:
@@ -291,7 +291,7 @@ def pseudo_labels_table(summary: dict) -> str:
         rows.append([name, f"{ranged} of {summary['labels']} ({note})", common,
                      *(_rate(agreement.get(k)) for k in ("exact_range", "level_min", "level_max", "within_one"))])
     return grid(["labelling rule", "questions with a range", "most common ranges", "exact range vs gold",
-                   "level_min", "level_max", "within one level"], rows)
+                  "level_min", "level_max", "within one level"], rows)
 
 
 def lattice_table(report: dict) -> str:
