@@ -17,10 +17,10 @@ from overstory.evaluation.pipeline import (
     JudgeConfig,
     answer_question,
     judge_sanity,
-    markdown_table,
     summarise,
 )
 from overstory.evaluation.pipeline_qasper import qasper_predictions
+from overstory.evaluation.pipeline_tables import pipeline_table
 from overstory.retrieval.strategy import RequestRefused
 from overstory.serving.client import Client, ClientError
 from tests.conftest import HOTPOTQA_150, ROOT
@@ -195,7 +195,7 @@ def test_failures_repairs_and_failed_slates_reach_the_row_and_the_table() -> Non
                               "tool_failures.truncated_call": 1}
     assert row["slates"] == {"slates": 5, "failed": 3}
     assert row["usage_total"]["generator"]["prompt_tokens"] == 300 and row["generator_tokens"] == 100.0
-    table = markdown_table({"recall_k": 5, "strategies": {"lattice": {**row, "costs_add_up": None}}})
+    table = pipeline_table({"recall_k": 5, "strategies": {"lattice": {**row, "costs_add_up": None}}})
     assert ("| 1/3 (request_failed 1) | failed_slates 3, missing 2, all_slates_failed 1, "
             "tool_failures.truncated_call 1 | 3/5 | - |") in table
     assert "| failed | repairs | failed slates | costs add up |" in table
@@ -272,9 +272,9 @@ def test_a_judge_that_refuses_the_reference_itself_is_flagged() -> None:
     assert "Reference answer: Person 0\nProposed answer: Person 0" in backend.prompts[0]
     row = {"n_questions": 7, "answered": 7, "llm_calls": 1, "llm_input_tokens": 1, "llm_output_tokens": 1,
            "generator_tokens": 1, "seconds": 1.0, "judge": 0.0, "costs_add_up": None}
-    table = markdown_table({"recall_k": 5, "strategies": {"naive": row}, "judge_sanity": sanity})
+    table = pipeline_table({"recall_k": 5, "strategies": {"naive": row}, "judge_sanity": sanity})
     assert "accepted the reference answer itself for 0 of 5 questions" in table
-    assert "accepted" not in markdown_table({"recall_k": 5, "strategies": {"naive": row},
+    assert "accepted" not in pipeline_table({"recall_k": 5, "strategies": {"naive": row},
                                              "judge_sanity": {**sanity, "reference_accepted": 5}})
 
 
