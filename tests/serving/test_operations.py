@@ -26,6 +26,7 @@ from overstory.serving.operations import (
     install_metrics,
     warn_if_exposed,
 )
+from tests.serving.metrics_page import parse, value
 
 KEY = "sk-test-0123456789"
 CHUNKS = 3
@@ -85,12 +86,7 @@ def scrape(client: TestClient, **headers: str) -> dict[tuple[str, tuple], float]
     """``/metrics`` parsed: (sample name, sorted labels) -> value."""
     response = client.get("/metrics", headers=headers)
     assert response.status_code == 200
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(response.text) for s in family.samples}
-
-
-def value(samples: dict[tuple[str, tuple], float], name: str, **labels: str) -> float | None:
-    return samples.get((name, tuple(sorted(labels.items()))))
+    return parse(response.text)
 
 
 def test_metrics_endpoint_speaks_the_exposition_format() -> None:

@@ -14,13 +14,13 @@ import pytest
 import torch
 from openai.types import completion_create_params, embedding_create_params
 from openai.types.chat import completion_create_params as chat_create_params
-from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
 from overstory.serving.batching import RowPenalties, Sampling
 from overstory.serving.client import ClientError
 from overstory.serving.in_process import in_process_client
 from overstory.serving.protocol import ChatRequest, CompletionRequest, EmbeddingRequest, validation_message
+from tests.serving.metrics_page import parse, value
 
 # vLLM 0.32.0's request fields (ChatCompletionRequest, CompletionRequest, EmbeddingCompletionRequest and
 # EmbeddingChatRequest's model_fields), listed here because vLLM is not importable in the main environment.
@@ -188,10 +188,8 @@ def test_logit_bias_forces_a_token_and_top_k_1_is_greedy(http: httpx.Client, eng
 
 def _embedder_successes(http: httpx.Client) -> float:
     """The server's ``request_success_total`` for the embedder (finished reason stop), from its /metrics page."""
-    families = text_string_to_metric_families(http.get("/metrics").text)
-    return sum(sample.value for family in families for sample in family.samples
-               if sample.name == "overstory:request_success_total"
-               and sample.labels == {"model_name": "embedder", "finished_reason": "stop"})
+    return value(parse(http.get("/metrics").text), "overstory:request_success_total", model_name="embedder",
+                 finished_reason="stop") or 0.0
 
 
 @pytest.mark.slow

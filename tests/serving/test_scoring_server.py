@@ -7,12 +7,12 @@ from __future__ import annotations
 import httpx
 import numpy as np
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from sentence_transformers import CrossEncoder
 
 from overstory.serving.client import Client, ClientError
 from overstory.serving.config import RoleConfig, ServeConfig
 from overstory.serving.launch import serve_in_background
+from tests.serving.metrics_page import parse, value
 
 pytestmark = pytest.mark.slow
 
@@ -30,10 +30,9 @@ def scorer(cross_encoder_folder: str) -> tuple[str, str]:
 
 
 def _scorer_successes(url: str) -> float:
-    """The server's ``request_success_total`` for the scorer role, from its /metrics page."""
-    families = text_string_to_metric_families(httpx.get(f"{url}/metrics").text)
-    return sum(sample.value for family in families for sample in family.samples
-               if sample.name == "overstory:request_success_total" and sample.labels.get("model_name") == "scorer")
+    """The server's ``request_success_total`` for the scorer role (finished reason stop), from its /metrics page."""
+    return value(parse(httpx.get(f"{url}/metrics").text), "overstory:request_success_total", model_name="scorer",
+                 finished_reason="stop") or 0.0
 
 
 def test_client_scores_equal_predict_in_process(scorer) -> None:
