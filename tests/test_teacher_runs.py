@@ -190,6 +190,23 @@ def test_an_eval_job_over_another_strategy_set_keeps_its_own_record(monkeypatch:
     assert full.out == narrowed.out
 
 
+def test_eval_concurrency_reaches_the_eval_jobs_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """EVAL_CONCURRENCY sets how many questions an eval job answers at once; other jobs' commands ignore it."""
+    lines = {}
+    for job in ("eval-qasper_dev", "eval-hotpotqa", "traces-hotpotqa"):
+        done = sourced(f"job_command {job}", TEACHER_RUNS="runs/teacher-check", EVAL_CONCURRENCY="8")
+        assert done.returncode == 0, done.stderr
+        lines[job] = done.stdout.strip()
+    assert "concurrency=" not in lines["traces-hotpotqa"]
+    loaded = []
+    monkeypatch.setattr(cli, "run_job", lambda g, n, config_path, overrides: loaded.append(
+        load_config(job_config_class(g, n), ROOT / config_path, overrides)))
+    monkeypatch.chdir(ROOT)
+    for job in ("eval-qasper_dev", "eval-hotpotqa"):
+        assert cli.main(shlex.split(lines[job])) == 0, lines[job]
+    assert [config.concurrency for config in loaded] == [8, 8]
+
+
 def test_an_unknown_job_stops_the_script_before_it_starts_a_stack(tmp_path: Path) -> None:
     done = subprocess.run(["bash", str(SCRIPT)], cwd=ROOT, text=True, capture_output=True,
                           env={**os.environ, "TEACHER_RUNS": str(tmp_path / "runs"),
