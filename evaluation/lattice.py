@@ -266,7 +266,11 @@ def _questions(config: LatticeEvalConfig):
     gold = gold_leaves(questions, leaves)
     chosen = [q for q in questions if q.id in gold]
     if config.heldout_from:
-        held = set(json.loads((Path(config.heldout_from) / "heldout_queries.json").read_text()))
+        held_file = Path(config.heldout_from) / "heldout_queries.json"
+        if not held_file.exists():
+            raise ConfigError(f"heldout_from: {config.heldout_from} has no heldout_queries.json (distill-scorer writes "
+                              "it into its out folder): name the folder of a student trained on these traces")
+        held = set(json.loads(held_file.read_text()))
         chosen = [q for q in chosen if q.id in held]
     if config.limit:
         chosen = chosen[: config.limit]

@@ -60,9 +60,11 @@ if [[ $DRY == 0 ]]; then
 fi
 ONLY=${LATTICE_STUDENTS:-}
 ROWS=oracle,teacher
+TRAINED=()
 for student in "${STUDENTS[@]}"; do
   IFS='|' read -r name config overrides <<< "$student"
   [[ -z $ONLY || " $ONLY " == *" $name "* ]] || continue
+  TRAINED+=("$name")
   ROWS+=,$([[ $name == llm ]] && echo llm_student || echo "$name")
   if [[ $DRY == 0 && -f $D/$name/final/overstory.json ]]; then
     say "$name: finished before ($D/$name/final; delete $D/$name to train it again)"
@@ -72,7 +74,9 @@ for student in "${STUDENTS[@]}"; do
   run train distill-scorer --config "$config" out="$D/$name" $overrides
 done
 COMPARE=()
-[[ -z $ONLY ]] || COMPARE=(--compare "$ROWS,bm25,dense,hybrid,lattice++")
+# some students only: compare those, and take the held-out questions from one of them (the evals' configs read them
+# from ce_pointwise's folder, which such a run may not have trained; every student holds out the same questions)
+[[ -z $ONLY ]] || COMPARE=(--compare "$ROWS,bm25,dense,hybrid,lattice++" heldout_from="$D/${TRAINED[0]}")
 for ds in hotpotqa qasper_train; do
   run eval lattice --config "configs/eval/lattice-$ds-teacher.yaml" "${COMPARE[@]}"
 done

@@ -208,12 +208,15 @@ def test_the_table_shows_failed_slates_and_repairs_beside_the_figures() -> None:
 def test_students_that_would_mislead_are_refused_by_name(lattice_tree: Path, ce_student: Path, tmp_path: Path,
                                                         capsys) -> None:
     """Before any stack starts: a student row searched on questions it trained on (no heldout_from: every question),
-    and a cross-encoder folder whose saved activation the server does not serve."""
+    a held-out split from a folder that has none, and a cross-encoder folder whose saved activation the server does
+    not serve."""
     args = ["eval", "lattice", "--config", str(ROOT / "configs/eval/lattice.yaml"), *HOTPOTQA_150, f"out={tmp_path}",
             "tracking.backend=none", f"tree={lattice_tree}", "agreement_traces=", "--compare", "ce_pointwise"]
     assert main([*args, "heldout_from=", f"systems.ce_pointwise.model={ce_student / 'final'}"]) == 2
     assert re.search(r"systems.ce_pointwise.model: .* was trained on \d+ of the \d+ questions searched",
                      capsys.readouterr().err)
+    assert main([*args, f"heldout_from={tmp_path}", f"systems.ce_pointwise.model={ce_student / 'final'}"]) == 2
+    assert f"heldout_from: {tmp_path} has no heldout_queries.json" in capsys.readouterr().err
     tanh = _resaved(ce_student, tmp_path / "tanh", torch.nn.Tanh())
     assert main([*args, f"heldout_from={ce_student}", f"systems.ce_pointwise.model={tanh}"]) == 2
     assert "systems.ce_pointwise.model: " in (err := capsys.readouterr().err) and "activation Tanh is not served" in err

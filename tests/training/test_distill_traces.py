@@ -126,3 +126,4 @@ def test_the_students_script_trains_what_the_evals_read(monkeypatch: pytest.Monk
         assert set(compared) <= set(config.systems)
         assert {config.systems[name].model for name in compared if config.systems[name].model} == {
             f"{s.out}/final" for s in students}
+        assert config.heldout_from == students[0].out  # ce_pointwise, the configs' own, is not trained here
