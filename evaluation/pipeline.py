@@ -63,7 +63,7 @@ from overstory.data_pipeline.hierarchy import HierarchyConfig, build_hierarchies
 from overstory.data_pipeline.orion_index import tag_and_index
 from overstory.evaluation.pipeline_judge import JudgeConfig, judge_agreement, judge_answers, judge_sanity
 from overstory.evaluation.pipeline_qasper import QasperConfig, qasper_outputs
-from overstory.evaluation.pipeline_records import StrategyRecords, combined_cost_check
+from overstory.evaluation.pipeline_records import StrategyRecords, combined_cost_check, served_summary
 from overstory.evaluation.pipeline_tables import QUALITY, pipeline_table
 from overstory.evaluation.plots import plot_quality_vs_cost
 from overstory.evaluation.qasper_metrics import gold_references, official_papers
@@ -92,7 +92,7 @@ from overstory.retrieval.smartchunk import SmartChunkConfig
 from overstory.retrieval.strategy import RequestRefused, Strategy, StrategyAnswer
 from overstory.serving.client import Client
 from overstory.serving.config import ServeConfig
-from overstory.serving.job_client import client_for
+from overstory.serving.job_client import client_for, served_models
 from overstory.serving.stack_metrics import role_groups
 
 # Questions the harness could not get answered: the requests failed after the client's retries, or the strategy
@@ -299,7 +299,7 @@ def summarise(records: Sequence[dict], recall_k: int) -> dict:
     agreement = judge_agreement(records)
     if agreement is not None:
         row["judge_vs_contains"] = agreement
-    return row
+    return {**row, **served_summary(records)}
 
 
 def costs_add_up(totals: dict[str, dict[str, int]], before: dict | None, after: dict | None) -> dict | None:
@@ -323,15 +323,17 @@ def costs_add_up(totals: dict[str, dict[str, int]], before: dict | None, after: 
 
 
 def run_strategy(name: str, strategy: Strategy, questions: Sequence[QAExample], client: Client,
-                 config: PipelineEvalConfig, progress: Progress, records: StrategyRecords,
+                 config: PipelineEvalConfig, progress: Progress, records: StrategyRecords, served: dict[str, str],
                  already_done: int = 0) -> tuple[list[dict], dict | None]:
-    """Answer ``questions``, appending each record as it finishes; the records and the cost check of this run."""
+    """Answer ``questions``, appending each record as it finishes, with the models that served its calls (``served``:
+    role -> model); the records and the cost check of this run."""
     task = progress.add_task(f"{name}: questions", total=already_done + len(questions), completed=already_done)
     before = client.server_token_totals()
 
     def one(question: QAExample) -> dict:
         record = answer_question(strategy, question, client, config.recall_k,
                                  question_scope(question, config.scope_mode))
+        record["served_by"] = {role: served[role] for role in record["usage"] if role in served}
         records.append(record)
         progress.advance(task)
         return record
@@ -363,14 +365,16 @@ def strategy_settings(name: str, config: PipelineEvalConfig, checkpoints: dict) 
 
 def evaluate_strategy(name: str, config: PipelineEvalConfig, corpus: tuple[Sequence[Document], Sequence[Chunk]],
                       questions: Sequence[QAExample], client: Client, progress: Progress,
-                      checkpoints: dict) -> tuple[dict, list[dict]]:
-    """One strategy's row and records: the questions answered before (same settings) are kept, the rest are
-    answered now by a strategy built over the corpus (its index cost recorded with the run)."""
+                      checkpoints: dict, served: dict[str, str]) -> tuple[dict, list[dict]]:
+    """One strategy's row and records: the questions answered before (same settings, same served models) are kept,
+    the rest are answered now by a strategy built over the corpus (its index cost recorded with the run)."""
     records = StrategyRecords(Path(config.out) / "predictions", name)
     records.start(strategy_settings(name, config, checkpoints), config.resume)
     ids = [q.id for q in questions]
     done = records.done(ids, retry=RUN_FAILURES)
     todo = [q for q in questions if q.id not in done]
+    if todo:
+        records.check_served(done, served)
     if done:
         print(f"{name}: resuming, {len(done)} of {len(questions)} questions already answered in {records.path} "
               f"(questions the harness failed to answer are asked again)")
@@ -379,7 +383,7 @@ def evaluate_strategy(name: str, config: PipelineEvalConfig, corpus: tuple[Seque
         started = time.perf_counter()
         strategy = build_strategy(name, config, *corpus, index_client)
         index = {"seconds": round(time.perf_counter() - started, 2), "usage": index_client.stats.summary()}
-        answered, check = run_strategy(name, strategy, todo, client, config, progress, records, len(done))
+        answered, check = run_strategy(name, strategy, todo, client, config, progress, records, served, len(done))
         records.log_run({"question_ids": [r["id"] for r in answered], "index": index, "costs_add_up": check,
                          "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
         done.update({r["id"]: r for r in answered})
@@ -425,11 +429,12 @@ def run(config: PipelineEvalConfig) -> dict:
         client = stack.enter_context(client_for(replace(config.serve, port=0), config.server_url,
                                                 timeout_s=config.request_timeout_s))
         report["checkpoints"] = _recorded_checkpoints(config, client)
+        report["served"] = served_models(client)  # role -> the model its server says serves it (the judge's too)
         if config.judge.enabled:
             report["judge_sanity"] = judge_sanity(questions, client, config.judge)
         for name in config.names:
             row, records = evaluate_strategy(name, config, (documents, chunks), questions, client, progress,
-                                             report["checkpoints"])
+                                             report["checkpoints"], report["served"])
             report["strategies"][name] = row
             if gold is not None:
                 row["qasper"] = qasper_outputs(name, records, documents, gold, Path(config.out), config.qasper)

@@ -13,8 +13,11 @@ the last run's ``metrics.json`` covers the strategies it names.
                                                 servers' counters
 
 Resuming with other settings is refused with the keys that differ, rather than a table that mixes two
-configurations. Against a running server (``server_url``) only the served names can be checked, not the weights
-behind them: keep one ``out`` folder per checkpoint.
+configurations. Each record also names the models that served its calls (``served_by``: role -> model, as the
+servers' ``/v1/models`` says), and a resumed run whose server serves a role with another model than the kept
+answers' is refused too: behind a running server (``server_url``) the settings see only the roles' names, so this
+is what keeps a stack with another scorer (a distilled cross-encoder in place of the LLM) from adding its answers
+to the LLM's.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import threading
 from collections.abc import Collection
 from pathlib import Path
 
-from overstory.core.config import record_settings
+from overstory.core.config import ConfigError, record_settings
 from overstory.core.records import JsonlAppender, read_jsonl, write_jsonl
 
 
@@ -57,6 +60,16 @@ class StrategyRecords:
         wanted = set(question_ids)
         latest = {r["id"]: r for r in read_jsonl(self.path) if r["id"] in wanted}
         return {question: r for question, r in latest.items() if r["failure"] not in retry}
+
+    def check_served(self, kept: dict[str, dict], served: dict[str, str]) -> None:
+        """Refuse to add to ``kept`` (the answers resumed) with a server that serves one of their roles with
+        another model: the row would mix two models' answers under one name."""
+        for record in kept.values():
+            for role, model in record.get("served_by", {}).items():
+                if served.get(role, model) != model:
+                    raise ConfigError(f"the server serves role {role} with {served[role]}, but the answers kept in "
+                                      f"{self.path} were served by {model} (e.g. question {record['id']}): choose "
+                                      "another out= or set resume=false")
 
     def append(self, record: dict) -> None:
         """Add one answered question (thread-safe: the harness answers questions concurrently)."""
@@ -103,3 +116,19 @@ def combined_cost_check(runs: list[dict], question_ids: Collection[str]) -> dict
     return {"match": all(run["costs_add_up"]["match"] for run in checked),
             "questions_checked": len(wanted & {q for run in checked for q in run["question_ids"]}),
             "questions": len(wanted), "runs": len(runs)}
+
+
+def served_summary(records: list[dict]) -> dict:
+    """Which models served these answers, by role (sorted; two models under one role would show a mixed row), and how
+    many answers were recorded before records named their models.
+
+    >>> served_summary([{"served_by": {"scorer": "ce", "generator": "qwen"}}, {"served_by": {"generator": "qwen"}},
+    ...                 {}])
+    {'served_by': {'generator': ['qwen'], 'scorer': ['ce']}, 'served_unrecorded': 1}
+    """
+    models: dict[str, set[str]] = {}
+    for record in records:
+        for role, model in record.get("served_by", {}).items():
+            models.setdefault(role, set()).add(model)
+    return {"served_by": {role: sorted(models[role]) for role in sorted(models)},
+            "served_unrecorded": sum(1 for record in records if "served_by" not in record)}

@@ -45,11 +45,38 @@ def harness_table(report: dict) -> str:
                   if (a := row.get("judge_vs_contains"))]
     if agreements:
         lines.append("\njudge against contain-match, questions where they agree: " + "; ".join(agreements))
+    served = served_line(report["strategies"])
+    if served:
+        lines.append(f"\n{served}")
     sanity = report.get("judge_sanity")
     if sanity and sanity["reference_accepted"] < sanity["asked"]:
         lines.append(f"\njudge: it accepted the reference answer itself for {sanity['reference_accepted']} of "
                      f"{sanity['asked']} questions, so its column measures the judge more than the answers")
     return "\n".join(lines) + "\n"
+
+
+def served_line(strategies: dict[str, dict]) -> str:
+    """Which models served each strategy's answers (one clause for all when they agree), and the answers recorded
+    before records named their models; empty for rows without the record (metrics written before it).
+
+    >>> served_line({"naive": {"served_by": {"generator": ["qwen"]}, "served_unrecorded": 0},
+    ...              "lattice": {"served_by": {"generator": ["qwen"], "scorer": ["ce", "qwen"]},
+    ...                          "served_unrecorded": 2}})
+    'served by: naive: generator qwen; lattice: generator qwen, scorer ce and qwen (2 answers recorded before their \
+models were)'
+    """
+    def clause(row: dict) -> str:
+        models = ", ".join(f"{role} {' and '.join(names)}" for role, names in row["served_by"].items())
+        unrecorded = row["served_unrecorded"]
+        before = f"{unrecorded} answers recorded before their models were" if unrecorded else ""
+        return f"{models} ({before})" if models and before else models or before
+
+    clauses = {name: clause(row) for name, row in strategies.items() if "served_by" in row}
+    if not clauses:
+        return ""
+    if len(clauses) > 1 and len(set(clauses.values())) == 1:
+        return f"served by, every strategy: {next(iter(clauses.values()))}"
+    return "served by: " + "; ".join(f"{name}: {text}" for name, text in clauses.items())
 
 
 def _failed_cell(row: dict) -> str:

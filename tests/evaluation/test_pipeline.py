@@ -21,6 +21,7 @@ from overstory.evaluation.pipeline import (
 )
 from overstory.evaluation.pipeline_qasper import qasper_predictions
 from overstory.evaluation.pipeline_tables import pipeline_table
+from overstory.models.registry import MINILM, SMOLLM2
 from overstory.retrieval.strategy import RequestRefused
 from overstory.serving.client import Client, ClientError
 from tests.conftest import HOTPOTQA_150, ROOT
@@ -158,6 +159,17 @@ def test_qasper_prediction_format_and_a_rerun_answers_only_new_questions(tmp_pat
         assert main(["eval", "pipeline", "--config", CONFIG, f"out={tmp_path}", "tracking.backend=none", *qasper,
                      "limit_questions=2", changed]) == 2
         assert f"{key} differ" in capsys.readouterr().err
+    # each answer names the models that served its calls, and the table says so; answers kept from another model
+    # (here: a record edited to name one) are not added to
+    assert all(r["served_by"] == {"generator": SMOLLM2, "embedder": MINILM} for r in records), records[0]["served_by"]
+    assert row["served_by"] == {"embedder": [MINILM], "generator": [SMOLLM2]} and row["served_unrecorded"] == 0
+    assert f"served by: naive: embedder {MINILM}, generator {SMOLLM2}" in (tmp_path / "table.md").read_text()
+    path = tmp_path / "predictions" / "naive.jsonl"
+    path.write_text(path.read_text().replace(f'"generator": "{SMOLLM2}"', '"generator": "another-model"', 1))
+    assert main(["eval", "pipeline", "--config", CONFIG, f"out={tmp_path}", "tracking.backend=none", *qasper,
+                 "limit_questions=3"]) == 2
+    assert f"the server serves role generator with {SMOLLM2}, but the answers kept in {path} were served by " \
+           "another-model" in capsys.readouterr().err
 
 
 def test_open_corpus_qasper_searches_every_paper_and_says_so(tmp_path: Path) -> None:
