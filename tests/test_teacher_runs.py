@@ -190,6 +190,32 @@ def test_an_eval_job_over_another_strategy_set_keeps_its_own_record(monkeypatch:
     assert full.out == narrowed.out
 
 
+def test_a_distilled_cross_encoder_scores_lattice_in_an_eval_job_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """LATTICE_SCORER: the stack serves the cross-encoder as its scorer (embedded, beside the teacher on vLLM), the
+    eval job searches LATTICE's tree with it into an out and a job record of its own, the teacher judging; a job
+    that asks the scorer role for the teacher is refused."""
+    env = {"TEACHER_RUNS": "runs/teacher-check", "TEACHER_ENGINE": "vllm", "TEACHER_JOBS": "eval-qasper_dev",
+           "LATTICE_SCORER": "runs/teacher-check/distill/ce_listwise/final"}
+    lines = command_lines(**env)
+    loaded = []
+    monkeypatch.setattr(cli, "run_job", lambda g, n, config_path, overrides: loaded.append(
+        load_config(job_config_class(g, n), ROOT / config_path, overrides)))
+    monkeypatch.chdir(ROOT)
+    for line in lines:
+        assert cli.main(shlex.split(line)) == 0, line
+    evaluation, stack = loaded
+    assert (evaluation.strategies, evaluation.lattice.scorer, evaluation.judge.role) == (
+        "lattice", "cross_encoder", "generator")
+    assert evaluation.out == "runs/teacher-check/eval/pipeline-qasper_dev-lattice_ce_listwise"
+    scorer = stack.roles["scorer"]
+    assert (scorer.model, scorer.kind, scorer.port) == (env["LATTICE_SCORER"], "cross-encoder", 0)
+    assert stack.roles["generator"].model == "builtin:qwen2.5-coder-1.5b-instruct" and stack.engine == "vllm"
+    named = sourced("record_name eval-qasper_dev", **env)
+    assert named.stdout.strip() == "eval-qasper_dev.lattice.ce_listwise", named.stderr
+    refused = sourced("job_command traces-hotpotqa", **env)
+    assert refused.returncode == 2 and "LATTICE_SCORER is for eval jobs only" in refused.stderr
+
+
 def test_eval_concurrency_reaches_the_eval_jobs_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """EVAL_CONCURRENCY sets how many questions an eval job answers at once; other jobs' commands ignore it."""
     lines = {}
