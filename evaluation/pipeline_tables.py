@@ -64,6 +64,8 @@ def served_line(strategies: dict[str, dict]) -> str:
     ...                          "served_unrecorded": 2}})
     'served by: naive: generator qwen; lattice: generator qwen, scorer ce and qwen (2 answers recorded before their \
 models were)'
+    >>> served_line({"bm25_floor": {"served_by": {}, "served_unrecorded": 0}})
+    ''
     """
     def clause(row: dict) -> str:
         models = ", ".join(f"{role} {' and '.join(names)}" for role, names in row["served_by"].items())
@@ -71,7 +73,8 @@ models were)'
         before = f"{unrecorded} answers recorded before their models were" if unrecorded else ""
         return f"{models} ({before})" if models and before else models or before
 
-    clauses = {name: clause(row) for name, row in strategies.items() if "served_by" in row}
+    # a strategy without model calls (bm25_floor) has nothing to name
+    clauses = {name: text for name, row in strategies.items() if "served_by" in row and (text := clause(row))}
     if not clauses:
         return ""
     if len(clauses) > 1 and len(set(clauses.values())) == 1:
