@@ -62,16 +62,18 @@ def served_line(strategies: dict[str, dict]) -> str:
     >>> served_line({"naive": {"served_by": {"generator": ["qwen"]}, "served_unrecorded": 0},
     ...              "lattice": {"served_by": {"generator": ["qwen"], "scorer": ["ce", "qwen"]},
     ...                          "served_unrecorded": 2}})
-    'served by: naive: generator qwen; lattice: generator qwen, scorer ce and qwen (2 answers recorded before their \
-models were)'
+    'served by: naive: generator qwen; lattice: generator qwen, scorer ce and qwen (2 answers recorded before answers \
+named their models)'
     >>> served_line({"bm25_floor": {"served_by": {}, "served_unrecorded": 0}})
     ''
     """
     def clause(row: dict) -> str:
         models = ", ".join(f"{role} {' and '.join(names)}" for role, names in row["served_by"].items())
         unrecorded = row["served_unrecorded"]
-        before = f"{unrecorded} answers recorded before their models were" if unrecorded else ""
-        return f"{models} ({before})" if models and before else models or before
+        if not unrecorded:
+            return models
+        before = f"{unrecorded} answers recorded before answers named their models"
+        return f"{models} ({before})" if models else f"not recorded ({before})"
 
     # a strategy without model calls (bm25_floor) has nothing to name
     clauses = {name: text for name, row in strategies.items() if "served_by" in row and (text := clause(row))}

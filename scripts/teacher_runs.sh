@@ -199,13 +199,14 @@ PY
 }
 
 # record JOB STATUS WALL BEFORE AFTER: append this invocation to <job>.invocations.jsonl; when STATUS is 0, write
-# <job>.json, the job's sums over its invocations (the chat roles' models; the embedder's counts and the completion
-# requests that got an error status shown apart).
+# <job>.json, the job's sums over its invocations (the chat roles' models; the embedder's counts, a cross-encoder
+# scorer's (LATTICE_SCORER: one call per candidate, no generated token) and the completion requests that got an error
+# status shown apart).
 record() {
-  "$PYTHON" - "$DIR/jobs" "$@" "$ENGINE" "$THREADS" "$MODEL" <<'PY'
+  "$PYTHON" - "$DIR/jobs" "$@" "$ENGINE" "$THREADS" "$MODEL" "$SCORER" <<'PY'
 import json, sys, time
 from pathlib import Path
-jobs, job, status, wall, before, after, engine, threads, model = sys.argv[1:]
+jobs, job, status, wall, before, after, engine, threads, model, cross_encoder = sys.argv[1:]
 before, after = json.loads(before), json.loads(after)
 zero = {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0}
 missing = before.get("unavailable") or after.get("unavailable")  # the stack did not answer: no counts to take
@@ -223,16 +224,18 @@ if status != "0":
 runs = [json.loads(line) for line in (Path(jobs) / f"{job}.invocations.jsonl").read_text().splitlines()]
 wall_s = sum(run["wall_s"] for run in runs)
 counted_s = sum(run["wall_s"] for run in runs if "counters_unavailable" not in run)  # the tokens/s denominator
-apart = ("embedder", "failed_requests")
+apart = ("embedder", "failed_requests", *(("scorer",) if cross_encoder else ()))
 chat = {k: sum(row[k] for run in runs for name, row in run["by_served_model"].items() if name not in apart)
         for k in zero}
 embedder = {k: sum(run["by_served_model"].get("embedder", zero)[k] for run in runs) for k in zero}
+scorer = {k: sum(run["by_served_model"].get("scorer", zero)[k] for run in runs) for k in zero}
 failed = sum(run["by_served_model"].get("failed_requests", zero)["calls"] for run in runs)
 summary = {"job": job, "finished": True, "invocations": len(runs), "wall_s": round(wall_s, 1),
            "llm_calls": chat["calls"], "failed_llm_calls": failed,
            "tokens_in": chat["prompt_tokens"], "tokens_out": chat["completion_tokens"],
            "teacher_tokens_per_s": round(chat["completion_tokens"] / counted_s, 2) if counted_s else 0.0,
-           "embedder": embedder, "engines": sorted({run["engine"] for run in runs}),
+           "embedder": embedder, **({"cross_encoder": {"model": cross_encoder, **scorer}} if cross_encoder else {}),
+           "engines": sorted({run["engine"] for run in runs}),
            "threads": sorted({run["threads"] for run in runs}), "models": sorted({run["model"] for run in runs}),
            "failed_invocations": sum(run["exit"] != 0 for run in runs),
            # invocations whose calls and tokens went uncounted (the stack was gone): the sums above leave them out

@@ -145,6 +145,21 @@ def test_a_jobs_record_sums_its_invocations(tmp_path: Path) -> None:
     assert summary["engines"] == ["embedded"] and summary["threads"] == [2]
 
 
+def test_a_cross_encoder_scorers_calls_are_not_counted_as_the_teachers(tmp_path: Path) -> None:
+    """With LATTICE_SCORER the scorer's counters are a cross-encoder's (one call per candidate, nothing generated):
+    the record shows them apart, and the LLM calls, tokens and tokens/s are the teacher's alone."""
+    env = {"TEACHER_RUNS": str(tmp_path), "LATTICE_SCORER": "runs/teacher/distill/ce_listwise/final"}
+    (tmp_path / "jobs").mkdir()
+    after = json.dumps({"generator": {"calls": 65, "prompt_tokens": 20000, "completion_tokens": 230},
+                        "scorer": {"calls": 1700, "prompt_tokens": 210000, "completion_tokens": 0}})
+    done = sourced(f"record eval-qasper_dev.lattice.ce_listwise 0 100.0 '{{}}' '{after}'", **env)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((tmp_path / "jobs" / "eval-qasper_dev.lattice.ce_listwise.json").read_text())
+    assert (summary["llm_calls"], summary["tokens_in"], summary["teacher_tokens_per_s"]) == (65, 20000, 2.3)
+    assert summary["cross_encoder"] == {"model": env["LATTICE_SCORER"], "calls": 1700, "prompt_tokens": 210000,
+                                        "completion_tokens": 0}
+
+
 def test_planner_eval_of_another_planner_set_keeps_its_own_record(tmp_path: Path) -> None:
     """planner-eval run with base alone (the fixed ranges before any planner is trained) records under its own
     name, so its finished record does not make a later run of the full comparison skip the job."""
