@@ -44,17 +44,24 @@ def command_lines(**env: str) -> list[str]:
     return done.stdout.splitlines()
 
 
-@pytest.mark.parametrize("env", [{}, {"TEACHER_SMOKE": "1", "TEACHER_MODEL": "builtin:smollm2-135m-instruct"},
-                                 {"TEACHER_ENGINE": "vllm"}], ids=["full", "smoke", "vllm"])
-def test_every_command_line_loads_its_config(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
-    lines = command_lines(TEACHER_RUNS="runs/teacher-check", **env)
-    assert len(lines) == 25  # the 24 jobs and the stack
+def loaded_configs(lines: list[str], monkeypatch: pytest.MonkeyPatch) -> list:
+    """Each command line run through the CLI as the script runs it, its job replaced by loading its config (nothing
+    runs): the configs, in order."""
     loaded = []
     monkeypatch.setattr(cli, "run_job", lambda g, n, config_path, overrides: loaded.append(
         load_config(job_config_class(g, n), ROOT / config_path, overrides)))
     monkeypatch.chdir(ROOT)
     for line in lines:
         assert cli.main(shlex.split(line)) == 0, line
+    return loaded
+
+
+@pytest.mark.parametrize("env", [{}, {"TEACHER_SMOKE": "1", "TEACHER_MODEL": "builtin:smollm2-135m-instruct"},
+                                 {"TEACHER_ENGINE": "vllm"}], ids=["full", "smoke", "vllm"])
+def test_every_command_line_loads_its_config(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    lines = command_lines(TEACHER_RUNS="runs/teacher-check", **env)
+    assert len(lines) == 25  # the 24 jobs and the stack
+    loaded = loaded_configs(lines, monkeypatch)
     assert len(loaded) == 25 and all("teacher-check" in str(config.out) for config in loaded[:-1])
     # every job that asks an LLM calls the stack; the planner chain's steps that ask none take no server_url
     asks = [config for config in loaded[:-1] if hasattr(config, "server_url")]
@@ -194,13 +201,7 @@ def test_an_eval_job_over_another_strategy_set_keeps_its_own_record(monkeypatch:
         done = sourced("job_command eval-qasper_dev", TEACHER_RUNS="runs/teacher-check", EVAL_STRATEGIES=strategies)
         assert done.returncode == 0, done.stderr
         lines[strategies] = done.stdout.strip()
-    loaded = []
-    monkeypatch.setattr(cli, "run_job", lambda g, n, config_path, overrides: loaded.append(
-        load_config(job_config_class(g, n), ROOT / config_path, overrides)))
-    monkeypatch.chdir(ROOT)
-    for line in lines.values():
-        assert cli.main(shlex.split(line)) == 0, line
-    full, narrowed = loaded
+    full, narrowed = loaded_configs(list(lines.values()), monkeypatch)
     assert full.strategies == "naive,smartchunk,lattice,arag,fable,orion" and narrowed.strategies == "naive,fable"
     assert full.out == narrowed.out
 
@@ -212,13 +213,7 @@ def test_a_distilled_cross_encoder_scores_lattice_in_an_eval_job_of_its_own(monk
     env = {"TEACHER_RUNS": "runs/teacher-check", "TEACHER_ENGINE": "vllm", "TEACHER_JOBS": "eval-qasper_dev",
            "LATTICE_SCORER": "runs/teacher-check/distill/ce_listwise/final"}
     lines = command_lines(**env)
-    loaded = []
-    monkeypatch.setattr(cli, "run_job", lambda g, n, config_path, overrides: loaded.append(
-        load_config(job_config_class(g, n), ROOT / config_path, overrides)))
-    monkeypatch.chdir(ROOT)
-    for line in lines:
-        assert cli.main(shlex.split(line)) == 0, line
-    evaluation, stack = loaded
+    evaluation, stack = loaded_configs(lines, monkeypatch)
     assert (evaluation.strategies, evaluation.lattice.scorer, evaluation.judge.role) == (
         "lattice", "cross_encoder", "generator")
     assert evaluation.out == "runs/teacher-check/eval/pipeline-qasper_dev-lattice_ce_listwise"
@@ -239,12 +234,7 @@ def test_eval_concurrency_reaches_the_eval_jobs_only(monkeypatch: pytest.MonkeyP
         assert done.returncode == 0, done.stderr
         lines[job] = done.stdout.strip()
     assert "concurrency=" not in lines["traces-hotpotqa"]
-    loaded = []
-    monkeypatch.setattr(cli, "run_job", lambda g, n, config_path, overrides: loaded.append(
-        load_config(job_config_class(g, n), ROOT / config_path, overrides)))
-    monkeypatch.chdir(ROOT)
-    for job in ("eval-qasper_dev", "eval-hotpotqa"):
-        assert cli.main(shlex.split(lines[job])) == 0, lines[job]
+    loaded = loaded_configs([lines["eval-qasper_dev"], lines["eval-hotpotqa"]], monkeypatch)
     assert [config.concurrency for config in loaded] == [8, 8]
 
 
