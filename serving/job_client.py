@@ -44,12 +44,16 @@ def served_models(client: Client, roles: list[str] | None = None) -> dict[str, s
     A base model reads as its ``root`` (vLLM's model path, the embedded engine's model name; a built-in's cache
     folder as its ``builtin:`` name, so both engines name the same model alike); a LoRA module as
     ``<parent> + <root>`` (the base model, then the adapter's folder), so a record names what answered it even
-    when ``server_url`` points at another stack than the job's config describes.
+    when ``server_url`` points at another stack than the job's config describes. Weights served in another dtype
+    than float32 (the entry's ``dtype``, which overstory's servers list) add it in brackets,
+    ``builtin:qwen2.5-coder-1.5b-instruct (bfloat16)``: their replies differ from float32's, so a job that kept
+    float32 answers refuses to add bfloat16 ones to them. A bare vLLM server lists no dtype: its roles read without one.
     """
     served = {}
     for response in client.backend.get("/v1/models"):
         for entry in response.get("data", []):
             root, parent = entry.get("root") or entry["id"], entry.get("parent")
-            name = builtin_name_of(root)
-            served[entry["id"]] = f"{builtin_name_of(parent)} + {root}" if parent and parent != root else name
+            name = f"{builtin_name_of(parent)} + {root}" if parent and parent != root else builtin_name_of(root)
+            dtype = entry.get("dtype", "float32")
+            served[entry["id"]] = name if dtype == "float32" else f"{name} ({dtype})"
     return {role: model for role, model in served.items() if roles is None or role in roles}

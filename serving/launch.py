@@ -230,7 +230,8 @@ def vllm_stack(config: ServeConfig, retrieval: MakeRetrieval | None = None) -> I
                 stack.callback(client.close)
                 service = retrieval(client)
             app = create_app(front, service) if isinstance(front, EmbeddedEngine) else front
-            door = partial(mount_front_door, upstreams=upstreams, timeout_s=FRONT_DOOR_TIMEOUT_S, api_key=api_key)
+            door = partial(mount_front_door, upstreams=upstreams, timeout_s=FRONT_DOOR_TIMEOUT_S, api_key=api_key,
+                           dtypes={role: config.roles[role].dtype for role in upstreams})
             front_url = stack.enter_context(serve_in_background(app, port=config.port, host=config.host,
                                                                 configure_app=door))
             roles = {role: upstreams.get(role, front_url) for role in config.roles}

@@ -251,11 +251,13 @@ def handle_health(engine: EmbeddedEngine) -> dict[str, Any]:
 
 
 def handle_models(engine: EmbeddedEngine) -> dict[str, Any]:
-    """OpenAI's model list with vLLM's extras (``root``: the model behind the role, ``max_model_len``)."""
+    """OpenAI's model list with vLLM's extras (``root``: the model behind the role, ``max_model_len``) and the
+    role's ``dtype``, which vLLM does not list: a record names the weights' precision with the model."""
     created = int(time.time())
     return {"object": "list", "data": [
         {"id": role, "object": "model", "created": created, "owned_by": "overstory",
-         "root": engine.config.roles[role].model, "parent": None, "max_model_len": engine.max_model_len(role)}
+         "root": engine.config.roles[role].model, "parent": None, "max_model_len": engine.max_model_len(role),
+         "dtype": engine.config.roles[role].dtype}
         for role in engine.roles]}
 
 

@@ -57,7 +57,8 @@ def loaded_configs(lines: list[str], monkeypatch: pytest.MonkeyPatch) -> list:
 
 
 @pytest.mark.parametrize("env", [{}, {"TEACHER_SMOKE": "1", "TEACHER_MODEL": "builtin:smollm2-135m-instruct"},
-                                 {"TEACHER_ENGINE": "vllm"}], ids=["full", "smoke", "vllm"])
+                                 {"TEACHER_ENGINE": "vllm"}, {"TEACHER_ENGINE": "vllm", "TEACHER_DTYPE": "float32"}],
+                         ids=["full", "smoke", "vllm", "vllm-float32"])
 def test_every_command_line_loads_its_config(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     lines = command_lines(TEACHER_RUNS="runs/teacher-check", **env)
     assert len(lines) == 25  # the 24 jobs and the stack
@@ -83,6 +84,10 @@ def test_every_command_line_loads_its_config(env: dict[str, str], monkeypatch: p
     model = env.get("TEACHER_MODEL", "builtin:qwen2.5-coder-1.5b-instruct")
     assert {role.model for name, role in stack.roles.items() if name != "embedder"} == {model}
     assert stack.engine == env.get("TEACHER_ENGINE", "embedded")
+    # the chat roles' dtype: TEACHER_DTYPE, else bfloat16 on vLLM and float32 on the embedded engine
+    dtype = env.get("TEACHER_DTYPE", "bfloat16" if stack.engine == "vllm" else "float32")
+    assert {name: role.dtype for name, role in stack.roles.items() if name != "embedder"} == {
+        "generator": dtype, "scorer": dtype, "planner": dtype}
     if stack.engine == "vllm":
         # every job is listed, GRPO and STITCH among them: the smaller KV cache that leaves their trainer room
         assert stack.vllm_env["VLLM_CPU_KVCACHE_SPACE"] == "2" and "VLLM_CPU_OMP_THREADS_BIND" in stack.vllm_env
@@ -149,7 +154,7 @@ def test_a_jobs_record_sums_its_invocations(tmp_path: Path) -> None:
     assert summary["failed_llm_calls"] == 3
     assert "warning: traces-hotpotqa: the stack answered 3 of its completion requests with an error status" in \
         second.stderr
-    assert summary["engines"] == ["embedded"] and summary["threads"] == [2]
+    assert summary["engines"] == ["embedded"] and summary["threads"] == [2] and summary["dtypes"] == ["float32"]
 
 
 def test_a_cross_encoder_scorers_calls_are_not_counted_as_the_teachers(tmp_path: Path) -> None:

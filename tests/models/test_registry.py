@@ -65,9 +65,13 @@ def test_a_builtins_cache_folder_reads_as_its_builtin_name(tmp_path: Path) -> No
     assert registry.builtin_name_of(str(tmp_path)) == str(tmp_path)
     assert registry.builtin_name_of("Qwen/Qwen2.5-1.5B-Instruct") == "Qwen/Qwen2.5-1.5B-Instruct"
 
-    class ModelsPage:  # what a vLLM server's /v1/models answers for a built-in and a LoRA module on it
+    class ModelsPage:  # what a vLLM server's /v1/models answers for a built-in and a LoRA module on it, and what
+        # a front door adds: the dtype of the server behind a role (a bare vLLM server lists none)
         def get(self, path):
             return [{"data": [{"id": "generator", "root": folder, "parent": None},
-                              {"id": "planner", "root": str(tmp_path), "parent": folder}]}]
+                              {"id": "planner", "root": str(tmp_path), "parent": folder},
+                              {"id": "scorer", "root": folder, "parent": None, "dtype": "bfloat16"},
+                              {"id": "judge", "root": folder, "parent": None, "dtype": "float32"}]}]
 
-    assert served_models(Client(ModelsPage())) == {"generator": SMOLLM2, "planner": f"{SMOLLM2} + {tmp_path}"}
+    assert served_models(Client(ModelsPage())) == {"generator": SMOLLM2, "planner": f"{SMOLLM2} + {tmp_path}",
+                                                   "scorer": f"{SMOLLM2} (bfloat16)", "judge": SMOLLM2}

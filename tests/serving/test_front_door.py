@@ -72,7 +72,8 @@ def servers() -> Iterator[dict[str, Any]]:
     with serve_in_background(vllm_stand_in(a, ["generator", "planner"])) as url_a, \
             serve_in_background(vllm_stand_in(b, ["scorer"])) as url_b:
         upstreams = {"generator": url_a, "planner": f"{url_a}/v1", "scorer": url_b}
-        door = partial(mount_front_door, upstreams=upstreams, timeout_s=30)
+        door = partial(mount_front_door, upstreams=upstreams, timeout_s=30,
+                       dtypes={"generator": "bfloat16", "planner": "bfloat16", "scorer": "float32"})
         with serve_in_background(embedded_stand_in(), configure_app=door) as front:  # /health must answer 200
             yield {"front": front, "a": a, "b": b, "url_a": url_a, "url_b": url_b}
 
@@ -149,6 +150,9 @@ def test_models_lists_every_role_and_health_asks_every_server(stack: dict[str, A
     models = httpx.get(f"{front}/v1/models").json()
     # the base model name a LoRA server also lists is not a role: left out
     assert [m["id"] for m in models["data"]] == ["embedder", "generator", "planner", "scorer"]
+    # each upstream role with the dtype its server was started with (vLLM does not list it); the embedded
+    # app's entries as that app lists them
+    assert [m.get("dtype") for m in models["data"]] == [None, "bfloat16", "bfloat16", "float32"]
     health = httpx.get(f"{front}/health")
     assert health.status_code == 200 and health.json()["status"] == "ok"
     assert set(health.json()["roles"]) == {"embedder", "generator", "planner", "scorer"}

@@ -264,6 +264,9 @@ def test_version_and_models(http: httpx.Client, engine) -> None:
     assert all(isinstance(m["created"], int) and m["created"] > 0 for m in models.values())
     assert models["generator"]["max_model_len"] == engine.max_model_len("generator") > 0
     assert models["embedder"]["max_model_len"] == engine._models["embedder"].encoder.max_seq_length
+    # the precision of the weights behind each role, which a record names beside the model (vLLM lists no dtype)
+    assert {role: m["dtype"] for role, m in models.items()} == {
+        role: engine.config.roles[role].dtype for role in engine.roles} and models["generator"]["dtype"] == "float32"
 
 
 @pytest.mark.slow
