@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from overstory.evaluation.markdown import grid
+from overstory.evaluation.paired import paired_table
 from overstory.evaluation.pipeline_tables import harness_table, pipeline_qasper_table
 from overstory.evaluation.repairs import repairs_cell
 
@@ -305,7 +306,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "planner": planner_table, "planner_by_dataset": planner_by_dataset_table, "compressor": compressor_table,
     "serve_bench": serve_bench_table, "train_bench": train_bench_table, "quickstart": quickstart_table,
     "lattice": lattice_table, "pipeline": harness_table, "pipeline_qasper": pipeline_qasper_table,
-    "teacher_engines": teacher_engines_table, "pseudo_labels": pseudo_labels_table,
+    "teacher_engines": teacher_engines_table, "pseudo_labels": pseudo_labels_table, "answers_paired": paired_table,
 }
 
 
