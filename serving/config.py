@@ -59,6 +59,9 @@ class RoleConfig:
     def __post_init__(self) -> None:
         if self.dtype not in (names := get_args(Dtype)):  # the loader checks Literals; a RoleConfig built in code too
             raise ConfigError(f"dtype must be {', '.join(names[:-1])} or {names[-1]}, got {self.dtype!r}")
+        if self.dtype != "float32" and self.kind != "chat":  # what /v1/models lists, and records name, must be true
+            raise ConfigError(f"dtype={self.dtype} is for chat roles; a {self.kind} role runs in float32 (leave "
+                              "dtype=float32)")
         if not DEVICE_PATTERN.fullmatch(self.device):
             raise ConfigError(f"device must be cpu, cuda, cuda:N or auto, got {self.device!r}")
         if self.device != "cpu" and self.kind not in ("chat", "embedding"):

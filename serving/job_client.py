@@ -46,7 +46,7 @@ def served_models(client: Client, roles: list[str] | None = None) -> dict[str, s
     ``<parent> + <root>`` (the base model, then the adapter's folder), so a record names what answered it even
     when ``server_url`` points at another stack than the job's config describes. Weights served in another dtype
     than float32 (the entry's ``dtype``, which overstory's servers list) add it in brackets,
-    ``builtin:qwen2.5-coder-1.5b-instruct (bfloat16)``: their replies differ from float32's, so a job that kept
+    ``builtin:qwen2.5-coder-1.5b-instruct (bfloat16)``: their replies may differ from float32's, so a job that kept
     float32 answers refuses to add bfloat16 ones to them. A bare vLLM server lists no dtype: its roles read without one.
     """
     served = {}

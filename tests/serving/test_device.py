@@ -28,6 +28,16 @@ def test_roles_that_run_on_the_cpu_refuse_a_gpu(kind: str) -> None:
         RoleConfig(model="runs/x", kind=kind, device="cuda")
 
 
+@pytest.mark.parametrize("kind", ["embedding", "compression", "cross-encoder"])
+def test_only_chat_roles_take_another_dtype(kind: str) -> None:
+    """The engine loads only chat models in a role's dtype; the others always run in float32, which is what their
+    /v1/models entries list and their records name."""
+    with pytest.raises(ConfigError, match=f"dtype=bfloat16 is for chat roles; a {kind} role runs in float32"):
+        RoleConfig(model="runs/x", kind=kind, dtype="bfloat16")
+    assert RoleConfig(model="runs/x", kind=kind).dtype == "float32"
+    assert RoleConfig(model=SMOLLM2, dtype="bfloat16").dtype == "bfloat16"
+
+
 def test_auto_is_the_gpu_when_there_is_one(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert resolve_device("auto") == "cuda" and resolve_device("cuda:1") == "cuda:1"
