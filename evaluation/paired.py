@@ -72,15 +72,16 @@ def compare_runs(first: str | Path, second: str | Path) -> dict:
 
 
 def paired_table(report: dict) -> str:
-    """One row per strategy and metric: the questions both runs answered, the same predictions among them, each
-    run's mean, the mean difference (second - first) with its interval, and the questions up and down."""
+    """One row per strategy and metric: the questions both runs hold, the same predictions among them, the questions
+    that failed (no answer) in each run, each run's mean, the mean difference (second - first) with its interval, and
+    the questions up and down."""
     rows = []
     for name, row in report["strategies"].items():
         for metric, figures in row["metrics"].items():
             low, high = figures["delta_ci95"] or (figures["delta"], figures["delta"])
             rows.append([name, metric, str(figures["n"]), f"{row['same_prediction']} of {row['questions']}",
-                         f"{figures['first']:.3f}", f"{figures['second']:.3f}",
+                         " / ".join(map(str, row["failed"])), f"{figures['first']:.3f}", f"{figures['second']:.3f}",
                          f"{figures['delta']:+.3f} [{low:+.3f}, {high:+.3f}]",
                          f"{figures['higher']} / {figures['lower']}"])
-    return grid(["strategy", "metric", "questions", "same prediction", "first", "second",
+    return grid(["strategy", "metric", "questions", "same prediction", "failed (first / second)", "first", "second",
                  "second - first (95% interval)", "questions up / down"], rows)
