@@ -272,9 +272,10 @@ serve_command() {  # the overstory command line of the teacher stack on $ENGINE
     *) echo "TEACHER_ENGINE=$ENGINE: embedded or vllm" >&2; return 2 ;;
   esac
   local scorer=(roles.scorer.model="$MODEL" roles.scorer.dtype="$DTYPE")
-  if [[ -n $SCORER ]]; then  # the cross-encoder stays on the embedded server (port 0: no vLLM server; its own context)
+  if [[ -n $SCORER ]]; then  # the cross-encoder stays on the embedded server (port 0: no vLLM server; its own context;
+    # float32, the only dtype of a cross-encoder role)
     scorer=(roles.scorer.model="$SCORER" roles.scorer.kind=cross-encoder roles.scorer.port=0
-            roles.scorer.max_model_len=0)
+            roles.scorer.max_model_len=0 roles.scorer.dtype=float32)
   fi
   echo port="$PORT" log_dir="$DIR/serve" roles.generator.model="$MODEL" roles.planner.model="$MODEL" \
     roles.generator.dtype="$DTYPE" roles.planner.dtype="$DTYPE" "${scorer[@]}"
