@@ -43,10 +43,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from rich.progress import Progress
-
 from overstory.core.config import ConfigError, differing_keys, record_settings, to_dict
 from overstory.core.failures import check_failure_share, raise_if_too_many
+from overstory.core.progress import JobProgress
 from overstory.core.records import FailureRecord, JsonlAppender, drop_records, read_jsonl, write_jsonl
 from overstory.data_pipeline.ray_runner import RayConfig, endpoint_urls, import_ray, make_work, ray_map, ray_session
 from overstory.serving.client import Client, ClientError
@@ -264,7 +263,7 @@ class Fanout:
             if not self.in_session:
                 self.session.enter_context(ray_session(self.ray.address))
                 self.in_session = True
-        with Progress() as progress:
+        with JobProgress() as progress:
             task = progress.add_task(description, total=len(items))
             for item, result, error in RUNNERS[self.runner](work, items, self.concurrency, self.ray):
                 if error is None:

@@ -47,10 +47,10 @@ from typing import Literal
 
 import numpy as np
 from rich.console import Console
-from rich.progress import Progress
 from rich.table import Table
 
 from overstory.core.config import ConfigError, to_dict
+from overstory.core.progress import JobProgress
 from overstory.core.records import Chunk, QAExample, SummaryRecord, read_jsonl
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.compressor_groups import (
@@ -241,7 +241,7 @@ def summarize_with(config: EvalCompressorConfig, data: HeldOut, client: Client, 
         return np.array(fresh.target_embedding, dtype=np.float32), False
 
     def summarize_all() -> np.ndarray:
-        with ThreadPoolExecutor(max_workers=config.concurrency) as pool, Progress() as progress:
+        with ThreadPoolExecutor(max_workers=config.concurrency) as pool, JobProgress() as progress:
             task = progress.add_task("summarize: regenerating summaries", total=len(data.records))
 
             def counted(record: SummaryRecord) -> tuple[np.ndarray, bool]:

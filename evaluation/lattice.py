@@ -53,9 +53,9 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from rich.progress import Progress
 
 from overstory.core.config import ConfigError, path_list, to_dict
+from overstory.core.progress import JobProgress
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
 from overstory.data_pipeline.hierarchy import HierarchyConfig
@@ -357,7 +357,7 @@ def _run_search(config: LatticeEvalConfig, system: SystemConfig, tree: Tree, que
     settings = replace(config.search, calibration=system.calibration)
     with ExitStack() as stack:
         scorer = _slate_scorer(config, system, stack, tree, gold)
-        with Progress() as progress:
+        with JobProgress() as progress:
             bar = progress.add_task(f"  search iterations ({len(queries)} questions)", total=settings.iterations)
             found = search(tree, queries, scorer, settings,
                            progress=lambda i: progress.update(bar, completed=i + 1))

@@ -52,10 +52,9 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from rich.progress import Progress
-
 from overstory.core.config import ConfigError, to_dict
 from overstory.core.failures import check_failure_share, raise_if_too_many
+from overstory.core.progress import JobProgress
 from overstory.core.records import Chunk, Document, QAExample
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus
@@ -323,7 +322,7 @@ def costs_add_up(totals: dict[str, dict[str, int]], before: dict | None, after: 
 
 
 def run_strategy(name: str, strategy: Strategy, questions: Sequence[QAExample], client: Client,
-                 config: PipelineEvalConfig, progress: Progress, records: StrategyRecords, served: dict[str, str],
+                 config: PipelineEvalConfig, progress: JobProgress, records: StrategyRecords, served: dict[str, str],
                  already_done: int = 0) -> tuple[list[dict], dict | None]:
     """Answer ``questions``, appending each record as it finishes, with the models that served its calls (``served``:
     role -> model); the records and the cost check of this run."""
@@ -364,7 +363,7 @@ def strategy_settings(name: str, config: PipelineEvalConfig, checkpoints: dict) 
 
 
 def evaluate_strategy(name: str, config: PipelineEvalConfig, corpus: tuple[Sequence[Document], Sequence[Chunk]],
-                      questions: Sequence[QAExample], client: Client, progress: Progress,
+                      questions: Sequence[QAExample], client: Client, progress: JobProgress,
                       checkpoints: dict, served: dict[str, str]) -> tuple[dict, list[dict]]:
     """One strategy's row and records: the questions answered before (same settings, same served models) are kept,
     the rest are answered now by a strategy built over the corpus (its index cost recorded with the run)."""
@@ -424,7 +423,7 @@ def run(config: PipelineEvalConfig) -> dict:
     if corpus.kind == "qasper":  # the references as the official evaluator reads them, from the same JSON
         gold = gold_references(official_papers(corpus), config.qasper.text_evidence_only)
         report["qasper"] = to_dict(config.qasper)
-    with ExitStack() as stack, Progress() as progress:
+    with ExitStack() as stack, JobProgress() as progress:
         tracker = stack.enter_context(start_run(config.tracking, "eval pipeline", config))
         client = stack.enter_context(client_for(replace(config.serve, port=0), config.server_url,
                                                 timeout_s=config.request_timeout_s))

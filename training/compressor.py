@@ -33,11 +33,11 @@ import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.utils import set_seed
-from rich.progress import Progress
 from torch.utils.data import DataLoader
 from transformers import get_cosine_schedule_with_warmup
 
 from overstory.core.config import ConfigError, to_dict
+from overstory.core.progress import JobProgress
 from overstory.core.records import Chunk, QAExample
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.compressor_groups import GroupsConfig, question_counts
@@ -449,7 +449,7 @@ def run(config: CompressorJobConfig) -> dict:
 
     # --- train, and save every epoch ---------------------------------------------------------------
     epochs, per_epoch = config.train.epochs, len(prepared.train_loader)
-    with Progress(disable=not accelerator.is_main_process) as progress:
+    with JobProgress(disable=not accelerator.is_main_process) as progress:
         task = progress.add_task(f"epoch {state['epoch'] + 1}/{epochs}", total=epochs * per_epoch,
                                  completed=state["epoch"] * per_epoch)
         for epoch in range(state["epoch"], epochs):

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from rich.progress import Progress
 
 from overstory.cli import main
+from overstory.core.progress import JobProgress
 from overstory.data_pipeline import fanout
 from overstory.retrieval.lattice.bottom_up import (
     BottomUpBuilder,
@@ -74,7 +74,7 @@ def _build(out: Path, *extra: str) -> dict:
 def test_bottom_up_tree_with_the_real_model(tmp_path: Path, monkeypatch) -> None:
     runs: list[dict] = []  # the fan-out's bars: one run per layer's node summaries
 
-    class RecordingProgress(Progress):
+    class RecordingProgress(JobProgress):
         def add_task(self, description, **fields):
             runs.append({"description": description, "total": fields["total"], "completed": 0})
             return super().add_task(description, **fields)
@@ -83,7 +83,7 @@ def test_bottom_up_tree_with_the_real_model(tmp_path: Path, monkeypatch) -> None
             runs[-1]["completed"] += advance
             super().advance(task_id, advance)
 
-    monkeypatch.setattr(fanout, "Progress", RecordingProgress)
+    monkeypatch.setattr(fanout, "JobProgress", RecordingProgress)
     report = _build(tmp_path, "method=bottom-up", f"corpus.path={ROOT / 'data/hotpotqa'}", "limit_leaves=12")
     tree = Tree.load(tmp_path / "tree.json")
     tree.validate(max_branching=4)

@@ -1,0 +1,68 @@
+"""JobProgress (overstory/core/progress.py): plain progress lines where the output is a file, rich's bar alone on a
+terminal, nothing when disabled."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from overstory.core.progress import JobProgress, clock
+
+
+class Clock:
+    """A clock the test moves by hand, so the lines' timing does not depend on how fast the test runs."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def progress_to(file: io.StringIO, terminal: bool, now: Clock, **kwargs) -> JobProgress:
+    console = Console(file=file, force_terminal=terminal, width=60)
+    return JobProgress(console=console, get_time=now, interval_s=60, auto_refresh=False, **kwargs)
+
+
+def test_a_log_gets_a_line_a_minute_and_one_at_the_end() -> None:
+    out, now = io.StringIO(), Clock()
+    with progress_to(out, terminal=False, now=now) as progress:
+        task = progress.add_task("summarising", total=100)
+        for _ in range(10):  # 10 items in 50 s: no minute has passed, no line yet
+            now.now += 5
+            progress.advance(task)
+        assert out.getvalue() == ""
+        for _ in range(10):  # the minute passes at the 12th item: one line, with the estimate of what is left
+            now.now += 5
+            progress.advance(task)
+        lines = out.getvalue().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("summarising: 12/100 (12%), 0:01:00 elapsed, about 0:")
+        progress.update(task, advance=80)  # update() reports too: the task ends, its last line says so
+        progress.advance(task, 0)  # and a later call prints nothing more
+    lines = [line for line in out.getvalue().splitlines() if line.startswith("summarising:")]
+    assert len(lines) == 2 and lines[1] == "summarising: 100/100 (100%), 0:01:40 elapsed, done"
+
+
+def test_a_long_description_stays_on_one_line_and_brackets_are_not_markup() -> None:
+    out, now = io.StringIO(), Clock()
+    with progress_to(out, terminal=False, now=now) as progress:
+        task = progress.add_task("[bold]answering " + "x" * 80, total=1)
+        progress.advance(task)
+    assert "[bold]answering " + "x" * 80 + ": 1/1 (100%)" in out.getvalue().splitlines()[0]
+
+
+def test_a_terminal_gets_the_bar_only_and_a_disabled_progress_nothing() -> None:
+    for terminal, disable in ((True, False), (False, True)):
+        out, now = io.StringIO(), Clock()
+        with progress_to(out, terminal=terminal, now=now, disable=disable) as progress:
+            task = progress.add_task("summarising", total=2)
+            now.now += 120
+            progress.advance(task)
+            progress.advance(task)
+        assert "summarising:" not in out.getvalue()
+        assert ("━" in out.getvalue()) == terminal
+
+
+def test_clock() -> None:
+    assert (clock(None), clock(59.6), clock(3725)) == ("?", "0:01:00", "1:02:05")
