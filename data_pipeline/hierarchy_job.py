@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import track
 from rich.table import Table
 
 from overstory.core.config import ConfigError, to_dict
+from overstory.core.progress import track
 from overstory.core.records import LEVEL_RANK, LEVELS, Chunk, JsonlAppender, read_jsonl, write_jsonl
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus

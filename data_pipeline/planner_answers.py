@@ -26,8 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from rich.progress import track
-
+from overstory.core.progress import track
 from overstory.core.records import Chunk, JsonlAppender, read_jsonl
 from overstory.data_pipeline.fanout import SettingsRecord, settings_path
 from overstory.serving.client import Client

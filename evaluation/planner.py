@@ -53,9 +53,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
-from rich.progress import track
 
 from overstory.core.config import ConfigError, to_dict
+from overstory.core.progress import track
 from overstory.core.records import LEVELS, Chunk, PseudoLabel, read_jsonl
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.planner_answers import PlannerAnswers, chunk_fingerprints

@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import track
 from rich.table import Table
 
 from overstory.core.config import ConfigError, to_dict
+from overstory.core.progress import track
 from overstory.core.records import Chunk, Document
 from overstory.core.tracking import TrackingConfig, start_run
 from overstory.data_pipeline.corpora import CorpusConfig, load_corpus

@@ -7,7 +7,7 @@ import io
 
 from rich.console import Console
 
-from overstory.core.progress import JobProgress, clock
+from overstory.core.progress import JobProgress, clock, track
 
 
 class Clock:
@@ -66,3 +66,9 @@ def test_a_terminal_gets_the_bar_only_and_a_disabled_progress_nothing() -> None:
 
 def test_clock() -> None:
     assert (clock(None), clock(59.6), clock(3725)) == ("?", "0:01:00", "1:02:05")
+
+
+def test_track_yields_every_item_in_order_and_ends_with_a_line(capsys) -> None:
+    """track() through JobProgress: under pytest's captured output (not a terminal) the last line says done."""
+    assert list(track(iter(range(5)), "building hierarchies", total=5)) == [0, 1, 2, 3, 4]
+    assert "building hierarchies: 5/5 (100%), " in capsys.readouterr().out

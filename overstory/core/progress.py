@@ -8,14 +8,18 @@ console is not a terminal it also prints one line per task every ``interval_s`` 
     summarising: 120/1664 (7%), 0:04:02 elapsed, about 0:52:10 left
 
 The estimate is rich's (the speed over its last 30 seconds of samples), so it follows a job whose pace changes.
+:func:`track` is rich's ``track`` through it, for loops over a sequence.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from rich.progress import Progress, TaskID
+
+T = TypeVar("T")
 
 
 def clock(seconds: float | None) -> str:
@@ -61,3 +65,10 @@ class JobProgress(Progress):
         left = "done" if task.finished else f"about {clock(task.time_remaining)} left"
         self.console.print(f"{task.description}: {task.completed:g}{total}, {clock(task.elapsed)} elapsed, {left}",
                            markup=False, highlight=False, soft_wrap=True)
+
+
+def track(sequence: Iterable[T], description: str, total: float | None = None) -> Iterator[T]:
+    """rich's ``track`` through :class:`JobProgress`: each item of ``sequence`` as it comes, the bar on a terminal and
+    a line a minute in a log."""
+    with JobProgress() as progress:
+        yield from progress.track(sequence, total=total, description=description)
