@@ -7,7 +7,9 @@ console is not a terminal it also prints one line per task every ``interval_s`` 
 
     summarising: 120/1664 (7%), 0:04:02 elapsed, about 0:52:10 left
 
-The estimate is rich's (the speed over its last 30 seconds of samples), so it follows a job whose pace changes.
+The estimate of what is left is the task's average pace so far: the teacher's jobs finish items in bursts (eight in
+flight end together), which rich's own estimate, the speed over its last 30 seconds, turns into minutes one line and
+hours the next.
 :func:`track` is rich's ``track`` through it, for loops over a sequence.
 """
 
@@ -17,7 +19,7 @@ from collections.abc import Iterable, Iterator
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from rich.progress import Progress, TaskID
+from rich.progress import Progress, Task, TaskID
 
 T = TypeVar("T")
 
@@ -62,9 +64,16 @@ class JobProgress(Progress):
         if task.finished:
             self.ended.add(task_id)
         total = f"/{task.total:g} ({task.percentage:.0f}%)" if task.total else ""
-        left = "done" if task.finished else f"about {clock(task.time_remaining)} left"
+        left = "done" if task.finished else f"about {clock(remaining(task))} left"
         self.console.print(f"{task.description}: {task.completed:g}{total}, {clock(task.elapsed)} elapsed, {left}",
                            markup=False, highlight=False, soft_wrap=True)
+
+
+def remaining(task: Task) -> float | None:
+    """The seconds ``task`` still needs at its average pace so far (None before its first item, or without a total)."""
+    if not task.total or not task.completed or not task.elapsed:
+        return None
+    return (task.total - task.completed) * task.elapsed / task.completed
 
 
 def track(sequence: Iterable[T], description: str, total: float | None = None) -> Iterator[T]:
