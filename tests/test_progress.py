@@ -4,6 +4,7 @@ terminal, nothing when disabled."""
 from __future__ import annotations
 
 import io
+import threading
 
 from rich.console import Console
 
@@ -72,3 +73,25 @@ def test_track_yields_every_item_in_order_and_ends_with_a_line(capsys) -> None:
     """track() through JobProgress: under pytest's captured output (not a terminal) the last line says done."""
     assert list(track(iter(range(5)), "building hierarchies", total=5)) == [0, 1, 2, 3, 4]
     assert "building hierarchies: 5/5 (100%), " in capsys.readouterr().out
+
+
+def test_workers_advancing_at_once_print_each_line_once() -> None:
+    """Jobs advance from worker threads (eval compressor's summaries): the minute's line and the last one, once each."""
+    out, now = io.StringIO(), Clock()
+    with progress_to(out, terminal=False, now=now) as progress:
+        task = progress.add_task("summarising", total=400)
+        now.now += 120  # every advance is past the interval; only the first of them may print the minute's line
+
+        def work() -> None:
+            for _ in range(50):
+                progress.advance(task)
+
+        threads = [threading.Thread(target=work) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    lines = [line for line in out.getvalue().splitlines() if line.startswith("summarising:")]
+    # the first line comes with the first advances (another worker may have advanced before it printed)
+    assert len(lines) == 2 and "left" in lines[0] and lines[1].startswith("summarising: 400/400 (100%)")
+    assert lines[1].endswith("elapsed, done")

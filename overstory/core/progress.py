@@ -53,20 +53,22 @@ class JobProgress(Progress):
         self.report(task_id)
 
     def report(self, task_id: TaskID) -> None:
-        """Print the task's line when ``interval_s`` has passed since its last one, or once when it ends."""
-        if not self.lines or task_id in self.ended:
+        """Print the task's line when ``interval_s`` has passed since its last one, or once when it ends. Under
+        rich's own lock: jobs advance their task from worker threads, and two of them must not print the same line."""
+        if not self.lines:
             return
-        task = self._tasks[task_id]
-        now = self.get_time()
-        if not task.finished and now - self.last_line[task_id] < self.interval_s:
-            return
-        self.last_line[task_id] = now
-        if task.finished:
-            self.ended.add(task_id)
-        total = f"/{task.total:g} ({task.percentage:.0f}%)" if task.total else ""
-        left = "done" if task.finished else f"about {clock(remaining(task))} left"
-        self.console.print(f"{task.description}: {task.completed:g}{total}, {clock(task.elapsed)} elapsed, {left}",
-                           markup=False, highlight=False, soft_wrap=True)
+        with self._lock:
+            task = self._tasks[task_id]
+            now = self.get_time()
+            if task_id in self.ended or (not task.finished and now - self.last_line[task_id] < self.interval_s):
+                return
+            self.last_line[task_id] = now
+            if task.finished:
+                self.ended.add(task_id)
+            total = f"/{task.total:g} ({task.percentage:.0f}%)" if task.total else ""
+            left = "done" if task.finished else f"about {clock(remaining(task))} left"
+            self.console.print(f"{task.description}: {task.completed:g}{total}, {clock(task.elapsed)} elapsed, "
+                               f"{left}", markup=False, highlight=False, soft_wrap=True)
 
 
 def remaining(task: Task) -> float | None:
