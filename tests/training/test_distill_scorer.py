@@ -120,8 +120,10 @@ def test_a_listwise_loss_trains_through_the_activation_it_serves(lattice_oracle_
                                                                   tmp_path: Path) -> None:
     """ListNet under a served sigmoid sees the sigmoid's outputs (sentence-transformers' activation_fn), so the same
     start, seed, rows and steps give another loss than under identity: the two activations are two models to compare.
-    Both start from the pointwise student, whose logits spread over several units: from a new head's near-zero logits
-    both softmaxes are near uniform and the two losses met within 4e-5."""
+    Both start from the pointwise student. How far apart the two losses land depends on how widely that student's
+    logits spread (2.5e-3 here, 8e-4 in one CI run, 4e-5 from a new head's near-zero logits), so the bound is what an
+    activation that never reached the loss would give: the same computation from the same seed, whose two runs
+    matched bit for bit here (1.9141947 twice)."""
     train_loss = {}
     for activation in ("identity", "sigmoid"):
         out = distill(lattice_oracle_traces, tmp_path / activation, "distill_scorer_cross_encoder.yaml",
@@ -129,7 +131,7 @@ def test_a_listwise_loss_trains_through_the_activation_it_serves(lattice_oracle_
                       "train.max_steps=2", "train.batch_size=4", "train.max_length=96", "max_candidate_chars=200")
         train_loss[activation] = json.loads((out / "metrics.json").read_text())["train_loss"]
         assert saved_activation(out / "final") == activation
-    assert abs(train_loss["sigmoid"] - train_loss["identity"]) > 1e-3, train_loss
+    assert abs(train_loss["sigmoid"] - train_loss["identity"]) > 1e-5, train_loss
 
 
 def test_llm_student_is_an_adapter_the_server_serves_as_the_scorer(llm_student: Path) -> None:
