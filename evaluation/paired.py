@@ -44,15 +44,24 @@ def compare_strategy(first: dict[str, dict], second: dict[str, dict]) -> dict:
     for metric in METRICS:
         pairs = [(first[q][metric], second[q][metric]) for q in common
                  if first[q].get(metric) is not None and second[q].get(metric) is not None]
-        if not pairs:
-            continue
-        deltas = [b - a for a, b in pairs]
-        row["metrics"][metric] = {
-            "n": len(pairs), "first": sum(a for a, _ in pairs) / len(pairs),
+        if pairs:
+            row["metrics"][metric] = paired_difference(pairs)
+    return row
+
+
+def paired_difference(pairs: list[tuple[float, float]]) -> dict:
+    """One metric over questions paired with themselves, ``(first, second)`` each: both means, the mean of
+    second - first with its 95% bootstrap interval, and how many questions went up and down.
+
+    >>> figures = paired_difference([(0.0, 1.0), (1.0, 1.0), (1.0, 0.0), (0.0, 1.0)])
+    >>> figures["n"], figures["delta"], figures["higher"], figures["lower"]
+    (4, 0.25, 2, 1)
+    """
+    deltas = [b - a for a, b in pairs]
+    return {"n": len(pairs), "first": sum(a for a, _ in pairs) / len(pairs),
             "second": sum(b for _, b in pairs) / len(pairs), "delta": sum(deltas) / len(deltas),
             "delta_ci95": bootstrap_interval(deltas), "higher": sum(d > 0 for d in deltas),
             "lower": sum(d < 0 for d in deltas)}
-    return row
 
 
 def compare_runs(first: str | Path, second: str | Path) -> dict:

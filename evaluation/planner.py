@@ -76,6 +76,7 @@ from overstory.evaluation.planner_metrics import (
     spread_over_datasets,
     summarize,
 )
+from overstory.evaluation.planner_paired import paired_planners, parse_pair, question_records
 from overstory.evaluation.plots import (
     plot_chunk_size_by_dataset,
     plot_planner_comparison,
@@ -124,6 +125,9 @@ class EvalPlannerConfig:
     # the best is chosen on this many training questions (0: report the ranges without choosing); needs qa
     fixed_ranges: list[str] = field(default_factory=lambda: ["all"])
     fixed_range_selection: int = 50
+    # planners compared question by question, "planner:other" (e.g. stitch:sft), each with qa; every compared
+    # planner is also paired with the best fixed range. A pair naming a variant this run does not compare is skipped
+    paired: list[str] = field(default_factory=list)
     correctness: CorrectnessConfig = field(default_factory=CorrectnessConfig)
     # QA answers in flight (a batching server such as vLLM answers several at once) and each one's time limit
     concurrency: int = 1
@@ -143,6 +147,14 @@ class EvalPlannerConfig:
         if not names and not self.checkpoint:
             raise ConfigError("give checkpoint (one planner) or compare (names from variants)")
         self.reference_ranges()  # a bad range names the key
+        for text in self.paired:
+            try:
+                unknown = [name for name in parse_pair(text) if name not in self.variants]
+            except ValueError as error:
+                raise ConfigError(f"paired: {error}") from None
+            if unknown:
+                raise ConfigError(f"paired: {', '.join(unknown)} in {text!r} not in variants "
+                                  f"({', '.join(self.variants) or 'none'})")
         if self.concurrency < 1 or self.request_timeout_s <= 0:
             raise ConfigError(f"concurrency must be >= 1 and request_timeout_s positive, got {self.concurrency} and "
                               f"{self.request_timeout_s}")
@@ -334,6 +346,10 @@ def run(config: EvalPlannerConfig) -> dict:
                                 for low, high in config.reference_ranges()], "fixed ranges")
             report["fixed_ranges"] = fixed_ranges(selection, rows + extra, config.reference_ranges(), answers)
         if answers is not None:
+            report["paired"] = paired_planners(
+                {name: metrics["questions"] for name, metrics in report["variants"].items()}, config.paired,
+                best_fixed_records(report.get("fixed_ranges", {}), rows + extra, answers))
+        if answers is not None:
             # refreshed: kept answers completed by retrieval alone; of them, refreshed_retrieval_differs read other
             # chunks than when they were answered (their QA score is the earlier chunks')
             report["answers"] = {**answers.counts, "refreshed_retrieval_differs": len(differs)}
@@ -367,12 +383,23 @@ def evaluate_variant(config: EvalPlannerConfig, checkpoint: str, rows: list[dict
         for outcome, row, (low, high) in zip(outcomes, planned, ranges):
             outcome.update(answers(row, low, high))
     metrics = summarize(outcomes)
+    if answers is not None:
+        metrics["questions"] = question_records(planned, ranges, outcomes)
     metrics[f"recall@{config.k}"] = metrics["recall"]
     metrics["by_dataset"] = by_dataset(outcomes)
     metrics["seconds_per_plan"] = round(seconds, 3)
     metrics["examples"] = [{"id": r["example_id"], "label": [r["level_min"], r["level_max"]], "reply": text}
                            for r, text in zip(rows[:5], replies[:5])]
     return metrics
+
+
+def best_fixed_records(fixed: dict, rows: list[dict], answers: PlannerAnswers) -> list[dict] | None:
+    """The per-question records of the best fixed range (chosen on training questions) on ``rows``, read from the
+    kept answers; None when no range was chosen."""
+    if "best" not in fixed:
+        return None
+    low, high = fixed["best"]["range"].split("..")
+    return question_records(rows, [(low, high)] * len(rows), [answers(row, low, high) for row in rows])
 
 
 def training_history(checkpoint: str) -> list[dict]:
@@ -427,6 +454,14 @@ def _print(report: dict) -> None:
             own = summary["dataset_label"]
             print(f"always {'..'.join(own['label'])} (the majority of {dataset}'s training labels) on {dataset} "
                   f"({own['n']}): accuracy {_fmt(own, 'accuracy')}, gold {_fmt(own, 'accuracy_gold')}")
+    for comparison in report.get("paired", {}).get("comparisons", []):
+        cell = comparison["overall"]
+        if "qa_accuracy" in cell:
+            qa, tokens = cell["qa_accuracy"], cell["tokens_given"]
+            print(f"{comparison['planner']} against {comparison['against']}, question by question ({cell['n']}, "
+                  f"{cell['same_range']} from the same range): QA {qa['delta']:+.3f} [{qa['delta_ci95'][0]:+.3f}, "
+                  f"{qa['delta_ci95'][1]:+.3f}] ({qa['higher']} better, {qa['lower']} worse), tokens given "
+                  f"{tokens['delta']:+.0f}")
     if "answers" in report:
         print(f"QA through the runtime: generator {report['served'].get('generator', '?')}; "
               f"{report['answers']['asked']} answers asked in this run, {report['answers']['resumed']} read back from "

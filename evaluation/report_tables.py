@@ -21,6 +21,7 @@ from pathlib import Path
 from overstory.evaluation.markdown import grid
 from overstory.evaluation.paired import paired_table
 from overstory.evaluation.pipeline_tables import harness_table, pipeline_qasper_table
+from overstory.evaluation.planner_paired import paired_planners_table
 from overstory.evaluation.repairs import repairs_cell
 
 MARKER = re.compile(r"(<!-- table: (?P<kind>\w+) (?P<path>\S+) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
@@ -307,6 +308,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "serve_bench": serve_bench_table, "train_bench": train_bench_table, "quickstart": quickstart_table,
     "lattice": lattice_table, "pipeline": harness_table, "pipeline_qasper": pipeline_qasper_table,
     "teacher_engines": teacher_engines_table, "pseudo_labels": pseudo_labels_table, "answers_paired": paired_table,
+    "planner_paired": paired_planners_table,
 }
 
 

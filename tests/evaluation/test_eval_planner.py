@@ -62,6 +62,10 @@ def test_compare_needs_known_variants_and_ranges() -> None:
         load_config(EvalPlannerConfig, CONFIG, ["fallback_range=[section, paragraph]"])
     with pytest.raises(ConfigError, match="val_fraction: not used with train_data"):
         load_config(EvalPlannerConfig, CONFIG, ["train_data=labels.jsonl"])  # the config gives val_fraction: 0.2
+    with pytest.raises(ConfigError, match="paired: stich in 'stich:sft' not in variants"):
+        load_config(EvalPlannerConfig, CONFIG, ["paired=[stich:sft]"])
+    with pytest.raises(ConfigError, match="paired: 'stitch' is not planner:other"):
+        load_config(EvalPlannerConfig, CONFIG, ["paired=[stitch]"])
 
 
 def test_the_fallback_range_is_the_runtimes_setting() -> None:
@@ -230,8 +234,10 @@ def test_eval_planner_compares_base_and_sft(planner_labels: Path, sft_planner: P
     # questions) apart: every figure is still computed and checked
     def evaluate(sft: Path) -> int:
         return main(["eval", "planner", "--config", str(CONFIG), "--data", str(labels), "--out", str(out),
-                     "metadata_tokens=96", f"variants={{base: builtin:smollm2-135m-instruct, sft: {sft}}}",
-                     "--compare", "base,sft", "limit=2", "max_new_tokens=72", "unlabelled=true", "k=2",
+                     "metadata_tokens=96",
+                     f"variants={{base: builtin:smollm2-135m-instruct, sft: {sft}, stitch: runs/not-trained}}",
+                     "--compare", "base,sft", "paired=[sft:base, stitch:sft]", "limit=2", "max_new_tokens=72",
+                     "unlabelled=true", "k=2",
                      "fixed_ranges=[sentence..sentence, paragraph..section]", "fixed_range_selection=2",
                      "tracking.backend=none"])
 
@@ -268,6 +274,24 @@ def test_eval_planner_compares_base_and_sft(planner_labels: Path, sft_planner: P
     assert fixed["best"]["range"] in fixed["ranges"] and fixed["best"]["selection_questions"] == 2
     sentences = fixed["ranges"]["sentence..sentence"]
     assert sentences["n"] == 3 and sentences["chunk_tokens"] < fixed["ranges"]["paragraph..section"]["chunk_tokens"]
+    # question by question: the pair asked for (stitch is not compared in this run: skipped, not refused), then each
+    # planner against the best fixed range, on the same 3 planned questions as the means above
+    paired = report["paired"]
+    assert paired["skipped"] == ["stitch:sft"]
+    assert [(c["planner"], c["against"]) for c in paired["comparisons"]] == [
+        ("sft", "base"), ("base", "best fixed range"), ("sft", "best fixed range")]
+    planners = {**{name: report["variants"][name] for name in ("base", "sft")}, "best fixed range": fixed["best"]}
+    for comparison in paired["comparisons"]:
+        cell, mine, theirs = comparison["overall"], planners[comparison["planner"]], planners[comparison["against"]]
+        assert cell["n"] == 3 and list(comparison["by_dataset"]) == ["squad"]
+        for metric in ("qa_accuracy", "tokens_given"):
+            assert cell[metric]["delta"] == pytest.approx(mine[metric] - theirs[metric])
+            low, high = cell[metric]["delta_ci95"]
+            assert low <= cell[metric]["delta"] <= high
+        assert cell["qa_accuracy"]["higher"] + cell["qa_accuracy"]["lower"] <= 3 - cell["same_range"]
+    base_ranges = {record["range"] for record in report["variants"]["base"]["questions"]}
+    assert base_ranges == {"..".join(FALLBACK_RANGE)}  # every unparsed plan answered from the fallback range
+    assert "sft against base, question by question (3, " in capsys.readouterr().out
     assert (out / "chunk_size_by_dataset.png").stat().st_size > 5_000
     assert (out / "qa_vs_tokens.png").stat().st_size > 5_000
     assert (out / "planner_comparison.png").stat().st_size > 5_000
