@@ -349,7 +349,6 @@ def run(config: EvalPlannerConfig) -> dict:
             report["paired"] = paired_planners(
                 {name: metrics["questions"] for name, metrics in report["variants"].items()}, config.paired,
                 best_fixed_records(report.get("fixed_ranges", {}), rows + extra, answers))
-        if answers is not None:
             # refreshed: kept answers completed by retrieval alone; of them, refreshed_retrieval_differs read other
             # chunks than when they were answered (their QA score is the earlier chunks')
             report["answers"] = {**answers.counts, "refreshed_retrieval_differs": len(differs)}
