@@ -91,20 +91,24 @@ def test_the_shipped_qasper_tree_keeps_its_papers_and_was_named_by_the_teacher(s
     assert json.loads((SHIPPED / f"jobs/tree-qasper_{split}.json").read_text())["finished"] is True
 
 
-def test_the_shipped_narrativeqa_labels_are_the_teachers_and_resume_under_the_current_config() -> None:
-    """200 labels, all by the teacher, summarised as shipped, and recorded under the settings the current config
-    gives, so that the labels job (run again to rebuild the hierarchy beside them) resumes instead of refusing."""
+@pytest.mark.parametrize(("dataset", "n", "served"), [("narrativeqa", 200, QWEN_CODER),
+                                                      ("qasper_train", 300, f"{QWEN_CODER} (bfloat16)")])
+def test_the_shipped_labels_are_the_teachers_and_resume_under_the_current_config(dataset: str, n: int,
+                                                                                 served: str) -> None:
+    """Every label by the teacher (as the server named it: QASPER's were made in bfloat16), summarised as shipped, and
+    recorded under the settings the current config gives, so that the labels job resumes instead of refusing (run
+    again for NarrativeQA, to rebuild the hierarchy beside them; QASPER's ships its job record and is skipped)."""
     from overstory.core.records import PseudoLabel, read_jsonl
     from overstory.data_pipeline.fanout import job_settings
     from overstory.data_pipeline.pseudo_labels import PseudoLabelsConfig
 
-    labels = list(read_jsonl(SHIPPED / "labels/narrativeqa.jsonl", PseudoLabel))
-    assert len(labels) == len({x.id for x in labels}) == 200 and {x.backbone for x in labels} == {QWEN_CODER}
-    summary = json.loads((SHIPPED / "labels/narrativeqa.summary.json").read_text())
-    assert summary["labelled"] == sum(x.correct for x in labels) and summary["labels"] == 200
-    recorded = json.loads((SHIPPED / "labels/narrativeqa.settings.json").read_text())
-    config = load_config(PseudoLabelsConfig, ROOT / "configs/data/pseudo_labels-narrativeqa-teacher.yaml")
-    assert recorded.pop("served") == {"generator": QWEN_CODER, "scorer": QWEN_CODER}
+    labels = list(read_jsonl(SHIPPED / f"labels/{dataset}.jsonl", PseudoLabel))
+    assert len(labels) == len({x.id for x in labels}) == n and {x.backbone for x in labels} == {served}
+    summary = json.loads((SHIPPED / f"labels/{dataset}.summary.json").read_text())
+    assert summary["labelled"] == sum(x.correct for x in labels) and summary["labels"] == n
+    recorded = json.loads((SHIPPED / f"labels/{dataset}.settings.json").read_text())
+    config = load_config(PseudoLabelsConfig, ROOT / f"configs/data/pseudo_labels-{dataset}-teacher.yaml")
+    assert recorded.pop("served") == {"generator": served, "scorer": served}
     assert recorded == json.loads(json.dumps(job_settings(config)))
 
 
