@@ -40,7 +40,8 @@ that served them (``served``) and how many were asked and read back (``answers``
 Writes ``metrics.json``, ``planner_comparison.png``, ``chunk_size_by_dataset.png`` (the mean size of the chunks
 each variant's plans read, per dataset: the SmartChunk paper's Figure 4b), ``qa_vs_tokens.png`` (per dataset, QA
 score against the tokens given to the generator for every planner and every fixed range: the trade-off the paper
-claims) and ``training_curves.png``.
+claims) and ``training_curves.png``; with ``qa``, ``paired`` in the metrics and ``paired.png``: planners compared
+question by question with each other (``paired``) and with the best fixed range (``planner_paired.py``).
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ from overstory.evaluation.planner_metrics import (
 from overstory.evaluation.planner_paired import paired_planners, parse_pair, question_records
 from overstory.evaluation.plots import (
     plot_chunk_size_by_dataset,
+    plot_paired_planners,
     plot_planner_comparison,
     plot_qa_vs_tokens_by_dataset,
     plot_training_curves,
@@ -360,6 +362,8 @@ def run(config: EvalPlannerConfig) -> dict:
     if config.qa:
         plot_chunk_size_by_dataset(report, out / "chunk_size_by_dataset.png")
         plot_qa_vs_tokens_by_dataset(report, out / "qa_vs_tokens.png")
+        if report["paired"]["comparisons"]:
+            plot_paired_planners(report["paired"], out / "paired.png")
     if len(variants) > 1:
         curves = {name: training_history(checkpoint) for name, checkpoint in variants.items()}
         plot_training_curves({k: v for k, v in curves.items() if v}, out / "training_curves.png")

@@ -220,3 +220,31 @@ def plot_qa_vs_tokens_by_dataset(report: Mapping, path: str | Path) -> Path:
                       title_fontsize=7)
     fig.suptitle("QA score against tokens given: planners and every fixed range (95% bootstrap intervals)")
     return save_figure(fig, path)
+
+
+def plot_paired_planners(paired: Mapping, path: str | Path) -> Path:
+    """eval planner's question-by-question comparisons, one panel per dataset and one for all questions: each
+    comparison's mean QA difference (the planner's minus the other's) with its 95% paired interval; a bar clear of
+    the zero line is a difference the questions show, one across it is not."""
+    comparisons = paired["comparisons"]
+    panels = [*dict.fromkeys(d for c in comparisons for d in c["by_dataset"]), "all"]
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 0.45 * len(comparisons) + 1.6),
+                             sharey=True, squeeze=False)
+    names = [f"{c['planner']} - {c['against']}" for c in comparisons]
+    for ax, panel in zip(axes[0], panels):
+        for row, comparison in enumerate(comparisons):
+            cell = comparison["overall"] if panel == "all" else comparison["by_dataset"].get(panel, {})
+            qa = cell.get("qa_accuracy")
+            if not qa:
+                continue
+            low, high = qa["delta_ci95"] or (qa["delta"], qa["delta"])
+            ax.errorbar(qa["delta"], row, xerr=[[qa["delta"] - low], [high - qa["delta"]]], fmt="o", capsize=3,
+                        color="tab:blue" if low > 0 else "tab:red" if high < 0 else "0.4")
+        ax.axvline(0, color="black", linewidth=0.8)
+        ax.set_title(f"{panel}", fontsize=9)
+        ax.set_xlabel("QA difference", fontsize=8)
+    axes[0][0].set_yticks(range(len(names)))
+    axes[0][0].set_yticklabels(names, fontsize=8)
+    axes[0][0].invert_yaxis()
+    fig.suptitle("planners question by question (95% paired intervals)", fontsize=10)
+    return save_figure(fig, path)

@@ -295,4 +295,5 @@ def test_eval_planner_compares_base_and_sft(planner_labels: Path, sft_planner: P
     assert (out / "chunk_size_by_dataset.png").stat().st_size > 5_000
     assert (out / "qa_vs_tokens.png").stat().st_size > 5_000
     assert (out / "planner_comparison.png").stat().st_size > 5_000
+    assert (out / "paired.png").stat().st_size > 5_000
     assert (out / "training_curves.png").stat().st_size > 5_000

@@ -52,3 +52,27 @@ def test_training_curves_draw_r_qa_beside_the_reward_for_grpo_and_stitch(tmp_pat
     assert drawn["grpo: R_QA (mean, unweighted)"] == [0.5, 0.75] and drawn["grpo"] == [2.0, 2.5]
     assert drawn["stitch: R_QA (mean, unweighted)"] == [0.25]
     assert not any(label.startswith("sft: R_QA") for label in drawn) and drawn["sft: training loss"] == [1.0, 0.8]
+
+
+def test_paired_planners_draw_a_panel_per_dataset_and_colour_what_the_questions_show(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One panel per dataset and one for all questions; a difference whose interval clears zero is coloured by its
+    sign, one across zero grey; a dataset a comparison did not cover is left out of its panel."""
+    from matplotlib.axes import Axes
+
+    from overstory.evaluation.planner_paired import paired_planners
+
+    def records(dataset: str, qa: list[float]) -> list[dict]:
+        return [{"id": f"{dataset}{i}", "dataset": dataset, "range": "sentence..sentence", "qa_accuracy": value,
+                 "tokens_given": 50.0} for i, value in enumerate(qa)]
+
+    better = {"sft": records("squad", [1.0] * 6) + records("qasper", [0.0] * 6),
+              "base": records("squad", [0.0] * 6) + records("qasper", [1.0] * 6)}
+    drawn = []
+    original = Axes.errorbar
+    monkeypatch.setattr(Axes, "errorbar", lambda ax, *a, **kw: drawn.append(kw["color"]) or original(ax, *a, **kw))
+    wide = Image.open(plots.plot_paired_planners(paired_planners(better, ["sft:base"], None), tmp_path / "two.png"))
+    assert drawn == ["tab:blue", "tab:red", "0.4"]  # squad all better, qasper all worse, all: across 0
+    narrow = paired_planners({k: [r for r in v if r["dataset"] == "squad"] for k, v in better.items()}, ["sft:base"],
+                             None)
+    assert Image.open(plots.plot_paired_planners(narrow, tmp_path / "one.png")).width < 0.8 * wide.width
