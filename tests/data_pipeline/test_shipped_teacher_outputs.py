@@ -116,7 +116,8 @@ def test_the_shipped_planner_answers_are_the_teachers_complete_and_resume_under_
     """Every fixed range answered by the teacher for 121 questions (90 held out, the 30 the best range is chosen on,
     and the one NarrativeQA question an earlier mix chose instead of one of them), each answer's latest record
     completed with the tokens given, under the settings the current config records, so that eval planner reads them
-    back instead of refusing or asking again; the base, SFT, GRPO and STITCH planners' comparison is their metrics."""
+    back instead of refusing or asking again; the base, SFT, GRPO, STITCH and gold-levels planners' comparison
+    is their metrics, with their question-by-question pairs."""
     from overstory.core.records import read_jsonl
     from overstory.evaluation.planner import EvalPlannerConfig, answer_settings
 
@@ -132,18 +133,23 @@ def test_the_shipped_planner_answers_are_the_teachers_complete_and_resume_under_
     assert all(o["qa_accuracy"] in (0.0, 1.0) and 0 < o["tokens_given"] <= o["tokens_read"] for o in latest.values())
     metrics = json.loads((folder / "metrics.json").read_text())
     assert metrics["served"]["generator"] == QWEN_CODER
-    assert set(metrics["variants"]) == {"base", "sft", "grpo", "stitch"}
+    assert set(metrics["variants"]) == {"base", "sft", "grpo", "stitch", "gold"}
+    compared = {(row["planner"], row["against"]) for row in metrics["paired"]["comparisons"]}
+    assert {("sft", "base"), ("stitch", "sft"), ("gold", "sft")} <= compared and not metrics["paired"]["skipped"]
 
 
-def test_the_shipped_sft_planner_is_the_finished_run_on_the_shipped_traces() -> None:
-    """The SFT planner that GRPO and STITCH start from (two hours of CPU): a LoRA of every projection of SmolLM2's 30
-    layers, trained to the end of its epoch on the shipped traces, its job finished so a restored checkout skips it."""
+@pytest.mark.parametrize(("name", "datasets", "steps"), [("sft", [], 235), ("sft-gold", ["qasper", "squad"], 196)])
+def test_the_shipped_sft_planners_finished_on_the_shipped_traces(name: str, datasets: list, steps: int) -> None:
+    """The SFT planners (two hours of CPU each): a LoRA of every projection of SmolLM2's 30 layers, trained to the end
+    of its epoch on the shipped traces, its job finished so a restored checkout skips it. ``sft`` (the warm start of
+    GRPO and STITCH) reads every dataset's traces; ``sft-gold`` only those of the datasets with gold levels."""
     from safetensors import safe_open
 
-    folder = SHIPPED / "planner/sft"
+    folder = SHIPPED / f"planner/{name}"
     record = json.loads((folder / "final" / "overstory.json").read_text())
     assert (record["recipe"], record["base_model"], record["adapter"]) == ("planner_sft", SMOLLM2, True)
     assert record["config"]["traces"] == "runs/teacher/planner/traces.jsonl"
+    assert record["config"]["datasets"] == datasets
     adapter = json.loads((folder / "final" / "adapter_config.json").read_text())
     modules = adapter["target_modules"]
     assert adapter["r"] == 16 and len(modules) == 7
@@ -151,8 +157,9 @@ def test_the_shipped_sft_planner_is_the_finished_run_on_the_shipped_traces() -> 
         shapes = {name: weights.get_slice(name).get_shape() for name in weights.keys()}
     assert len(shapes) == 30 * len(modules) * 2 and all(16 in shape for shape in shapes.values())
     metrics = json.loads((folder / "metrics.json").read_text())
-    assert metrics["steps"] == 235 and metrics["eval_loss"] < metrics["history"][0]["loss"]
-    assert json.loads((SHIPPED / "jobs/planner-sft.json").read_text())["finished"] is True
+    assert metrics["steps"] == steps and metrics["eval_loss"] < metrics["history"][0]["loss"]
+    assert set(metrics["n_traces_by_dataset"]) == set(datasets or ["qasper", "squad", "narrativeqa"])
+    assert json.loads((SHIPPED / f"jobs/planner-{name}.json").read_text())["finished"] is True
 
 
 def _rl_planner_from_the_sft_planner(name: str, recipe: str) -> dict:
