@@ -66,6 +66,7 @@ from overstory.data_pipeline.hierarchy import build_hierarchies, load_hierarchie
 from overstory.data_pipeline.splits import split_by_document
 from overstory.data_pipeline.summaries import SummariesConfig
 from overstory.data_pipeline.summarize import SummaryFailed, summarise
+from overstory.evaluation.compressor_paired import paired_methods, paired_methods_table, per_question_key
 from overstory.evaluation.plots import plot_recall_vs_cost
 from overstory.evaluation.repairs import repairs_cell
 from overstory.evaluation.scope import resolve_scope, scope_title, search_in_scope
@@ -289,8 +290,9 @@ def candidates_per_question(data: HeldOut, mode: str) -> float | None:
 
 def measure(build: Callable[[], np.ndarray], data: HeldOut, client: Client, k: int, mode: str) -> dict:
     """One method's row: its embeddings' cosine to e_gt (None without summaries), recall@k of the questions among
-    the chunks embedded that way (in each question's scope, ``mode``; with a 95% bootstrap interval), the seconds it
-    took and the generator tokens it spent."""
+    the chunks embedded that way (in each question's scope, ``mode``; with a 95% bootstrap interval, and each
+    question's, in ``data.questions``' order, for the paired comparison), the seconds it took and the generator tokens
+    it spent."""
     before = client.stats.summary().get("generator", {})
     started = time.perf_counter()
     vectors = build()
@@ -303,6 +305,7 @@ def measure(build: Callable[[], np.ndarray], data: HeldOut, client: Client, k: i
     cosine = float(np.mean(np.sum(normed * data.targets, axis=1))) if data.has_summaries else None
     return {"cosine_to_target": cosine,
             f"recall@{k}": mean(recalls), f"recall@{k}_ci95": list(interval) if interval else None,
+            per_question_key(k): recalls,
             "seconds": round(seconds, 3),
             "llm_completion_tokens": after.get("completion_tokens", 0) - before.get("completion_tokens", 0),
             "llm_prompt_tokens": after.get("prompt_tokens", 0) - before.get("prompt_tokens", 0)}
@@ -348,6 +351,8 @@ def run(config: EvalCompressorConfig) -> dict:
     (out / "metrics.json").write_text(json.dumps(report, indent=2))
     plot_recall_vs_cost(results, config.k, out / "recall_vs_cost.png")
     print_table(report, config.k)
+    if report["paired"]:
+        print("each checkpoint against each baseline, question by question:\n" + paired_methods_table(report))
     return report
 
 
@@ -355,7 +360,8 @@ def build_report(config: EvalCompressorConfig, data: HeldOut, checkpoints: dict[
                  results: dict[str, dict]) -> dict:
     """metrics.json's content: what was evaluated (the dataset and the scope its questions were searched in, with
     how many chunks each was ranked among; the questions left out and uncovered; the records' source and any method
-    left out), each method's row, and the config."""
+    left out), each method's row, every checkpoint against every baseline question by question (``paired``; the
+    questions' ids in ``question_ids``), and the config."""
     left_out = {} if data.has_summaries else {
         "summarize": "no summaries (groups: the corpus's own upper levels): nothing to regenerate or compare to"}
     return {"checkpoints": checkpoints, "kinds": kinds, "dataset": config.corpus.kind, "scope": config.scope_mode,
@@ -365,7 +371,10 @@ def build_report(config: EvalCompressorConfig, data: HeldOut, checkpoints: dict[
             "questions_left_out": {k: data.question_counts.get(k, 0) for k in ("figure_table_only",
                                                                                 "no_text_evidence")},
             "questions_uncovered": data.question_counts.get("uncovered", 0), "methods_left_out": left_out,
-            "levels": sorted({c.level for c in data.upper}), "methods": results, "config": to_dict(config)}
+            "levels": sorted({c.level for c in data.upper}), "methods": results,
+            "question_ids": [q.id for q in data.questions],
+            "paired": paired_methods(results, list(checkpoints), config.k),
+            "config": to_dict(config)}
 
 
 def print_questions(data: HeldOut) -> None:

@@ -18,6 +18,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+from overstory.evaluation.compressor_paired import paired_methods_table
 from overstory.evaluation.markdown import grid
 from overstory.evaluation.paired import paired_table
 from overstory.evaluation.pipeline_tables import harness_table, pipeline_qasper_table
@@ -308,7 +309,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "serve_bench": serve_bench_table, "train_bench": train_bench_table, "quickstart": quickstart_table,
     "lattice": lattice_table, "pipeline": harness_table, "pipeline_qasper": pipeline_qasper_table,
     "teacher_engines": teacher_engines_table, "pseudo_labels": pseudo_labels_table, "answers_paired": paired_table,
-    "planner_paired": paired_planners_table,
+    "planner_paired": paired_planners_table, "compressor_paired": paired_methods_table,
 }
 
 

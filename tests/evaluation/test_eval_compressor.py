@@ -112,6 +112,18 @@ def test_eval_compressor_four_methods(tmp_path: Path) -> None:
         low, high = row["recall@5_ci95"]
         assert 0.0 <= low <= row["recall@5"] <= high <= 1.0 and row["seconds"] >= 0
     assert (out / "recall_vs_cost.png").stat().st_size > 5_000
+    # every method kept its recall per question, in the report's question order, so the checkpoints are paired with
+    # every baseline on the same questions: the paired means are the methods' own
+    assert len(report["question_ids"]) == report["n_questions"]
+    for row in methods.values():
+        assert len(row["recall@5_per_question"]) == report["n_questions"]
+        assert sum(row["recall@5_per_question"]) / report["n_questions"] == pytest.approx(row["recall@5"])
+    pairs = {(row["method"], row["against"]): row for row in report["paired"]}
+    assert set(pairs) == {(m, b) for m in ("compressor", "compressor_text")
+                          for b in ("mean_pool", "direct_encode", "summarize")}
+    for (method, baseline), row in pairs.items():
+        assert row["n"] == report["n_questions"] and row["higher"] + row["lower"] <= row["n"]
+        assert row["delta"] == pytest.approx(methods[method]["recall@5"] - methods[baseline]["recall@5"])
 
     # summarize: recorded reads the same summaries back (no generator call) with the cost their job recorded: its
     # tokens for the chunks evaluated, and the runbook record's wall time in proportion to them
