@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from overstory.evaluation.markdown import grid
-from overstory.evaluation.paired import paired_difference
+from overstory.evaluation.paired import difference_cell, paired_difference
 
 # the untrained ways of embedding the upper levels every trained compressor is meant to beat
 BASELINES = ("mean_pool", "direct_encode", "summarize")
@@ -56,8 +56,7 @@ def paired_methods_table(report: dict) -> str:
     k = report["config"]["k"]
     rows = []
     for row in report["paired"]:
-        low, high = row["delta_ci95"] or (row["delta"], row["delta"])
         rows.append([row["method"], row["against"], str(row["n"]), f"{row['second']:.3f}", f"{row['first']:.3f}",
-                     f"{row['delta']:+.3f} [{low:+.3f}, {high:+.3f}]", f"{row['higher']} / {row['lower']}"])
+                     difference_cell(row), f"{row['higher']} / {row['lower']}"])
     return grid(["method", "against", "questions", f"recall@{k} (method)", f"recall@{k} (against)",
                  "difference (95% interval)", "questions better / worse"], rows)

@@ -80,6 +80,19 @@ def compare_runs(first: str | Path, second: str | Path) -> dict:
             "strategies": {name: compare_strategy(_answers(first, name), _answers(second, name)) for name in names}}
 
 
+def difference_cell(figures: dict | None, digits: int = 3) -> str:
+    """A table cell for :func:`paired_difference`'s figures: the signed mean difference and its 95% interval (the
+    difference itself where one question gives no interval; ``-`` without figures).
+
+    >>> difference_cell({"delta": 0.25, "delta_ci95": [-0.5, 1.0]})
+    '+0.250 [-0.500, +1.000]'
+    """
+    if not figures:
+        return "-"
+    low, high = figures["delta_ci95"] or (figures["delta"], figures["delta"])
+    return f"{figures['delta']:+.{digits}f} [{low:+.{digits}f}, {high:+.{digits}f}]"
+
+
 def paired_table(report: dict) -> str:
     """One row per strategy and metric: the questions both runs hold, the same predictions among them, the questions
     that failed (no answer) in each run, each run's mean, the mean difference (second - first) with its interval, and
@@ -87,10 +100,9 @@ def paired_table(report: dict) -> str:
     rows = []
     for name, row in report["strategies"].items():
         for metric, figures in row["metrics"].items():
-            low, high = figures["delta_ci95"] or (figures["delta"], figures["delta"])
             rows.append([name, metric, str(figures["n"]), f"{row['same_prediction']} of {row['questions']}",
                          " / ".join(map(str, row["failed"])), f"{figures['first']:.3f}", f"{figures['second']:.3f}",
-                         f"{figures['delta']:+.3f} [{low:+.3f}, {high:+.3f}]",
+                         difference_cell(figures),
                          f"{figures['higher']} / {figures['lower']}"])
     return grid(["strategy", "metric", "questions", "same prediction", "failed (first / second)", "first", "second",
                  "second - first (95% interval)", "questions up / down"], rows)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from overstory.evaluation.markdown import grid
-from overstory.evaluation.paired import paired_difference
+from overstory.evaluation.paired import difference_cell, paired_difference
 from overstory.evaluation.planner_metrics import dataset_of
 
 BEST_FIXED = "best fixed range"
@@ -94,13 +94,6 @@ def paired_planners(questions: dict[str, list[dict]], pairs: Sequence[str], best
     return report
 
 
-def _difference(figures: dict | None, digits: int) -> str:
-    if not figures:
-        return "-"
-    low, high = figures["delta_ci95"] or (figures["delta"], figures["delta"])
-    return f"{figures['delta']:+.{digits}f} [{low:+.{digits}f}, {high:+.{digits}f}]"
-
-
 def paired_planners_table(report: dict) -> str:
     """``eval planner`` metrics.json's ``paired``: per comparison, each dataset then all questions: how many questions,
     how many were answered from the same range, the QA difference (the planner's minus the other's) with its 95%
@@ -119,8 +112,8 @@ def paired_planners_table(report: dict) -> str:
     for comparison in report["paired"]["comparisons"]:
         name = f"{comparison['planner']} - {comparison['against']}"
         for dataset, cell in [*comparison["by_dataset"].items(), ("all", comparison["overall"])]:
-            qa = cell.get("qa_accuracy")
-            rows.append([name, dataset, str(cell["n"]), str(cell["same_range"]), _difference(qa, 3),
-                         f"{qa['higher']} / {qa['lower']}" if qa else "-", _difference(cell.get("tokens_given"), 0)])
+            qa, tokens = cell.get("qa_accuracy"), cell.get("tokens_given")
+            rows.append([name, dataset, str(cell["n"]), str(cell["same_range"]), difference_cell(qa),
+                         f"{qa['higher']} / {qa['lower']}" if qa else "-", difference_cell(tokens, 0)])
     return grid(["comparison", "dataset", "questions", "same range", "QA difference (95% interval)",
                  "questions better / worse", "tokens given difference"], rows)
